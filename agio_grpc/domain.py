@@ -1,0 +1,233 @@
+"""The domain model shared by every layer: steps, runs, sessions and stop signals.
+
+Plain dataclasses and enums. This module never imports grpc, protobuf, SQLAlchemy or
+OpenTelemetry: the engine and the store speak these types, and the service layer converts
+them to and from the `agio.v1` contract.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+def new_id(prefix: str) -> str:
+    """A fresh opaque id such as `step_3f2a...`; the prefix tells a reader what it names."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Role(enum.StrEnum):
+    """The chat role of a step; the value is the OpenAI message role."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class StopReason(enum.StrEnum):
+    """Why a run stopped. Declared highest priority first (DESIGN.md section 2)."""
+
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+    INTERRUPTED = "INTERRUPTED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    MODEL_ERROR = "MODEL_ERROR"
+    TOOL_ERROR = "TOOL_ERROR"
+    CONTENT_FILTER = "CONTENT_FILTER"
+    TOKEN_BUDGET = "TOKEN_BUDGET"
+    MAX_TOKENS = "MAX_TOKENS"
+    TOOL_STOP = "TOOL_STOP"
+    REQUIRES_ACTION = "REQUIRES_ACTION"
+    MAX_STEPS = "MAX_STEPS"
+    COMPLETED = "COMPLETED"
+
+    @property
+    def priority(self) -> int:
+        """Lower is stronger: the declaration index."""
+        return _STOP_PRIORITY[self]
+
+    @property
+    def is_error(self) -> bool:
+        """Whether a run stopped for this reason ends with `run_failed` (and status FAILED)."""
+        return self in _ERROR_REASONS
+
+
+_STOP_PRIORITY = {reason: index for index, reason in enumerate(StopReason)}
+_ERROR_REASONS = frozenset(
+    {StopReason.INTERNAL_ERROR, StopReason.MODEL_ERROR, StopReason.TOOL_ERROR}
+)
+
+
+class RunStatus(enum.StrEnum):
+    """The lifecycle state of a run."""
+
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    REQUIRES_ACTION = "REQUIRES_ACTION"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (RunStatus.RUNNING, RunStatus.REQUIRES_ACTION)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call requested by the model; `arguments` is JSON text, maybe invalid."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(slots=True)
+class StepMetrics:
+    """Measurements of one step (DESIGN.md section 2, `StepMetrics`)."""
+
+    duration_ms: int = 0
+    first_token_latency_ms: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    model_name: str = ""
+    provider: str = ""
+    tool_exec_time_ms: int = 0
+    retries: int = 0
+
+
+@dataclass(slots=True)
+class Step:
+    """One chat message of a session plus metadata and metrics.
+
+    `sequence` is 0 until the store allocates it; `create_time` is set by the store.
+    """
+
+    session_id: str
+    run_id: str
+    role: Role
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+    is_error: bool = False
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+    id: str = field(default_factory=lambda: new_id("step"))
+    sequence: int = 0
+    create_time: datetime | None = None
+    trace_id: str = ""
+    span_id: str = ""
+
+    def to_message(self) -> dict[str, Any]:
+        """The OpenAI chat message this step is, with no other conversion."""
+        message: dict[str, Any] = {"role": self.role.value, "content": self.content}
+        if self.role is Role.ASSISTANT and self.tool_calls:
+            message["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+            if not self.content:
+                message["content"] = None
+        if self.role is Role.TOOL:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+@dataclass(slots=True)
+class StopSignal:
+    """Why a run stopped, who stopped it, and whether a retry may succeed."""
+
+    reason: StopReason
+    message: str = ""
+    source: str = "loop"
+    context: dict[str, Any] = field(default_factory=dict)
+    retryable: bool = False
+    resume_from_sequence: int = 0
+
+
+def pick_stop_signal(signals: Iterable[StopSignal]) -> StopSignal | None:
+    """The strongest signal by `StopReason` priority; ties keep the first raised."""
+    best: StopSignal | None = None
+    for signal in signals:
+        if best is None or signal.reason.priority < best.reason.priority:
+            best = signal
+    return best
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts of a run."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+    def add(self, metrics: StepMetrics) -> None:
+        self.input_tokens += metrics.input_tokens
+        self.output_tokens += metrics.output_tokens
+        self.total_tokens += metrics.total_tokens
+
+
+@dataclass(slots=True)
+class Run:
+    """One invocation of the agent loop on a session."""
+
+    session_id: str
+    agent: str
+    id: str = field(default_factory=lambda: new_id("run"))
+    status: RunStatus = RunStatus.RUNNING
+    stop_signal: StopSignal | None = None
+    usage: Usage = field(default_factory=Usage)
+    step_count: int = 0
+    tool_call_count: int = 0
+    first_sequence: int = 0
+    last_sequence: int = 0
+    create_time: datetime = field(default_factory=utc_now)
+    end_time: datetime | None = None
+    trace_id: str = ""
+    request_id: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Session:
+    """A conversation: an ordered log of steps."""
+
+    id: str = field(default_factory=lambda: new_id("sess"))
+    parent_session_id: str = ""
+    fork_sequence: int = 0
+    create_time: datetime = field(default_factory=utc_now)
+    update_time: datetime = field(default_factory=utc_now)
+    step_count: int = 0
+    active_run_id: str = ""
+
+
+@dataclass(slots=True)
+class ContextSummary:
+    """Counts over a session's steps."""
+
+    total_steps: int = 0
+    user_steps: int = 0
+    assistant_steps: int = 0
+    tool_steps: int = 0
+    tool_calls: int = 0
+    min_sequence: int = 0
+    max_sequence: int = 0
+    total_tokens: int = 0

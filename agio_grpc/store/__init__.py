@@ -1,0 +1,24 @@
+"""Storage of sessions, steps and runs: the StepStore protocol and its SQL implementation.
+
+This package's top level imports no database driver; `open_store` loads SQLAlchemy lazily.
+"""
+
+from agio_grpc.store.errors import (
+    InvalidRangeError,
+    NotFoundError,
+    SequenceConflictError,
+    SessionBusyError,
+    StoreError,
+    StoreUnavailableError,
+)
+from agio_grpc.store.protocol import StepStore
+
+__all__ = [
+    "InvalidRangeError",
+    "NotFoundError",
+    "SequenceConflictError",
+    "SessionBusyError",
+    "StepStore",
+    "StoreError",
+    "StoreUnavailableError",
+]

@@ -1,0 +1,46 @@
+"""Errors raised by every StepStore implementation.
+
+The service layer maps each to one gRPC status and `ErrorInfo` reason; the engine catches
+them by type. Never imports SQLAlchemy, so callers can catch them without a driver.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of all store errors."""
+
+
+class NotFoundError(StoreError):
+    """A session, step or run does not exist."""
+
+    def __init__(self, kind: str, key: str) -> None:
+        super().__init__(f"{kind} {key!r} not found")
+        self.kind = kind
+        self.key = key
+
+
+class SequenceConflictError(StoreError):
+    """A write would reuse a (session_id, sequence) pair; nothing was written."""
+
+
+class SessionBusyError(StoreError):
+    """The session already has an active run."""
+
+    def __init__(self, session_id: str, active_run_id: str) -> None:
+        super().__init__(f"session {session_id!r} already has an active run {active_run_id!r}")
+        self.session_id = session_id
+        self.active_run_id = active_run_id
+
+
+class InvalidRangeError(StoreError):
+    """A sequence argument is outside the session's steps (e.g. a fork past the last step)."""
+
+    def __init__(self, message: str, *, field: str, last_sequence: int) -> None:
+        super().__init__(message)
+        self.field = field
+        self.last_sequence = last_sequence
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached or refused the operation for a transient reason."""

@@ -1,0 +1,117 @@
+"""The StepStore protocol: every read and write of sessions, steps and runs.
+
+The engine and the service depend on this protocol only; `agio_grpc.store.sql` implements it
+on SQLAlchemy (SQLite and PostgreSQL). Never imports SQLAlchemy or grpc.
+
+Invariants every implementation keeps:
+- `(session_id, sequence)` is unique, and a session's sequences are exactly 1..N with no
+  gap, whatever mix of appends, deletes and forks happened; a collision raises
+  `SequenceConflictError` and writes nothing.
+- Each operation is atomic: on any error nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+from agio_grpc.domain import ContextSummary, Run, Session, Step
+
+
+class StepStore(Protocol):
+    """Storage of sessions, their step logs and runs."""
+
+    async def create_session(self, session: Session | None = None) -> Session:
+        """Store a new, empty session (a fresh one when `session` is None)."""
+        ...
+
+    async def get_session(self, session_id: str) -> Session:
+        """The session with its current step count. Raises NotFoundError."""
+        ...
+
+    async def list_sessions(
+        self, limit: int, after: tuple[datetime, str] | None = None
+    ) -> list[Session]:
+        """Sessions newest first, `(create_time, id)` strictly after the `after` key."""
+        ...
+
+    async def delete_session(self, session_id: str) -> int:
+        """Delete a session with its steps and runs; returns the steps deleted."""
+        ...
+
+    async def append_steps(self, steps: Sequence[Step]) -> list[Step]:
+        """Store steps of one session in one transaction, allocating consecutive sequences.
+
+        Returns the stored steps (sequence and create_time set). Raises NotFoundError for an
+        unknown session and SequenceConflictError on a collision.
+        """
+        ...
+
+    async def append_step(self, step: Step) -> Step:
+        """`append_steps` for one step."""
+        ...
+
+    async def get_steps(
+        self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
+    ) -> list[Step]:
+        """Steps with start <= sequence <= end (end None = to the last), in sequence order."""
+        ...
+
+    async def get_step(self, session_id: str, sequence: int) -> Step:
+        """The step at `sequence`. Raises NotFoundError."""
+        ...
+
+    async def get_last_step(self, session_id: str) -> Step | None:
+        """The step with the highest sequence, or None for an empty session."""
+        ...
+
+    async def count_steps(self, session_id: str) -> int:
+        """How many steps the session holds."""
+        ...
+
+    async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
+        """Delete steps with sequence >= start_sequence; returns how many were deleted."""
+        ...
+
+    async def fork_session(self, session_id: str, up_to_sequence: int) -> Session:
+        """Copy steps 1..up_to_sequence into a new session with new step ids.
+
+        The new session records `parent_session_id` and `fork_sequence`. Raises
+        InvalidRangeError when up_to_sequence exceeds the last sequence.
+        """
+        ...
+
+    async def context_summary(self, session_id: str) -> ContextSummary:
+        """Counts per role, tool calls, sequence range and tokens of the session's steps."""
+        ...
+
+    async def create_run(self, run: Run) -> Run:
+        """Store a new run. Raises NotFoundError for an unknown session."""
+        ...
+
+    async def update_run(self, run: Run) -> Run:
+        """Overwrite a run's mutable fields (status, stop signal, usage, counts, end time)."""
+        ...
+
+    async def get_run(self, run_id: str) -> Run:
+        """The run. Raises NotFoundError."""
+        ...
+
+    async def list_runs(
+        self, session_id: str, limit: int, after: tuple[datetime, str] | None = None
+    ) -> list[Run]:
+        """A session's runs newest first, `(create_time, id)` strictly after `after`."""
+        ...
+
+    async def acquire_session(self, session_id: str, run_id: str) -> None:
+        """Mark `run_id` as the session's one active run. Raises SessionBusyError."""
+        ...
+
+    async def release_session(self, session_id: str, run_id: str) -> None:
+        """Clear the active run if it is still `run_id` (a no-op otherwise)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
