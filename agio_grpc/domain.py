@@ -204,6 +204,11 @@ class Run:
     trace_id: str = ""
     request_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    # The run's effective settings (overrides, client tools) as JSON-ready data, so a
+    # continuation (SubmitToolOutputs, possibly on another replica) runs with the same ones.
+    options: dict[str, Any] = field(default_factory=dict)
+    # The last StepEvent seq the run emitted: a continuation keeps counting from here.
+    last_event_seq: int = 0
 
 
 @dataclass(slots=True)

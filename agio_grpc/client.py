@@ -1,0 +1,356 @@
+"""A typed async Python client for agio-grpc.
+
+Wraps the generated stubs: run streams as async iterators of `StepEvent`, a convenience
+that runs to the end and returns the final text and StopSignal, auto-paging step listing,
+and errors decoded into `AgioError` with the `google.rpc.ErrorInfo` reason.
+
+    async with AgioClient("127.0.0.1:50051") as client:
+        result = await client.run_to_end("What is 12 * 7?")
+        print(result.text, result.stop_signal.reason)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agio_grpc.v1 import (
+    agent_service_pb2,
+    agent_service_pb2_grpc,
+    events_pb2,
+    resources_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
+
+StepEvent = events_pb2.StepEvent
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass(slots=True)
+class AgioError(Exception):
+    """A call that failed, with its status and the server's stable `reason`."""
+
+    code: grpc.StatusCode
+    message: str
+    reason: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    field_violations: list[tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        reason = f" [{self.reason}]" if self.reason else ""
+        return f"{self.code.name}{reason}: {self.message}"
+
+
+def decode_error(error: grpc.aio.AioRpcError) -> AgioError:
+    """The AgioError for a failed call, with ErrorInfo and BadRequest details when sent."""
+    decoded = AgioError(code=error.code(), message=error.details() or "")
+    for key, value in error.trailing_metadata() or ():
+        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                decoded.reason = info.reason
+                decoded.metadata = dict(info.metadata)
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                decoded.field_violations = [(v.field, v.description) for v in bad.field_violations]
+    return decoded
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What a whole run produced, collected by `AgioClient.run_to_end`."""
+
+    run: resources_pb2.Run
+    text: str
+    steps: list[resources_pb2.Step]
+    events: int
+
+    @property
+    def stop_signal(self) -> resources_pb2.StopSignal:
+        return self.run.stop_signal
+
+    @property
+    def session_id(self) -> str:
+        return self.run.session_id
+
+
+def _tool_definitions(
+    tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]],
+) -> list[resources_pb2.ToolDefinition]:
+    return [
+        tool
+        if isinstance(tool, resources_pb2.ToolDefinition)
+        else resources_pb2.ToolDefinition(**tool)
+        for tool in tools
+    ]
+
+
+class AgioClient:
+    """One channel to an agio-grpc server and typed calls on it."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._channel = channel or grpc.aio.insecure_channel(target)
+        self._metadata = tuple(metadata)
+        self.agents = agent_service_pb2_grpc.AgentServiceStub(self._channel)
+        self.sessions = session_service_pb2_grpc.SessionServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> AgioClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _unary(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return await method(request, metadata=self._metadata, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise decode_error(error) from None
+
+    async def _stream(
+        self, method: Any, request: Any, timeout: float | None = None
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        call = method(request, metadata=self._metadata, timeout=timeout)
+        try:
+            async for event in call:
+                yield event
+        except grpc.aio.AioRpcError as error:
+            raise decode_error(error) from None
+        finally:
+            call.cancel()
+
+    # -- runs ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        input: str,
+        *,
+        session_id: str = "",
+        agent: str = "",
+        overrides: agent_service_pb2.RunOverrides | None = None,
+        client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]] = (),
+        request_id: str = "",
+        metadata: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """Start a run and stream its events; the last one is run_completed or run_failed.
+
+        Leaving the iteration early cancels the call, which cancels the run on the server.
+        """
+        request = agent_service_pb2.RunRequest(
+            session_id=session_id,
+            agent=agent,
+            input=input,
+            overrides=overrides,
+            client_tools=_tool_definitions(client_tools),
+            request_id=request_id,
+            metadata=dict(metadata or {}),
+        )
+        return self._stream(self.agents.Run, request, timeout)
+
+    def submit_tool_outputs(
+        self,
+        run_id: str,
+        outputs: Iterable[agent_service_pb2.ToolOutput],
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """Continue a REQUIRES_ACTION run with the client tools' outputs."""
+        request = agent_service_pb2.SubmitToolOutputsRequest(
+            run_id=run_id, tool_outputs=list(outputs)
+        )
+        return self._stream(self.agents.SubmitToolOutputs, request, timeout)
+
+    def retry(
+        self, session_id: str, sequence: int, *, timeout: float | None = None
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """Delete steps from `sequence` on and regenerate."""
+        request = agent_service_pb2.RetryRequest(session_id=session_id, sequence=sequence)
+        return self._stream(self.agents.Retry, request, timeout)
+
+    def watch_run(
+        self, run_id: str, after_seq: int = 0, *, timeout: float | None = None
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """Replay a run's events after `after_seq`, then follow it live."""
+        request = agent_service_pb2.WatchRunRequest(run_id=run_id, after_seq=after_seq)
+        return self._stream(self.agents.WatchRun, request, timeout)
+
+    async def run_to_end(self, input: str, **kwargs: Any) -> RunResult:
+        """Run and collect: the final run, the last assistant text and the stored steps."""
+        return await collect(self.run(input, **kwargs))
+
+    async def cancel_run(self, run_id: str, reason: str = "") -> resources_pb2.Run:
+        response = await self._unary(
+            self.agents.CancelRun, agent_service_pb2.CancelRunRequest(run_id=run_id, reason=reason)
+        )
+        run: resources_pb2.Run = response.run
+        return run
+
+    async def get_run(self, run_id: str) -> resources_pb2.Run:
+        response = await self._unary(
+            self.agents.GetRun, agent_service_pb2.GetRunRequest(run_id=run_id)
+        )
+        run: resources_pb2.Run = response.run
+        return run
+
+    async def list_runs(self, session_id: str, page_size: int = 0) -> list[resources_pb2.Run]:
+        """Every run of a session, newest first (follows page tokens)."""
+        runs: list[resources_pb2.Run] = []
+        token = ""
+        while True:
+            response = await self._unary(
+                self.agents.ListRuns,
+                agent_service_pb2.ListRunsRequest(
+                    session_id=session_id, page_size=page_size, page_token=token
+                ),
+            )
+            runs.extend(response.runs)
+            token = response.next_page_token
+            if not token:
+                return runs
+
+    async def list_agents(self) -> list[resources_pb2.Agent]:
+        response = await self._unary(self.agents.ListAgents, agent_service_pb2.ListAgentsRequest())
+        return list(response.agents)
+
+    # -- sessions -----------------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> resources_pb2.Session:
+        response = await self._unary(
+            self.sessions.GetSession, session_service_pb2.GetSessionRequest(session_id=session_id)
+        )
+        session: resources_pb2.Session = response.session
+        return session
+
+    async def list_sessions(self, page_size: int = 0) -> list[resources_pb2.Session]:
+        """Every session, newest first (follows page tokens)."""
+        sessions: list[resources_pb2.Session] = []
+        token = ""
+        while True:
+            response = await self._unary(
+                self.sessions.ListSessions,
+                session_service_pb2.ListSessionsRequest(page_size=page_size, page_token=token),
+            )
+            sessions.extend(response.sessions)
+            token = response.next_page_token
+            if not token:
+                return sessions
+
+    async def list_steps(
+        self, session_id: str, start_sequence: int = 0, end_sequence: int = 0, page_size: int = 0
+    ) -> list[resources_pb2.Step]:
+        """The session's steps in sequence order (follows page tokens)."""
+        steps: list[resources_pb2.Step] = []
+        token = ""
+        while True:
+            response = await self._unary(
+                self.sessions.ListSteps,
+                session_service_pb2.ListStepsRequest(
+                    session_id=session_id,
+                    start_sequence=start_sequence,
+                    end_sequence=end_sequence,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+            )
+            steps.extend(response.steps)
+            token = response.next_page_token
+            if not token:
+                return steps
+
+    async def get_step(self, session_id: str, sequence: int) -> resources_pb2.Step:
+        response = await self._unary(
+            self.sessions.GetStep,
+            session_service_pb2.GetStepRequest(session_id=session_id, sequence=sequence),
+        )
+        step: resources_pb2.Step = response.step
+        return step
+
+    async def delete_steps(self, session_id: str, start_sequence: int) -> int:
+        response = await self._unary(
+            self.sessions.DeleteSteps,
+            session_service_pb2.DeleteStepsRequest(
+                session_id=session_id, start_sequence=start_sequence
+            ),
+        )
+        return int(response.deleted_count)
+
+    async def fork_session(self, session_id: str, sequence: int = 0) -> resources_pb2.Session:
+        response = await self._unary(
+            self.sessions.ForkSession,
+            session_service_pb2.ForkSessionRequest(session_id=session_id, sequence=sequence),
+        )
+        session: resources_pb2.Session = response.session
+        return session
+
+    async def get_context(
+        self, session_id: str, agent: str = ""
+    ) -> session_service_pb2.GetContextResponse:
+        response: session_service_pb2.GetContextResponse = await self._unary(
+            self.sessions.GetContext,
+            session_service_pb2.GetContextRequest(session_id=session_id, agent=agent),
+        )
+        return response
+
+    async def delete_session(self, session_id: str) -> int:
+        response = await self._unary(
+            self.sessions.DeleteSession,
+            session_service_pb2.DeleteSessionRequest(session_id=session_id),
+        )
+        return int(response.deleted_steps)
+
+    async def health(self, service: str = "") -> str:
+        """The serving status name, e.g. `SERVING`."""
+        response = await self._unary(
+            self._health.Check, health_pb2.HealthCheckRequest(service=service)
+        )
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+async def collect(events: AsyncIterator[events_pb2.StepEvent]) -> RunResult:
+    """Drain a run stream into a RunResult; raises if the stream ends without a terminal event."""
+    steps: list[resources_pb2.Step] = []
+    count = 0
+    async for event in events:
+        count += 1
+        kind = event.WhichOneof("event")
+        if kind == "step_completed":
+            steps.append(event.step_completed.step)
+        elif kind in ("run_completed", "run_failed"):
+            run = getattr(event, kind).run
+            text = next(
+                (
+                    s.content
+                    for s in reversed(steps)
+                    if s.role == resources_pb2.ROLE_ASSISTANT and s.content
+                ),
+                "",
+            )
+            return RunResult(run=run, text=text, steps=steps, events=count)
+    raise AgioError(grpc.StatusCode.UNKNOWN, "the run stream ended without a terminal event")

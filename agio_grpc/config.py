@@ -1,0 +1,169 @@
+"""Settings of `agio-grpc serve`: environment variables over an optional YAML file.
+
+Names and defaults follow DESIGN.md section 7. `AGIO_CONFIG` names the file; every other
+variable wins over the file. The file also holds what does not fit in a variable: agents,
+tool modules, hooks and server tuning. Never imports grpc or the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful assistant. Use the tools when they help; answer concisely."
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LimitsConfig(_Strict):
+    """Limits of one agent's runs."""
+
+    max_steps: int = Field(10, ge=1, le=1000)
+    """The maximum model calls in a run."""
+    token_budget: int | None = Field(None, ge=1)
+    """The maximum tokens (input + output over all model calls) a run may use."""
+    run_timeout_s: float = Field(300.0, gt=0)
+    """Wall time a run may take; a shorter gRPC deadline wins."""
+    tool_timeout_s: float = Field(30.0, gt=0)
+    """Hard timeout of one tool call."""
+    max_parallel_tools: int = Field(4, ge=1, le=64)
+    """How many tool calls of one step run at once."""
+    max_history_messages: int | None = Field(None, ge=1)
+    """Cap on history messages sent to the model (a tool call is never split from its result)."""
+
+
+class AgentConfig(_Strict):
+    """A named agent: model, instructions, tools and limits."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    model: str = "fake-model"
+    """The model name sent to the endpoint."""
+    instructions: str = DEFAULT_INSTRUCTIONS
+    """The system prompt."""
+    tools: list[str] = Field(default_factory=lambda: ["current_time", "calculate"])
+    """Names of registered tools the agent offers."""
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    """Completion token cap per model call."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+
+
+class HooksConfig(_Strict):
+    """Python callables (`package.module:function`) called at points of every run."""
+
+    on_run_start: list[str] = Field(default_factory=list)
+    before_model_call: list[str] = Field(default_factory=list)
+    after_step: list[str] = Field(default_factory=list)
+    on_run_end: list[str] = Field(default_factory=list)
+
+
+class ServerConfig(_Strict):
+    """gRPC server tuning."""
+
+    grace_period_s: float = Field(10.0, ge=0)
+    """On SIGTERM: how long running calls may finish before they are cancelled."""
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    """Send and receive limit per message."""
+    max_concurrent_rpcs: int | None = Field(None, ge=1)
+    """Calls beyond this are refused with RESOURCE_EXHAUSTED (None: no limit)."""
+    keepalive_time_s: float = Field(30.0, gt=0)
+    """Ping an idle connection this often."""
+    keepalive_timeout_s: float = Field(10.0, gt=0)
+    """Close a connection whose ping is not answered in this time."""
+    min_client_ping_interval_s: float = Field(10.0, gt=0)
+    """Clients pinging more often than this are told off (GOAWAY too_many_pings)."""
+    max_connection_idle_s: float = Field(3600.0, gt=0)
+    """Close connections idle this long."""
+
+
+class Settings(BaseSettings):
+    """Everything `agio-grpc serve` needs. Environment variables win over the config file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGIO_", env_nested_delimiter="__", extra="forbid", populate_by_name=True
+    )
+
+    listen_address: str = "127.0.0.1:50051"
+    """host:port to listen on; port 0 picks a free port (the bound one is logged)."""
+    database_url: str = "sqlite+aiosqlite:///agio.db"
+    """SQLAlchemy URL: `sqlite+aiosqlite:///file.db` or `postgresql+asyncpg://...`."""
+    config: Path | None = None
+    """The YAML config file (AGIO_CONFIG)."""
+    openai_base_url: str | None = Field(
+        None, validation_alias=AliasChoices("OPENAI_BASE_URL", "openai_base_url")
+    )
+    """The model endpoint; unset runs the built-in fake model."""
+    openai_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("OPENAI_API_KEY", "openai_api_key")
+    )
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    """SQLite durability: NORMAL survives process crashes, FULL also machine crashes."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    default_agent: str = "assistant"
+    agents: list[AgentConfig] = Field(default_factory=lambda: [AgentConfig(name="assistant")])
+    tool_modules: list[str] = Field(default_factory=list)
+    """Extra tools: `package.module:function`, or `package.module` exporting `TOOLS`."""
+    hooks: HooksConfig = Field(default_factory=HooksConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError("must be host:port with a port in 0..65535")
+        return value
+
+    @field_validator("agents")
+    @classmethod
+    def _unique_agents(cls, value: list[AgentConfig]) -> list[AgentConfig]:
+        names = [agent.name for agent in value]
+        if len(set(names)) != len(names):
+            raise ValueError("agent names must be unique")
+        if not names:
+            raise ValueError("at least one agent is required")
+        return value
+
+    @model_validator(mode="after")
+    def _default_agent_exists(self) -> Settings:
+        if self.default_agent not in {agent.name for agent in self.agents}:
+            raise ValueError(f"default_agent {self.default_agent!r} is not among the agents")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("AGIO_CONFIG")
+        if path:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"AGIO_CONFIG names {path!r}, which is not a file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)

@@ -1,0 +1,136 @@
+"""Conversion between the domain model and the `agio.v1` messages.
+
+The only module that knows both shapes. Enum values map by name (`Role.USER` <->
+`ROLE_USER`), so adding a value to one side without the other fails loudly here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from agio_grpc import domain
+from agio_grpc.v1 import resources_pb2 as pb
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+# Enum values are passed by name: the message constructors accept the label and raise on an
+# unknown one, so a value missing from the contract fails here, loudly.
+def role_to_proto(role: domain.Role) -> str:
+    return f"ROLE_{role.name}"
+
+
+def stop_reason_to_proto(reason: domain.StopReason) -> str:
+    return f"STOP_REASON_{reason.name}"
+
+
+def run_status_to_proto(status: domain.RunStatus) -> str:
+    return f"RUN_STATUS_{status.name}"
+
+
+def metrics_to_proto(metrics: domain.StepMetrics) -> pb.StepMetrics:
+    return pb.StepMetrics(
+        duration_ms=metrics.duration_ms,
+        first_token_latency_ms=metrics.first_token_latency_ms,
+        input_tokens=metrics.input_tokens,
+        output_tokens=metrics.output_tokens,
+        total_tokens=metrics.total_tokens,
+        cached_input_tokens=metrics.cached_input_tokens,
+        reasoning_tokens=metrics.reasoning_tokens,
+        model_name=metrics.model_name,
+        provider=metrics.provider,
+        tool_exec_time_ms=metrics.tool_exec_time_ms,
+        retries=metrics.retries,
+    )
+
+
+def step_to_proto(step: domain.Step) -> pb.Step:
+    return pb.Step(
+        id=step.id,
+        session_id=step.session_id,
+        run_id=step.run_id,
+        sequence=step.sequence,
+        role=role_to_proto(step.role),
+        content=step.content,
+        reasoning_content=step.reasoning_content,
+        tool_calls=[
+            pb.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
+            for call in step.tool_calls
+        ],
+        tool_call_id=step.tool_call_id,
+        name=step.name,
+        is_error=step.is_error,
+        metrics=metrics_to_proto(step.metrics),
+        create_time=timestamp(step.create_time),
+        trace_id=step.trace_id,
+        span_id=step.span_id,
+    )
+
+
+def stop_signal_to_proto(signal: domain.StopSignal) -> pb.StopSignal:
+    context = struct_pb2.Struct()
+    context.update(signal.context)
+    return pb.StopSignal(
+        reason=stop_reason_to_proto(signal.reason),
+        message=signal.message,
+        source=signal.source,
+        context=context,
+        retryable=signal.retryable,
+        resume_from_sequence=signal.resume_from_sequence,
+    )
+
+
+def run_to_proto(run: domain.Run) -> pb.Run:
+    return pb.Run(
+        id=run.id,
+        session_id=run.session_id,
+        agent=run.agent,
+        status=run_status_to_proto(run.status),
+        stop_signal=stop_signal_to_proto(run.stop_signal) if run.stop_signal else None,
+        usage=pb.Usage(
+            input_tokens=run.usage.input_tokens,
+            output_tokens=run.usage.output_tokens,
+            total_tokens=run.usage.total_tokens,
+        ),
+        step_count=run.step_count,
+        tool_call_count=run.tool_call_count,
+        first_sequence=run.first_sequence,
+        last_sequence=run.last_sequence,
+        create_time=timestamp(run.create_time),
+        end_time=timestamp(run.end_time),
+        trace_id=run.trace_id,
+        request_id=run.request_id,
+        metadata=run.metadata,
+    )
+
+
+def session_to_proto(session: domain.Session) -> pb.Session:
+    return pb.Session(
+        id=session.id,
+        parent_session_id=session.parent_session_id,
+        fork_sequence=session.fork_sequence,
+        create_time=timestamp(session.create_time),
+        update_time=timestamp(session.update_time),
+        step_count=session.step_count,
+    )
+
+
+def summary_to_proto(summary: domain.ContextSummary) -> pb.ContextSummary:
+    return pb.ContextSummary(
+        total_steps=summary.total_steps,
+        user_steps=summary.user_steps,
+        assistant_steps=summary.assistant_steps,
+        tool_steps=summary.tool_steps,
+        tool_calls=summary.tool_calls,
+        min_sequence=summary.min_sequence,
+        max_sequence=summary.max_sequence,
+        total_tokens=summary.total_tokens,
+    )

@@ -1,0 +1,146 @@
+"""One place that turns failures into gRPC statuses with rich details.
+
+Every non-OK status the service sends is built here: a canonical code, a message with no
+traceback, exactly one `google.rpc.ErrorInfo` with a stable `reason`, and for bad input a
+`google.rpc.BadRequest` listing the offending fields. Handlers raise `ServiceError` (or let a
+store/engine error escape); `error_status` maps it and the interceptor aborts the call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from agio_grpc.store.errors import (
+    InvalidRangeError,
+    NotFoundError,
+    SequenceConflictError,
+    SessionBusyError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+ERROR_DOMAIN = "agio-grpc"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One invalid request field: its path (`page_size`, `overrides.max_steps`) and why."""
+
+    field: str
+    description: str
+
+
+@dataclass(slots=True)
+class ServiceError(Exception):
+    """A call that cannot be served, with its status code and stable reason."""
+
+    code: grpc.StatusCode
+    reason: str
+    message: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    violations: list[FieldViolation] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{self.code.name} {self.reason}: {self.message}"
+
+
+def invalid_argument(violations: list[FieldViolation]) -> ServiceError:
+    """INVALID_ARGUMENT naming every bad field."""
+    summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+        f"invalid request: {summary}",
+        violations=violations,
+    )
+
+
+def not_found(kind: str, key: str) -> ServiceError:
+    """NOT_FOUND for a session, step, run or agent."""
+    return ServiceError(
+        grpc.StatusCode.NOT_FOUND,
+        f"{kind.upper()}_NOT_FOUND",
+        f"{kind} {key!r} not found",
+        metadata={"kind": kind, "key": key},
+    )
+
+
+def from_store_error(error: StoreError) -> ServiceError:
+    """The status for a store failure."""
+    if isinstance(error, NotFoundError):
+        return not_found(error.kind, error.key)
+    if isinstance(error, SessionBusyError):
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "SESSION_BUSY",
+            str(error),
+            metadata={"sessionId": error.session_id, "activeRunId": error.active_run_id},
+        )
+    if isinstance(error, InvalidRangeError):
+        return ServiceError(
+            grpc.StatusCode.OUT_OF_RANGE,
+            "SEQUENCE_OUT_OF_RANGE",
+            str(error),
+            metadata={"lastSequence": str(error.last_sequence)},
+            violations=[FieldViolation(error.field, str(error))],
+        )
+    if isinstance(error, SequenceConflictError):
+        return ServiceError(grpc.StatusCode.ABORTED, "SEQUENCE_CONFLICT", str(error))
+    if isinstance(error, StoreUnavailableError):
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the step store is unavailable"
+        )
+    return internal_error()
+
+
+def internal_error() -> ServiceError:
+    """INTERNAL with a fixed message: details go to the log, never to the caller."""
+    return ServiceError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error; see server log")
+
+
+def to_status(error: ServiceError) -> grpc.Status:
+    """The grpc-status with one ErrorInfo (and BadRequest when fields are named)."""
+    details: list[any_pb2.Any] = []
+    info = any_pb2.Any()
+    info.Pack(
+        error_details_pb2.ErrorInfo(
+            reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
+        )
+    )
+    details.append(info)
+    if error.violations:
+        bad_request = any_pb2.Any()
+        bad_request.Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=v.field, description=v.description
+                    )
+                    for v in error.violations
+                ]
+            )
+        )
+        details.append(bad_request)
+    code: int = error.code.value[0]
+    assert code_pb2.Code.Name(code)  # every grpc.StatusCode is a google.rpc.Code
+    status: grpc.Status = rpc_status.to_status(
+        status_pb2.Status(code=code, message=error.message, details=details)
+    )
+    return status
+
+
+def as_service_error(error: BaseException) -> ServiceError:
+    """Map any exception escaping a handler; unknown ones are logged and hidden."""
+    if isinstance(error, ServiceError):
+        return error
+    if isinstance(error, StoreError):
+        return from_store_error(error)
+    log.error("unhandled error in a handler", exc_info=error)
+    return internal_error()

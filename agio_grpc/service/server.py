@@ -1,0 +1,99 @@
+"""Server bootstrap: build the grpc.aio server, run it, and drain it on SIGTERM.
+
+Start-up order: open the store (migrations run), build the engine runtime, register the
+servicers, health (SERVING) and reflection, bind. Shutdown order (DESIGN.md section 4 and
+the gRPC notes): health NOT_SERVING -> stop accepting and let calls finish within the grace
+period -> interrupt runs still active -> close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from agio_grpc.config import ServerConfig, Settings
+from agio_grpc.service.interceptors import ErrorInterceptor
+from agio_grpc.v1 import agent_service_pb2, session_service_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+    session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+)
+
+
+def server_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """Channel arguments: explicit limits, keepalive, and no silent port sharing."""
+    return [
+        # A second server on the same port must fail to bind, not share it silently.
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            int(config.min_client_ping_interval_s * 1000),
+        ),
+        ("grpc.max_connection_idle_ms", int(config.max_connection_idle_s * 1000)),
+    ]
+
+
+@dataclass(slots=True)
+class BoundServer:
+    """A started server and what shutting it down needs."""
+
+    server: grpc.aio.Server
+    health: HealthServicer
+    port: int
+    address: str
+
+
+async def start_grpc_server(
+    settings: Settings,
+    register: list[tuple[object, object]],
+) -> BoundServer:
+    """Create, register and bind the server; `register` pairs an add_*_to_server function
+    with its servicer. Raises OSError when the address cannot be bound."""
+    config = settings.server
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=server_options(config),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+    )
+    for add, servicer in register:
+        add(servicer, server)  # type: ignore[operator]
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            *SERVICE_NAMES,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    port = server.add_insecure_port(settings.listen_address)
+    if port == 0:
+        raise OSError(f"could not bind {settings.listen_address}")
+    await server.start()
+    for name in ("", *SERVICE_NAMES):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    host = settings.listen_address.rpartition(":")[0]
+    return BoundServer(server=server, health=health, port=port, address=f"{host}:{port}")
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set `stop`; a second signal is left to the default handler."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,161 @@
+"""`agio.v1.SessionService`: read and edit sessions and their step logs.
+
+Validates every request before it touches the store, so a bad request writes nothing; store
+and engine errors are mapped to statuses by the error interceptor.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import grpc
+
+from agio_grpc import domain
+from agio_grpc.service import convert
+from agio_grpc.service.errors import FieldViolation, invalid_argument
+from agio_grpc.service.validation import (
+    bad_page_token,
+    check_id,
+    check_non_negative,
+    check_positive,
+    decode_page_token,
+    encode_page_token,
+    page_size,
+    raise_if_any,
+    time_key,
+)
+from agio_grpc.store.protocol import StepStore
+from agio_grpc.v1 import session_service_pb2 as pb
+from agio_grpc.v1 import session_service_pb2_grpc
+
+DEFAULT_SESSION_PAGE = 50
+DEFAULT_STEP_PAGE = 100
+
+
+class ContextSource(Protocol):
+    """Builds what the model would receive next for a session (the engine provides it)."""
+
+    async def context_steps(self, session_id: str, agent: str) -> list[domain.Step]:
+        """The system prompt (sequence 0) then the session's messages, valid to re-send."""
+        ...
+
+
+class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
+    """Serves SessionService from a StepStore."""
+
+    def __init__(self, store: StepStore, context: ContextSource) -> None:
+        self._store = store
+        self._context = context
+
+    async def GetSession(
+        self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSessionResponse:
+        raise_if_any(check_id("session_id", request.session_id))
+        session = await self._store.get_session(request.session_id)
+        return pb.GetSessionResponse(session=convert.session_to_proto(session))
+
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        limit = page_size(request.page_size, DEFAULT_SESSION_PAGE)
+        query: dict[str, object] = {"rpc": "ListSessions"}
+        after = time_key(decode_page_token(request.page_token, query))
+        sessions = await self._store.list_sessions(limit + 1, after)
+        token = ""
+        if len(sessions) > limit:
+            sessions = sessions[:limit]
+            last = sessions[-1]
+            token = encode_page_token(query, [last.create_time.isoformat(), last.id])
+        return pb.ListSessionsResponse(
+            sessions=[convert.session_to_proto(s) for s in sessions], next_page_token=token
+        )
+
+    async def DeleteSession(
+        self, request: pb.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSessionResponse:
+        raise_if_any(check_id("session_id", request.session_id))
+        deleted = await self._store.delete_session(request.session_id)
+        return pb.DeleteSessionResponse(deleted_steps=deleted)
+
+    async def ListSteps(
+        self, request: pb.ListStepsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListStepsResponse:
+        raise_if_any(
+            check_id("session_id", request.session_id),
+            check_non_negative("start_sequence", request.start_sequence),
+            check_non_negative("end_sequence", request.end_sequence),
+        )
+        if request.end_sequence and request.end_sequence < request.start_sequence:
+            raise invalid_argument(
+                [FieldViolation("end_sequence", "must not be below start_sequence")]
+            )
+        limit = page_size(request.page_size, DEFAULT_STEP_PAGE)
+        query: dict[str, object] = {
+            "rpc": "ListSteps",
+            "session": request.session_id,
+            "start": request.start_sequence,
+            "end": request.end_sequence,
+        }
+        position = decode_page_token(request.page_token, query)
+        start = max(request.start_sequence, 1)
+        if position is not None:
+            if not (len(position) == 1 and isinstance(position[0], int)):
+                raise bad_page_token()
+            start = position[0]
+        await self._store.get_session(request.session_id)  # NOT_FOUND for an unknown session
+        end = request.end_sequence or None
+        steps = await self._store.get_steps(request.session_id, start, end, limit + 1)
+        token = ""
+        if len(steps) > limit:
+            token = encode_page_token(query, [steps[limit].sequence])
+            steps = steps[:limit]
+        return pb.ListStepsResponse(
+            steps=[convert.step_to_proto(s) for s in steps], next_page_token=token
+        )
+
+    async def GetStep(
+        self, request: pb.GetStepRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStepResponse:
+        raise_if_any(
+            check_id("session_id", request.session_id),
+            check_positive("sequence", request.sequence),
+        )
+        step = await self._store.get_step(request.session_id, request.sequence)
+        return pb.GetStepResponse(step=convert.step_to_proto(step))
+
+    async def DeleteSteps(
+        self, request: pb.DeleteStepsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteStepsResponse:
+        raise_if_any(
+            check_id("session_id", request.session_id),
+            check_positive("start_sequence", request.start_sequence),
+        )
+        deleted = await self._store.delete_steps_from(request.session_id, request.start_sequence)
+        return pb.DeleteStepsResponse(deleted_count=deleted)
+
+    async def ForkSession(
+        self, request: pb.ForkSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ForkSessionResponse:
+        raise_if_any(
+            check_id("session_id", request.session_id),
+            check_non_negative("sequence", request.sequence),
+        )
+        sequence = request.sequence
+        if sequence == 0:
+            sequence = (await self._store.get_session(request.session_id)).step_count
+        fork = await self._store.fork_session(request.session_id, sequence)
+        return pb.ForkSessionResponse(session=convert.session_to_proto(fork))
+
+    async def GetContext(
+        self, request: pb.GetContextRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetContextResponse:
+        raise_if_any(
+            check_id("session_id", request.session_id),
+            check_id("agent", request.agent, required=False),
+        )
+        steps = await self._context.context_steps(request.session_id, request.agent)
+        summary = await self._store.context_summary(request.session_id)
+        return pb.GetContextResponse(
+            messages=[convert.step_to_proto(s) for s in steps],
+            summary=convert.summary_to_proto(summary),
+        )
