@@ -11,6 +11,8 @@ from datetime import datetime
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from agio_grpc import domain
+from agio_grpc.engine import events
+from agio_grpc.v1 import events_pb2
 from agio_grpc.v1 import resources_pb2 as pb
 
 
@@ -134,3 +136,58 @@ def summary_to_proto(summary: domain.ContextSummary) -> pb.ContextSummary:
         max_sequence=summary.max_sequence,
         total_tokens=summary.total_tokens,
     )
+
+
+def event_to_proto(sequenced: events.SequencedEvent) -> events_pb2.StepEvent:
+    """One streamed `StepEvent` with its oneof set from the engine event's kind."""
+    message = events_pb2.StepEvent(
+        run_id=sequenced.run_id,
+        session_id=sequenced.session_id,
+        seq=sequenced.seq,
+        time=timestamp(sequenced.time),
+    )
+    event = sequenced.event
+    match event:
+        case events.StepDelta():
+            message.step_delta.CopyFrom(
+                events_pb2.StepDeltaEvent(
+                    step_id=event.step_id,
+                    sequence=event.sequence,
+                    content=event.content,
+                    reasoning_content=event.reasoning_content,
+                    tool_calls=[
+                        events_pb2.ToolCallDelta(
+                            index=call.index, id=call.id, name=call.name, arguments=call.arguments
+                        )
+                        for call in event.tool_calls
+                    ],
+                )
+            )
+        case events.StepStarted():
+            message.step_started.CopyFrom(
+                events_pb2.StepStartedEvent(
+                    step_id=event.step_id,
+                    sequence=event.sequence,
+                    role=role_to_proto(event.role),
+                    tool_call_id=event.tool_call_id,
+                    name=event.name,
+                )
+            )
+        case events.StepCompleted():
+            message.step_completed.step.CopyFrom(step_to_proto(event.step))
+        case events.RunStarted():
+            message.run_started.run.CopyFrom(run_to_proto(event.run))
+        case events.RunCompleted():
+            message.run_completed.run.CopyFrom(run_to_proto(event.run))
+        case events.RunFailed():
+            message.run_failed.run.CopyFrom(run_to_proto(event.run))
+        case events.ErrorNotice():
+            message.error.CopyFrom(
+                events_pb2.ErrorEvent(
+                    reason=event.reason,
+                    message=event.message,
+                    source=event.source,
+                    retryable=event.retryable,
+                )
+            )
+    return message

@@ -16,6 +16,14 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from agio_grpc.engine.errors import (
+    AgentNotFoundError,
+    DuplicateRequestError,
+    EngineError,
+    InvalidInputError,
+    RunStateError,
+    RuntimeClosedError,
+)
 from agio_grpc.store.errors import (
     InvalidRangeError,
     NotFoundError,
@@ -100,6 +108,33 @@ def from_store_error(error: StoreError) -> ServiceError:
     return internal_error()
 
 
+def from_engine_error(error: EngineError) -> ServiceError:
+    """The status for a request the engine refused before any run started."""
+    if isinstance(error, AgentNotFoundError):
+        found = not_found("agent", error.agent)
+        found.message = str(error)
+        return found
+    if isinstance(error, InvalidInputError):
+        return invalid_argument([FieldViolation(error.field, error.message)])
+    if isinstance(error, RunStateError):
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "RUN_STATE_CONFLICT",
+            str(error),
+            metadata={"runId": error.run_id, "status": error.status},
+        )
+    if isinstance(error, RuntimeClosedError):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", str(error))
+    if isinstance(error, DuplicateRequestError):
+        return ServiceError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            "DUPLICATE_REQUEST",
+            str(error),
+            metadata={"requestId": error.request_id, "runId": error.run_id},
+        )
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "REQUEST_REFUSED", str(error))
+
+
 def internal_error() -> ServiceError:
     """INTERNAL with a fixed message: details go to the log, never to the caller."""
     return ServiceError(grpc.StatusCode.INTERNAL, "INTERNAL", "internal error; see server log")
@@ -142,5 +177,7 @@ def as_service_error(error: BaseException) -> ServiceError:
         return error
     if isinstance(error, StoreError):
         return from_store_error(error)
+    if isinstance(error, EngineError):
+        return from_engine_error(error)
     log.error("unhandled error in a handler", exc_info=error)
     return internal_error()

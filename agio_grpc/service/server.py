@@ -82,7 +82,10 @@ async def start_grpc_server(
         ),
         server,
     )
-    port = server.add_insecure_port(settings.listen_address)
+    try:
+        port = server.add_insecure_port(settings.listen_address)
+    except RuntimeError as error:  # grpc reports a failed bind this way
+        raise OSError(f"could not bind {settings.listen_address}: address in use?") from error
     if port == 0:
         raise OSError(f"could not bind {settings.listen_address}")
     await server.start()

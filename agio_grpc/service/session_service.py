@@ -35,7 +35,7 @@ DEFAULT_STEP_PAGE = 100
 class ContextSource(Protocol):
     """Builds what the model would receive next for a session (the engine provides it)."""
 
-    async def context_steps(self, session_id: str, agent: str) -> list[domain.Step]:
+    async def next_context(self, session_id: str, agent: str = "") -> list[domain.Step]:
         """The system prompt (sequence 0) then the session's messages, valid to re-send."""
         ...
 
@@ -153,7 +153,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_id("agent", request.agent, required=False),
         )
-        steps = await self._context.context_steps(request.session_id, request.agent)
+        steps = await self._context.next_context(request.session_id, request.agent)
         summary = await self._store.context_summary(request.session_id)
         return pb.GetContextResponse(
             messages=[convert.step_to_proto(s) for s in steps],

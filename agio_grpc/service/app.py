@@ -1,0 +1,154 @@
+"""The running service: store, engine runtime and gRPC server wired together.
+
+`AgioApp.start(settings)` opens the store (applying migrations), starts the built-in fake
+model when no endpoint is configured, builds the runtime from the configured agents, tools
+and hooks, and binds the server. `serve` adds signal handling for `agio-grpc serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from agio_grpc.config import Settings
+from agio_grpc.engine import BUILTIN_TOOLS
+from agio_grpc.engine.agents import AgentSpec, Limits
+from agio_grpc.engine.hooks import Hooks
+from agio_grpc.engine.model import OpenAIModelDriver
+from agio_grpc.engine.runtime import Runtime
+from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.service.agent_service import AgentServicer
+from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
+from agio_grpc.service.session_service import SessionServicer
+from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.sql import open_store
+from agio_grpc.testing import FakeModelServer
+from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RUN_DRAIN_MARGIN_S = 0.5
+
+
+def build_registry(settings: Settings) -> ToolRegistry:
+    """The built-in tools plus those of `tool_modules`; every agent's tools must exist."""
+    registry = ToolRegistry(BUILTIN_TOOLS)
+    for spec in settings.tool_modules:
+        registry.load(spec)
+    for agent in settings.agents:
+        missing = [name for name in agent.tools if name not in registry]
+        if missing:
+            raise ValueError(
+                f"agent {agent.name!r} lists unknown tools {missing}; "
+                f"registered: {registry.names()}"
+            )
+    return registry
+
+
+def build_agents(settings: Settings) -> dict[str, AgentSpec]:
+    return {
+        agent.name: AgentSpec(
+            name=agent.name,
+            model=agent.model,
+            instructions=agent.instructions,
+            tools=list(agent.tools),
+            limits=Limits(**agent.limits.model_dump()),
+            temperature=agent.temperature,
+            max_tokens=agent.max_tokens,
+        )
+        for agent in settings.agents
+    }
+
+
+@dataclass(slots=True)
+class AgioApp:
+    """A started service. `stop` drains it; it is safe to call once."""
+
+    settings: Settings
+    store: StepStore
+    runtime: Runtime
+    model: OpenAIModelDriver
+    bound: BoundServer
+    fake_model: FakeModelServer | None
+
+    @property
+    def address(self) -> str:
+        return self.bound.address
+
+    @property
+    def port(self) -> int:
+        return self.bound.port
+
+    @classmethod
+    async def start(cls, settings: Settings) -> AgioApp:
+        registry = build_registry(settings)
+        hooks = Hooks.load(**settings.hooks.model_dump())
+        store = await open_store(
+            settings.database_url, sqlite_synchronous=settings.sqlite_synchronous
+        )
+        fake_model: FakeModelServer | None = None
+        try:
+            base_url = settings.openai_base_url
+            api_key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
+            if base_url is None:
+                fake_model = FakeModelServer()
+                await fake_model.start()
+                base_url = fake_model.base_url
+                log.warning("no OPENAI_BASE_URL set: using the built-in fake model at %s", base_url)
+            model = OpenAIModelDriver(base_url=base_url, api_key=api_key or "unused")
+            runtime = Runtime(
+                store=store,
+                agents=build_agents(settings),
+                default_agent=settings.default_agent,
+                registry=registry,
+                model=model,
+                hooks=hooks,
+            )
+            bound = await start_grpc_server(
+                settings,
+                [
+                    (
+                        agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
+                        AgentServicer(runtime, store),
+                    ),
+                    (
+                        session_service_pb2_grpc.add_SessionServiceServicer_to_server,
+                        SessionServicer(store, runtime),
+                    ),
+                ],
+            )
+        except BaseException:
+            if fake_model is not None:
+                await fake_model.stop()
+            await store.close()
+            raise
+        log.info("agio-grpc listening on %s", bound.address)
+        return cls(settings, store, runtime, model, bound, fake_model)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Health NOT_SERVING, refuse new calls, let running ones finish within `grace`,
+        interrupt runs still active, then close the model and the store."""
+        grace_s = self.settings.server.grace_period_s if grace is None else grace
+        await self.bound.health.enter_graceful_shutdown()
+        # Runs get slightly less than the calls' grace, so an interrupted run's terminal
+        # event still reaches its client before the server cancels the call.
+        await asyncio.gather(
+            self.bound.server.stop(grace_s),
+            self.runtime.shutdown(max(grace_s - RUN_DRAIN_MARGIN_S, 0.0)),
+        )
+        await self.model.close()
+        if self.fake_model is not None:
+            await self.fake_model.stop()
+        await self.store.close()
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then drain."""
+    app = await AgioApp.start(settings)
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    await stop.wait()
+    log.info("shutting down: draining for up to %.1fs", settings.server.grace_period_s)
+    await app.stop()
+    log.info("stopped")

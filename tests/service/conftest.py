@@ -1,0 +1,61 @@
+"""Fixtures for the service: the real server on 127.0.0.1:0 over a real store, the real
+openai client inside it talking HTTP to the fake model, and a real gRPC client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agio_grpc.client import AgioClient
+from agio_grpc.config import AgentConfig, LimitsConfig, Settings
+from agio_grpc.service.app import AgioApp
+from agio_grpc.testing import FakeModelServer
+
+AppFactory = Callable[..., Any]
+
+
+def make_settings(database_url: str, model_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "listen_address": "127.0.0.1:0",
+        "database_url": database_url,
+        "openai_base_url": model_url,
+        "openai_api_key": "test-key",
+        "default_agent": "assistant",
+        "agents": [
+            AgentConfig(
+                name="assistant",
+                model="fake-model",
+                instructions="You are a test assistant.",
+                tools=["current_time", "calculate", "echo"],
+                limits=LimitsConfig(max_steps=5, tool_timeout_s=2.0),
+            )
+        ],
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+async def fake_model() -> AsyncIterator[FakeModelServer]:
+    async with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def app(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
+    """The service on SQLite in tmp_path."""
+    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    started = await AgioApp.start(settings)
+    try:
+        yield started
+    finally:
+        await started.stop(grace=0)
+
+
+@pytest.fixture
+async def client(app: AgioApp) -> AsyncIterator[AgioClient]:
+    async with AgioClient(app.address) as connected:
+        yield connected

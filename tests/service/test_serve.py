@@ -1,0 +1,125 @@
+"""`agio-grpc serve` as a user runs it: a real process, configured by environment only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agio_grpc.client import AgioClient, AgioError
+
+LISTENING = re.compile(r"agio-grpc listening on (\S+)")
+
+
+async def read_until(stream: asyncio.StreamReader, pattern: re.Pattern[str]) -> tuple[str, str]:
+    """Lines up to and including the first match; returns (all lines, match group 1)."""
+    seen: list[str] = []
+    async with asyncio.timeout(60):
+        while True:
+            line = (await stream.readline()).decode()
+            if not line:
+                raise AssertionError("the server exited early:\n" + "".join(seen))
+            seen.append(line)
+            found = pattern.search(line)
+            if found:
+                return "".join(seen), found.group(1)
+
+
+async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> None:
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("AGIO_", "OPENAI_"))
+    }
+    env |= {
+        "AGIO_LISTEN_ADDRESS": "127.0.0.1:0",
+        "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        "AGIO_SERVER__GRACE_PERIOD_S": "2",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agio_grpc.cli",
+        "serve",
+        env=env,
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        log, address = await read_until(process.stderr, LISTENING)
+        assert "built-in fake model" in log
+        assert not address.endswith(":0")
+        async with AgioClient(address) as client:
+            assert await client.health() == "SERVING"
+            assert await client.list_sessions() == []
+            result = await client.run_to_end("What is 12 * 7?")
+            assert "84" in result.text
+            steps = await client.list_steps(result.session_id)
+            assert [s.sequence for s in steps] == [1, 2, 3, 4]
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert (tmp_path / "agio.db").exists()
+
+
+async def test_serve_refuses_an_invalid_configuration(tmp_path: Path) -> None:
+    env = dict(os.environ) | {"AGIO_LISTEN_ADDRESS": "nonsense"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agio_grpc.cli",
+        "serve",
+        env=env,
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await process.communicate()
+    assert process.returncode == 2
+    assert b"listen_address" in stderr
+    assert b"Traceback" not in stderr
+
+
+async def test_a_second_server_on_the_same_port_fails_to_bind(tmp_path: Path) -> None:
+    from agio_grpc.service.app import AgioApp
+    from tests.service.conftest import make_settings
+
+    first = await AgioApp.start(
+        make_settings(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", "http://127.0.0.1:9/v1")
+    )
+    try:
+        with pytest.raises(OSError, match="bind"):
+            await AgioApp.start(
+                make_settings(
+                    f"sqlite+aiosqlite:///{tmp_path / 'b.db'}",
+                    "http://127.0.0.1:9/v1",
+                    listen_address=first.address,
+                )
+            )
+    finally:
+        await first.stop(grace=0)
+
+
+async def test_health_turns_not_serving_while_draining(tmp_path: Path) -> None:
+    from agio_grpc.service.app import AgioApp
+    from tests.service.conftest import make_settings
+
+    app = await AgioApp.start(
+        make_settings(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", "http://127.0.0.1:9/v1")
+    )
+    async with AgioClient(app.address) as client:
+        await app.bound.health.enter_graceful_shutdown()
+        assert await client.health() == "NOT_SERVING"
+    await app.stop(grace=0)
+    async with AgioClient(app.address) as client:
+        with pytest.raises(AgioError) as caught:
+            await client.health()
+        assert caught.value.code == grpc.StatusCode.UNAVAILABLE
