@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_RUN_PAGE = 50
 MAX_INPUT_CHARS = 1_000_000
 MAX_METADATA_ENTRIES = 64
+DEADLINE_MARGIN_S = 0.25
 
 
 def _overrides(request: pb.RunOverrides) -> RunOverrides:
@@ -78,8 +79,13 @@ def _check_run_request(request: pb.RunRequest) -> None:
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float | None:
+    """The time the run may take: the caller's deadline less a margin, so the run stops with
+    TIMEOUT and its terminal event still reaches the caller before gRPC cuts the call."""
     remaining = context.time_remaining()
-    return None if remaining is None else float(remaining)
+    if remaining is None:
+        return None
+    margin = min(DEADLINE_MARGIN_S, remaining * 0.1)
+    return max(float(remaining) - margin, 0.0)
 
 
 class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):

@@ -24,12 +24,13 @@ def make_settings(database_url: str, model_url: str, **overrides: Any) -> Settin
         "openai_base_url": model_url,
         "openai_api_key": "test-key",
         "default_agent": "assistant",
+        "tool_modules": ["tests.service.sample_tools"],
         "agents": [
             AgentConfig(
                 name="assistant",
                 model="fake-model",
                 instructions="You are a test assistant.",
-                tools=["current_time", "calculate", "echo"],
+                tools=["current_time", "calculate", "echo", "slow_echo", "explode", "hang"],
                 limits=LimitsConfig(max_steps=5, tool_timeout_s=2.0),
             )
         ],
