@@ -81,11 +81,11 @@ def _check_run_request(request: pb.RunRequest) -> None:
 def _deadline_s(context: grpc.aio.ServicerContext) -> float | None:
     """The time the run may take: the caller's deadline less a margin, so the run stops with
     TIMEOUT and its terminal event still reaches the caller before gRPC cuts the call."""
-    remaining = context.time_remaining()
+    remaining: float | None = context.time_remaining()
     if remaining is None:
         return None
     margin = min(DEADLINE_MARGIN_S, remaining * 0.1)
-    return max(float(remaining) - margin, 0.0)
+    return max(remaining - margin, 0.0)
 
 
 class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):

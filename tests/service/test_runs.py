@@ -99,7 +99,7 @@ async def test_plain_reply_streams_deltas_and_stores_the_steps(
     reply = steps[1]
     assert reply.content == "Hello there, friend."
     metrics = reply.metrics
-    assert metrics.input_tokens == 12 and metrics.output_tokens == 4 and metrics.total_tokens == 16
+    assert (metrics.input_tokens, metrics.output_tokens, metrics.total_tokens) == (12, 4, 16)
     assert metrics.model_name == "fake-model"
     assert metrics.provider
     assert metrics.duration_ms >= metrics.first_token_latency_ms >= 0
@@ -193,7 +193,8 @@ async def test_tool_failures_become_error_steps_the_model_can_act_on(
     assert "Traceback" not in tool.content
     assert "error" in kinds(events)  # the non-fatal notice
     sent = fake_model.requests[1]["messages"]
-    assert sent[-1]["role"] == "tool" and expected.lower() in sent[-1]["content"].lower()
+    assert sent[-1]["role"] == "tool"
+    assert expected.lower() in sent[-1]["content"].lower()
 
 
 async def test_max_steps_stops_the_loop(client: AgioClient, fake_model: FakeModelServer) -> None:
