@@ -1,0 +1,82 @@
+"""The agent engine: the run loop, model driver, tools, context building and run events.
+
+Pure asyncio. Never imports grpc, protobuf, SQLAlchemy, OpenTelemetry, the service layer or
+the SQL store: it speaks the domain types and the `StepStore` protocol only. The service
+layer drives it through `Runtime`.
+"""
+
+from agio_grpc.engine.agents import (
+    AgentSpec,
+    ClientTool,
+    Limits,
+    RunInput,
+    RunOverrides,
+    RunSettings,
+    ToolOutput,
+)
+from agio_grpc.engine.builtin_tools import TOOLS as BUILTIN_TOOLS
+from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.errors import (
+    AgentNotFoundError,
+    DuplicateRequestError,
+    EngineError,
+    InvalidInputError,
+    RunStateError,
+    RuntimeClosedError,
+)
+from agio_grpc.engine.events import (
+    ErrorNotice,
+    Event,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    SequencedEvent,
+    StepCompleted,
+    StepDelta,
+    StepStarted,
+    ToolCallDelta,
+)
+from agio_grpc.engine.hooks import Hooks, StopRun
+from agio_grpc.engine.model import ModelDriver, OpenAIModelDriver, RetryPolicy
+from agio_grpc.engine.runtime import RunHandle, Runtime
+from agio_grpc.engine.tools import Tool, ToolContext, ToolRegistry, ToolStop, load_tools
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "AgentNotFoundError",
+    "AgentSpec",
+    "ClientTool",
+    "DuplicateRequestError",
+    "EngineError",
+    "ErrorNotice",
+    "Event",
+    "Hooks",
+    "InvalidInputError",
+    "Limits",
+    "ModelDriver",
+    "OpenAIModelDriver",
+    "RetryPolicy",
+    "RunChannel",
+    "RunCompleted",
+    "RunFailed",
+    "RunHandle",
+    "RunInput",
+    "RunOverrides",
+    "RunSettings",
+    "RunStarted",
+    "RunStateError",
+    "Runtime",
+    "RuntimeClosedError",
+    "SequencedEvent",
+    "StepCompleted",
+    "StepDelta",
+    "StepStarted",
+    "StopRun",
+    "Tool",
+    "ToolCallDelta",
+    "ToolContext",
+    "ToolOutput",
+    "ToolRegistry",
+    "ToolStop",
+    "load_tools",
+]

@@ -1,0 +1,231 @@
+"""What a run is asked to do: agent definitions, per-run overrides and the run's inputs.
+
+`AgentSpec` is an agent from the server config; `RunInput` is one `Run` request;
+`resolve_settings` merges the two into `RunSettings`, the effective settings of one run,
+stored in the run row (`Run.options`) so a continuation runs with exactly the same ones.
+Plain typed dataclasses; never imports grpc or the store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from agio_grpc.engine.errors import InvalidInputError
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits of one agent's runs."""
+
+    max_steps: int = 10
+    """The maximum model calls in a run (counted over all its segments)."""
+    token_budget: int | None = None
+    """The maximum tokens (input + output over all model calls) a run may use; None: no cap."""
+    run_timeout_s: float = 300.0
+    """Wall time one run segment may take; a shorter caller deadline wins."""
+    tool_timeout_s: float = 30.0
+    """Hard timeout of one tool call."""
+    max_parallel_tools: int = 4
+    """How many tool calls of one step run at once."""
+    max_history_messages: int | None = None
+    """Cap on history messages sent to the model (besides the system prompt); None: no cap."""
+
+
+@dataclass(slots=True)
+class AgentSpec:
+    """A named agent from the server config."""
+
+    name: str
+    model: str
+    """The model name sent to the endpoint."""
+    instructions: str = ""
+    """The system prompt."""
+    tools: list[str] = field(default_factory=list)
+    """Names of registered server tools the agent offers."""
+    limits: Limits = field(default_factory=Limits)
+    temperature: float | None = None
+    max_tokens: int | None = None
+    """Completion token cap per model call."""
+
+
+@dataclass(slots=True)
+class RunOverrides:
+    """Per-run replacements of agent settings; None keeps the agent's value."""
+
+    model: str | None = None
+    instructions: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    max_steps: int | None = None
+    timeout_s: float | None = None
+    tools: list[str] | None = None
+    """Which of the agent's server tools to offer; None offers all of them."""
+    token_budget: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTool:
+    """A tool the caller executes itself; a call to it ends the run with REQUIRES_ACTION."""
+
+    name: str
+    description: str = ""
+    parameters_json: str = ""
+    """The JSON schema of the arguments as JSON text; empty means no parameters."""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry offering this tool."""
+        parameters = (
+            json.loads(self.parameters_json)
+            if self.parameters_json
+            else {"type": "object", "properties": {}}
+        )
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": parameters,
+            },
+        }
+
+
+@dataclass(slots=True)
+class RunInput:
+    """One `Run` request as the engine sees it."""
+
+    input: str
+    """The user message text."""
+    session_id: str = ""
+    """The session to continue; empty creates a new session."""
+    agent: str = ""
+    """The agent to run; empty runs the default agent."""
+    overrides: RunOverrides = field(default_factory=RunOverrides)
+    client_tools: list[ClientTool] = field(default_factory=list)
+    request_id: str = ""
+    """Idempotency key: a second run with the same key on the same session is refused."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    deadline_s: float | None = None
+    """Seconds left on the caller's deadline; the run times out by then at the latest."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """The caller's result of one client tool call."""
+
+    tool_call_id: str
+    output: str
+    is_error: bool = False
+
+
+@dataclass(slots=True)
+class RunSettings:
+    """The effective settings of one run: the agent's, with the run's overrides applied."""
+
+    model: str
+    instructions: str
+    tools: list[str]
+    """The server tools offered."""
+    limits: Limits
+    temperature: float | None = None
+    max_tokens: int | None = None
+    client_tools: list[ClientTool] = field(default_factory=list)
+
+    def to_options(self) -> dict[str, Any]:
+        """JSON-ready data for `Run.options`."""
+        options: dict[str, Any] = _SETTINGS_ADAPTER.dump_python(self, mode="json")
+        return options
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> RunSettings:
+        """The settings stored by `to_options`."""
+        return _SETTINGS_ADAPTER.validate_python(options)
+
+    def client_tool_names(self) -> set[str]:
+        return {tool.name for tool in self.client_tools}
+
+
+_SETTINGS_ADAPTER: TypeAdapter[RunSettings] = TypeAdapter(RunSettings)
+
+
+def resolve_settings(
+    agent: AgentSpec, overrides: RunOverrides, client_tools: list[ClientTool]
+) -> RunSettings:
+    """Apply `overrides` to `agent`. Raises InvalidInputError naming the first bad field."""
+    _check_positive("overrides.max_steps", overrides.max_steps)
+    _check_positive("overrides.max_tokens", overrides.max_tokens)
+    _check_positive("overrides.timeout", overrides.timeout_s)
+    _check_positive("overrides.token_budget", overrides.token_budget)
+    if overrides.temperature is not None and not 0 <= overrides.temperature <= 2:
+        raise InvalidInputError("overrides.temperature", "must be between 0 and 2")
+    if overrides.model is not None and not overrides.model.strip():
+        raise InvalidInputError("overrides.model", "must not be empty when set")
+    tools = list(agent.tools)
+    if overrides.tools is not None:
+        unknown = [name for name in overrides.tools if name not in agent.tools]
+        if unknown:
+            raise InvalidInputError(
+                "overrides.tools",
+                f"not tools of agent {agent.name!r}: {', '.join(unknown)}; "
+                f"its tools: {', '.join(agent.tools) or '(none)'}",
+            )
+        tools = list(dict.fromkeys(overrides.tools))
+    _check_client_tools(client_tools, server_tools=set(tools))
+    limits = replace(
+        agent.limits,
+        max_steps=overrides.max_steps or agent.limits.max_steps,
+        run_timeout_s=overrides.timeout_s or agent.limits.run_timeout_s,
+        token_budget=overrides.token_budget or agent.limits.token_budget,
+    )
+    return RunSettings(
+        model=overrides.model or agent.model,
+        instructions=(
+            overrides.instructions if overrides.instructions is not None else agent.instructions
+        ),
+        tools=tools,
+        limits=limits,
+        temperature=(
+            overrides.temperature if overrides.temperature is not None else agent.temperature
+        ),
+        max_tokens=overrides.max_tokens or agent.max_tokens,
+        client_tools=list(client_tools),
+    )
+
+
+def _check_positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise InvalidInputError(name, "must be positive")
+
+
+def _check_client_tools(client_tools: list[ClientTool], server_tools: set[str]) -> None:
+    seen: set[str] = set()
+    for index, tool in enumerate(client_tools):
+        where = f"client_tools[{index}]"
+        if not _TOOL_NAME.match(tool.name):
+            raise InvalidInputError(
+                f"{where}.name", f"{tool.name!r} must match {_TOOL_NAME.pattern}"
+            )
+        if tool.name in seen:
+            raise InvalidInputError(f"{where}.name", f"duplicate client tool {tool.name!r}")
+        if tool.name in server_tools:
+            raise InvalidInputError(
+                f"{where}.name", f"{tool.name!r} is also a server tool of this agent"
+            )
+        seen.add(tool.name)
+        if tool.parameters_json:
+            try:
+                schema = json.loads(tool.parameters_json)
+            except json.JSONDecodeError as error:
+                raise InvalidInputError(
+                    f"{where}.parameters_json", f"is not valid JSON: {error}"
+                ) from None
+            if not isinstance(schema, dict):
+                raise InvalidInputError(
+                    f"{where}.parameters_json", "must be a JSON object (a JSON schema)"
+                )

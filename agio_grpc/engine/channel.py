@@ -1,0 +1,94 @@
+"""`RunChannel`: one run segment's in-memory event journal, replayed and followed by clients.
+
+The producer (the run loop) publishes without ever waiting: `publish` appends to the
+journal and wakes subscribers. Each subscriber reads the journal at its own pace from any
+`after_seq`, then follows live until the terminal event. `seq` is assigned here, gapless,
+starting after the run's `last_event_seq` so a continuation keeps counting.
+
+Delta coalescing happens only while clients are behind: a new `StepDelta` is merged into
+the journal's tail when the tail is a delta of the same step that no subscriber has taken
+yet. Every subscriber therefore sees the same events under the same seqs, a client that
+keeps up gets each delta as it arrives, and no timer ever delays the first one.
+
+Never imports grpc; never blocks the producer on a slow consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from agio_grpc.domain import utc_now
+from agio_grpc.engine.events import Event, SequencedEvent, StepDelta
+
+
+class ChannelClosedError(RuntimeError):
+    """Raised when publishing to a channel after its terminal event."""
+
+
+class RunChannel:
+    """The journal of one run segment: publish once, subscribe many times."""
+
+    def __init__(self, run_id: str, session_id: str, start_after_seq: int = 0) -> None:
+        self.run_id = run_id
+        self.session_id = session_id
+        self.first_seq = start_after_seq + 1
+        self._journal: list[SequencedEvent] = []
+        self._taken_seq = start_after_seq  # highest seq any subscriber has taken
+        self._wakeup = asyncio.Event()
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest event (start_after_seq when nothing was published)."""
+        return self.first_seq - 1 + len(self._journal)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the terminal event was published."""
+        return self._closed
+
+    def publish(self, event: Event) -> SequencedEvent:
+        """Append `event` (or merge a delta into an untaken tail delta) and wake subscribers."""
+        if self._closed:
+            raise ChannelClosedError(f"run {self.run_id} already ended")
+        tail = self._journal[-1] if self._journal else None
+        if (
+            isinstance(event, StepDelta)
+            and tail is not None
+            and isinstance(tail.event, StepDelta)
+            and tail.event.step_id == event.step_id
+            and tail.seq > self._taken_seq
+        ):
+            sequenced = SequencedEvent(
+                self.run_id, self.session_id, tail.seq, tail.time, tail.event.merged(event)
+            )
+            self._journal[-1] = sequenced
+        else:
+            sequenced = SequencedEvent(
+                self.run_id, self.session_id, self.last_seq + 1, utc_now(), event
+            )
+            self._journal.append(sequenced)
+            self._closed = sequenced.is_terminal
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
+        return sequenced
+
+    async def subscribe(self, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+        """Replay events with seq > after_seq, then follow live; ends after the terminal event.
+
+        An `after_seq` from before this segment replays the segment from its start.
+        """
+        index = max(0, after_seq - self.first_seq + 1)
+        while True:
+            if index < len(self._journal):
+                sequenced = self._journal[index]
+                index += 1
+                self._taken_seq = max(self._taken_seq, sequenced.seq)
+                yield sequenced
+                if sequenced.is_terminal:
+                    return
+            elif self._closed:
+                return
+            else:
+                await self._wakeup.wait()

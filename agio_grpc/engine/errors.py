@@ -1,0 +1,56 @@
+"""Errors the engine raises for requests it refuses before any run starts.
+
+Outcomes of a run are never exceptions: they are StopSignals. These exceptions are for calls
+that cannot be served (bad input, unknown agent, wrong run state); the service layer maps
+each to one gRPC status. Store errors (`NotFoundError`, `SessionBusyError`) propagate as they
+are. Never imports grpc.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of the engine's request errors."""
+
+
+class AgentNotFoundError(EngineError):
+    """The request names an agent the server does not define."""
+
+    def __init__(self, agent: str, known: list[str]) -> None:
+        super().__init__(f"agent {agent!r} not found; known agents: {', '.join(sorted(known))}")
+        self.agent = agent
+        self.known = known
+
+
+class InvalidInputError(EngineError):
+    """A request field is invalid; `field` names it (e.g. `input`, `tool_outputs`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class RunStateError(EngineError):
+    """The run is not in a state that allows the operation (e.g. submit to a finished run)."""
+
+    def __init__(self, run_id: str, status: str, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+
+
+class DuplicateRequestError(EngineError):
+    """A run with the same `request_id` already exists on the session."""
+
+    def __init__(self, request_id: str, run_id: str) -> None:
+        super().__init__(f"request_id {request_id!r} was already used by run {run_id!r}")
+        self.request_id = request_id
+        self.run_id = run_id
+
+
+class RuntimeClosedError(EngineError):
+    """The runtime is shutting down and accepts no new runs."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down and accepts no new runs")

@@ -1,0 +1,133 @@
+"""Execute one step's server tool calls: in parallel, bounded, each under a hard timeout.
+
+Every call yields a `ToolResult`, never an exception: an unknown tool, arguments that are not
+JSON or fail validation, an exception, a timeout all become error results (`is_error`) with
+a short, stable message the model can act on (no traceback). A tool raising `ToolStop`
+yields a normal result carrying a TOOL_STOP signal. Results come back in tool-call order.
+This module never touches the store or the event channel: the loop does that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import pydantic
+
+from agio_grpc.domain import StopReason, StopSignal, ToolCall
+from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolStop
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one tool call, ready to become a tool step."""
+
+    call: ToolCall
+    content: str
+    is_error: bool = False
+    stop: StopSignal | None = None
+    """Set when the tool asked to end the run (ToolStop)."""
+    exec_time_ms: int = 0
+
+
+def unfinished_result(call: ToolCall, why: str) -> ToolResult:
+    """The error result of a call that never returned (cancelled, interrupted, not run)."""
+    return ToolResult(call, f"Error: tool {call.name!r} did not return a result: {why}", True)
+
+
+async def execute_tool_calls(
+    calls: Sequence[ToolCall],
+    registry: ToolRegistry,
+    *,
+    offered: Collection[str],
+    make_context: Callable[[ToolCall], ToolContext],
+    timeout_s: float,
+    max_parallel: int,
+    completed: dict[str, ToolResult] | None = None,
+) -> list[ToolResult]:
+    """Run `calls` (at most `max_parallel` at once) and return their results in call order.
+
+    `offered` are the tool names this run may call. Each result is also put in `completed`
+    (by call id) as soon as it is ready, so a caller cancelled midway keeps the finished ones.
+    """
+    limit = asyncio.Semaphore(max(1, max_parallel))
+    done = completed if completed is not None else {}
+
+    async def run_one(call: ToolCall) -> ToolResult:
+        async with limit:
+            result = await execute_tool_call(
+                call, registry, offered=offered, context=make_context(call), timeout_s=timeout_s
+            )
+        done[call.id] = result
+        return result
+
+    return list(await asyncio.gather(*(run_one(call) for call in calls)))
+
+
+async def execute_tool_call(
+    call: ToolCall,
+    registry: ToolRegistry,
+    *,
+    offered: Collection[str],
+    context: ToolContext,
+    timeout_s: float,
+) -> ToolResult:
+    """Run one call; every failure becomes an error result."""
+    tool = registry.get(call.name) if call.name in offered else None
+    if tool is None:
+        available = ", ".join(sorted(name for name in offered if name in registry)) or "(none)"
+        return ToolResult(
+            call, f"Error: unknown tool {call.name!r}. Available tools: {available}.", True
+        )
+    try:
+        raw = json.loads(call.arguments) if call.arguments.strip() else {}
+    except json.JSONDecodeError as error:
+        return ToolResult(
+            call,
+            f"Error: the arguments of {call.name!r} are not valid JSON ({error}). "
+            "Send the arguments as one JSON object.",
+            True,
+        )
+    if not isinstance(raw, dict):
+        return ToolResult(
+            call, f"Error: the arguments of {call.name!r} must be a JSON object.", True
+        )
+    try:
+        arguments = tool.validate(raw)
+    except pydantic.ValidationError as error:
+        return ToolResult(
+            call, f"Error: invalid arguments for {call.name!r}: {_describe(error)}.", True
+        )
+    started = time.perf_counter()
+    stop: StopSignal | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            content = await tool.invoke(arguments, context)
+        is_error = False
+    except ToolStop as signal:
+        content, is_error = signal.message, False
+        stop = StopSignal(
+            StopReason.TOOL_STOP, signal.message, f"tool:{call.name}", context=signal.context
+        )
+    except TimeoutError:
+        content, is_error = f"Error: tool {call.name!r} timed out after {timeout_s:g}s.", True
+    except Exception as error:  # a tool's failure is a result the model sees
+        logger.info("tool %s raised", call.name, exc_info=True)
+        content = f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}"
+        is_error = True
+    elapsed_ms = int((time.perf_counter() - started) * 1000)
+    return ToolResult(call, content, is_error, stop, elapsed_ms)
+
+
+def _describe(error: pydantic.ValidationError) -> str:
+    parts = []
+    for detail in error.errors(include_url=False):
+        where = ".".join(str(part) for part in detail["loc"]) or "arguments"
+        parts.append(f"{where}: {detail['msg']}")
+    return "; ".join(parts)

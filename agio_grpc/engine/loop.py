@@ -1,0 +1,561 @@
+"""One run segment's agent loop (DESIGN.md section 3), from its first model call to its end.
+
+    [run pending tool calls] -> limits? -> build context -> model call (deltas streamed)
+        -> store assistant step -> no tool calls: stop
+        -> server tools in parallel -> store tool steps in call order -> stop signals? -> loop
+
+A segment is a `Run` call, a `SubmitToolOutputs` continuation or a `Retry`; the runtime
+stores its first steps (user input, tool outputs) and hands it over. Every stop — normal,
+limit, cancel, timeout, shutdown, model error, hook, unexpected exception — is caught at ONE
+boundary (`RunLoop.run`) and becomes a StopSignal; `_finish` then, on every path: stores a
+synthetic error result for each tool call left without one (so the history stays valid),
+writes the run row (status, stop signal, usage, counts, sequences, end time,
+last_event_seq), releases the session, and publishes exactly one terminal event.
+
+Status of a run by stop reason:
+- COMPLETED, MAX_STEPS, MAX_TOKENS, CONTENT_FILTER, TOKEN_BUDGET, TOOL_STOP -> COMPLETED
+- REQUIRES_ACTION -> REQUIRES_ACTION (the pending client calls stay open)
+- CANCELLED -> CANCELLED; TIMEOUT -> CANCELLED too: the run was cut off by a limit on
+  time, not finished, and its stop signal says TIMEOUT
+- INTERRUPTED -> INTERRUPTED (retryable; resume_from_sequence points at the first step
+  the interruption wrote, so Retry re-runs the interrupted tools)
+- MODEL_ERROR, TOOL_ERROR, INTERNAL_ERROR -> FAILED, ended by `run_failed`; every other
+  reason ends with `run_completed`.
+
+Limits: a step's tool calls always run before a limit stops the run, so a limit never
+leaves a call without a result. MAX_STEPS counts model calls over the whole run; the run
+timeout (the smaller of the configured timeout and the caller's deadline) applies to each
+segment. A model reply cut off by `length` or `content_filter` stops the run without
+running its tool calls (they get error results).
+
+Never imports grpc, SQLAlchemy or OpenTelemetry; talks to storage only through StepStore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Step,
+    StepMetrics,
+    StopReason,
+    StopSignal,
+    ToolCall,
+    new_id,
+    pick_stop_signal,
+    utc_now,
+)
+from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.context import build_context
+from agio_grpc.engine.control import RunControl, StopRequested
+from agio_grpc.engine.events import (
+    ErrorNotice,
+    RunCompleted,
+    RunFailed,
+    StepCompleted,
+    StepDelta,
+    StepStarted,
+)
+from agio_grpc.engine.executor import ToolResult, execute_tool_calls, unfinished_result
+from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
+from agio_grpc.engine.model import (
+    ModelDelta,
+    ModelDriver,
+    ModelError,
+    ModelEvent,
+    ModelRequest,
+    ModelRetry,
+)
+from agio_grpc.engine.tools import ToolContext, ToolRegistry
+from agio_grpc.store.errors import StoreError
+from agio_grpc.store.protocol import StepStore
+
+logger = logging.getLogger(__name__)
+
+_COMPLETED_REASONS = frozenset(
+    {
+        StopReason.COMPLETED,
+        StopReason.MAX_STEPS,
+        StopReason.MAX_TOKENS,
+        StopReason.CONTENT_FILTER,
+        StopReason.TOKEN_BUDGET,
+        StopReason.TOOL_STOP,
+    }
+)
+
+
+def status_for(reason: StopReason) -> RunStatus:
+    """The run status a stop reason leaves the run in (see the module docstring)."""
+    if reason.is_error:
+        return RunStatus.FAILED
+    if reason in _COMPLETED_REASONS:
+        return RunStatus.COMPLETED
+    if reason is StopReason.REQUIRES_ACTION:
+        return RunStatus.REQUIRES_ACTION
+    if reason is StopReason.INTERRUPTED:
+        return RunStatus.INTERRUPTED
+    return RunStatus.CANCELLED  # CANCELLED, TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class LoopServices:
+    """What every loop uses: storage, tools, the model and the hooks."""
+
+    store: StepStore
+    registry: ToolRegistry
+    model: ModelDriver
+    hooks: Hooks
+
+
+@dataclass(slots=True)
+class RunSegment:
+    """One segment of a run, as the runtime hands it to the loop."""
+
+    run: Run
+    settings: RunSettings
+    history: list[Step]
+    """The session's steps so far, including the ones this segment already stored."""
+    channel: RunChannel
+    control: RunControl
+    model_calls: int = 0
+    """Model calls the run made in earlier segments (for max_steps)."""
+    resume_calls: list[ToolCall] = field(default_factory=list)
+    """Tool calls of the last assistant step to run before the first model call (Retry)."""
+    deadline_s: float | None = None
+    """Seconds left on the caller's deadline when the segment started."""
+
+
+class _Stop(Exception):  # noqa: N818 - internal control flow
+    """Ends the loop with a signal raised deep inside a phase."""
+
+    def __init__(self, signal: StopSignal) -> None:
+        super().__init__(signal.message)
+        self.signal = signal
+
+
+class RunLoop:
+    """Drives one run segment; `run()` returns the final run row, never raises."""
+
+    def __init__(self, services: LoopServices, segment: RunSegment) -> None:
+        self.services = services
+        self.segment = segment
+        self.run_row = segment.run
+        self.channel = segment.channel
+        self.control = segment.control
+        self.settings = segment.settings
+        self.history = segment.history
+        self.model_calls = segment.model_calls
+        # The assistant step whose tool calls have no stored result yet, and those calls.
+        self.pending_step: Step | None = None
+        self.pending_calls: dict[str, ToolCall] = {}
+        self.finished_results: dict[str, ToolResult] = {}
+        # Step ids announced by StepStarted for tool calls, reused when a call never returns.
+        self.tool_step_ids: dict[str, str] = {}
+
+    async def run(self) -> Run:
+        """Run the segment to its end: the one boundary where every stop is caught."""
+        timer = self._start_timer()
+        reraise: asyncio.CancelledError | None = None
+        try:
+            task = asyncio.current_task()
+            assert task is not None
+            self.control.start(task)
+            await self._call_hooks(self.services.hooks.on_run_start, self._snapshot())
+            if self.segment.resume_calls:
+                signal = await self._resume_tool_calls()
+            else:
+                signal = await self._drive()
+        except (StopRequested, asyncio.CancelledError) as stop:
+            signal = self._requested_signal()
+            if isinstance(stop, asyncio.CancelledError):
+                _uncancel()  # the stop is handled here; finishing must not be cancelled
+                if not self.control.delivered:  # someone else's cancel (loop teardown)
+                    reraise = stop
+        except _Stop as stop:
+            signal = stop.signal
+        except StopRun as stop:
+            signal = stop.signal
+        except Exception as error:
+            signal = _internal_error(error)
+        finally:
+            timer.cancel()
+        self.control.finish()
+        run = await self._finish(signal)
+        if reraise is not None:
+            raise reraise
+        return run
+
+    async def _drive(self) -> StopSignal:
+        while True:
+            self.control.check()
+            if signal := pick_stop_signal(self._limits_reached()):
+                return signal
+            assistant, finish = await self._model_step()
+            if signal := self._reply_signal(assistant, finish):
+                return signal
+            signals = await self._run_tool_calls(assistant.tool_calls)
+            if signal := pick_stop_signal(signals + self._limits_reached()):
+                return signal
+
+    async def _resume_tool_calls(self) -> StopSignal:
+        """Retry from an assistant step: run its unanswered calls, then go on as usual."""
+        assistant = next(step for step in reversed(self.history) if step.role is Role.ASSISTANT)
+        self.pending_step = assistant
+        self.pending_calls = {call.id: call for call in self.segment.resume_calls}
+        signals = await self._run_tool_calls(self.segment.resume_calls)
+        if signal := pick_stop_signal(signals):
+            return signal
+        return await self._drive()
+
+    # -- model ------------------------------------------------------------------------------
+
+    async def _model_step(self) -> tuple[Step, StopReason | None]:
+        """Call the model with the history, stream its deltas, store the assistant step."""
+        limits = self.settings.limits
+        messages = build_context(
+            self.settings.instructions, self.history, limits.max_history_messages
+        )
+        await self._call_hooks(self.services.hooks.before_model_call, self._snapshot(), messages)
+        client_tools = [tool.to_openai() for tool in self.settings.client_tools]
+        request = ModelRequest(
+            model=self.settings.model,
+            messages=messages,
+            tools=self.services.registry.definitions(self.settings.tools) + client_tools,
+            temperature=self.settings.temperature,
+            max_tokens=self.settings.max_tokens,
+        )
+        step_id = new_id("step")
+        self.channel.publish(StepStarted(step_id=step_id, role=Role.ASSISTANT))
+        self.model_calls += 1
+        try:
+            reply = await self.services.model.complete(request, self._model_listener(step_id))
+        except ModelError as error:
+            raise _Stop(
+                StopSignal(
+                    StopReason.MODEL_ERROR,
+                    error.message,
+                    "model",
+                    context={"status_code": error.status_code} if error.status_code else {},
+                    retryable=error.retryable,
+                    resume_from_sequence=self._next_sequence() if error.retryable else 0,
+                )
+            ) from None
+        step = Step(
+            session_id=self.run_row.session_id,
+            run_id=self.run_row.id,
+            role=Role.ASSISTANT,
+            content=reply.content,
+            reasoning_content=reply.reasoning_content,
+            tool_calls=reply.tool_calls,
+            metrics=reply.metrics,
+            id=step_id,
+        )
+        self.run_row.usage.add(reply.metrics)
+        self.run_row.tool_call_count += len(reply.tool_calls)
+        (stored,) = await self._store_steps([step])
+        return stored, reply.stop_reason
+
+    def _model_listener(self, step_id: str) -> Callable[[ModelEvent], None]:
+        def on_event(event: ModelEvent) -> None:
+            if isinstance(event, ModelDelta):
+                self.channel.publish(
+                    StepDelta(
+                        step_id=step_id,
+                        content=event.content,
+                        reasoning_content=event.reasoning_content,
+                        tool_calls=event.tool_calls,
+                    )
+                )
+            elif isinstance(event, ModelRetry):
+                self.channel.publish(
+                    ErrorNotice(
+                        "MODEL_RETRY",
+                        f"retry {event.attempt} in {event.delay_s:.1f}s: {event.message}",
+                        "model",
+                        retryable=True,
+                    )
+                )
+            else:
+                self.channel.publish(
+                    ErrorNotice(
+                        "MODEL_STREAM_RESTART",
+                        f"the model stream broke; discard step {step_id}'s deltas, "
+                        f"it restarts: {event.message}",
+                        "model",
+                        retryable=True,
+                    )
+                )
+
+        return on_event
+
+    def _reply_signal(self, assistant: Step, reason: StopReason | None) -> StopSignal | None:
+        """The stop signal a model reply raises by itself (None: run its tool calls)."""
+        if reason is StopReason.MAX_TOKENS:
+            signal = StopSignal(reason, "the reply was cut off at max_tokens", "model")
+        elif reason is StopReason.CONTENT_FILTER:
+            signal = StopSignal(reason, "the provider's content filter stopped the reply", "model")
+        elif not assistant.tool_calls:
+            signal = StopSignal(StopReason.COMPLETED, "", "model")
+        else:
+            return None
+        return pick_stop_signal([signal, *self._budget_reached()])
+
+    # -- tools ------------------------------------------------------------------------------
+
+    async def _run_tool_calls(self, calls: list[ToolCall]) -> list[StopSignal]:
+        """Run the server calls, store their results in call order; client calls stay open."""
+        client_names = self.settings.client_tool_names()
+        server_calls = [call for call in calls if call.name not in client_names]
+        client_calls = [call for call in calls if call.name in client_names]
+        signals: list[StopSignal] = []
+        if server_calls:
+            step_ids = {call.id: new_id("step") for call in server_calls}
+            self.tool_step_ids.update(step_ids)
+            for call in server_calls:
+                self.channel.publish(
+                    StepStarted(
+                        step_id=step_ids[call.id],
+                        role=Role.TOOL,
+                        tool_call_id=call.id,
+                        name=call.name,
+                    )
+                )
+            results = await execute_tool_calls(
+                server_calls,
+                self.services.registry,
+                offered=self.settings.tools,
+                make_context=self._tool_context,
+                timeout_s=self.settings.limits.tool_timeout_s,
+                max_parallel=self.settings.limits.max_parallel_tools,
+                completed=self.finished_results,
+            )
+            for result in results:
+                if result.is_error:
+                    self.channel.publish(
+                        ErrorNotice("TOOL_FAILED", result.content, f"tool:{result.call.name}")
+                    )
+            await self._store_steps(
+                [self._tool_step(result, step_ids[result.call.id]) for result in results]
+            )
+            signals += [result.stop for result in results if result.stop is not None]
+        if client_calls:
+            signals.append(
+                StopSignal(
+                    StopReason.REQUIRES_ACTION,
+                    f"waiting for the results of {len(client_calls)} client tool call(s)",
+                    "loop",
+                    context={
+                        "tool_calls": [
+                            {"id": call.id, "name": call.name, "arguments": call.arguments}
+                            for call in client_calls
+                        ]
+                    },
+                )
+            )
+        return signals
+
+    def _tool_context(self, call: ToolCall) -> ToolContext:
+        return ToolContext(self.run_row.id, self.run_row.session_id, call.id, call.name)
+
+    def _tool_step(self, result: ToolResult, step_id: str) -> Step:
+        return Step(
+            session_id=self.run_row.session_id,
+            run_id=self.run_row.id,
+            role=Role.TOOL,
+            content=result.content,
+            tool_call_id=result.call.id,
+            name=result.call.name,
+            is_error=result.is_error,
+            metrics=StepMetrics(tool_exec_time_ms=result.exec_time_ms),
+            id=step_id,
+        )
+
+    # -- limits -----------------------------------------------------------------------------
+
+    def _limits_reached(self) -> list[StopSignal]:
+        """Limits that forbid another model call."""
+        signals = self._budget_reached()
+        max_steps = self.settings.limits.max_steps
+        if self.model_calls >= max_steps:
+            signals.append(
+                StopSignal(StopReason.MAX_STEPS, f"reached max_steps ({max_steps})", "loop")
+            )
+        return signals
+
+    def _budget_reached(self) -> list[StopSignal]:
+        budget = self.settings.limits.token_budget
+        used = self.run_row.usage.total_tokens
+        if budget is None or used < budget:
+            return []
+        return [
+            StopSignal(
+                StopReason.TOKEN_BUDGET,
+                f"used {used} tokens of a budget of {budget}",
+                "loop",
+                context={"used_tokens": used, "token_budget": budget},
+            )
+        ]
+
+    def _start_timer(self) -> asyncio.TimerHandle:
+        timeout = self.settings.limits.run_timeout_s
+        if self.segment.deadline_s is not None:
+            timeout = min(timeout, self.segment.deadline_s)
+        signal = StopSignal(
+            StopReason.TIMEOUT, f"the run exceeded its time limit of {timeout:g}s", "loop"
+        )
+        delay = max(0.0, timeout) if math.isfinite(timeout) else 1e9
+        return asyncio.get_running_loop().call_later(delay, self.control.request_stop, signal)
+
+    def _requested_signal(self) -> StopSignal:
+        if self.control.signal is not None:
+            return self.control.signal
+        return StopSignal(
+            StopReason.INTERRUPTED, "the run's task was cancelled", "server", retryable=True
+        )
+
+    # -- storage and events -----------------------------------------------------------------
+
+    async def _store_steps(self, steps: list[Step]) -> list[Step]:
+        """Store steps atomically, then publish them and call the after_step hooks."""
+        with self.control.protected():
+            stored = await self.services.store.append_steps(steps)
+            self._record_stored(stored)
+            for step in stored:
+                self.channel.publish(StepCompleted(step))
+        for step in stored if self.services.hooks.after_step else ():
+            await self._call_hooks(self.services.hooks.after_step, self._snapshot(), step)
+        return stored
+
+    def _record_stored(self, stored: list[Step]) -> None:
+        run = self.run_row
+        for step in stored:
+            self.history.append(step)
+            run.step_count += 1
+            run.first_sequence = run.first_sequence or step.sequence
+            run.last_sequence = max(run.last_sequence, step.sequence)
+            if step.role is Role.ASSISTANT and step.tool_calls:
+                self.pending_step = step
+                self.pending_calls = {call.id: call for call in step.tool_calls}
+                self.finished_results = {}
+            elif step.role is Role.TOOL:
+                self.pending_calls.pop(step.tool_call_id, None)
+
+    def _next_sequence(self) -> int:
+        return (self.history[-1].sequence if self.history else 0) + 1
+
+    async def _call_hooks(self, hooks: list[Hook], *args: object) -> None:
+        if not hooks:
+            return
+
+        def report(message: str) -> None:
+            self.channel.publish(ErrorNotice("HOOK_FAILED", message, "hook"))
+
+        await call_hooks(hooks, *args, on_failure=report)
+
+    def _snapshot(self) -> Run:
+        return copy.deepcopy(self.run_row)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    async def _finish(self, signal: StopSignal) -> Run:
+        """Close open tool calls, write the run row, release the session, end the stream."""
+        run = self.run_row
+        try:
+            if signal.reason is not StopReason.REQUIRES_ACTION and self.pending_calls:
+                first_written = await self._close_pending_calls(signal)
+                if signal.retryable and not signal.resume_from_sequence:
+                    signal.resume_from_sequence = first_written
+        except Exception:
+            logger.exception("run %s: could not store results for open tool calls", run.id)
+        if signal.retryable and not signal.resume_from_sequence:
+            signal.resume_from_sequence = self._next_sequence()
+        run.status = status_for(signal.reason)
+        run.stop_signal = signal
+        if run.status.is_terminal:
+            run.end_time = utc_now()
+        run.last_event_seq = self.channel.last_seq + 1  # the terminal event's seq
+        try:
+            await self.services.store.update_run(run)
+        except Exception:
+            logger.exception("run %s: could not store its final state", run.id)
+        try:
+            await self.services.store.release_session(run.session_id, run.id)
+        except Exception:
+            logger.exception("run %s: could not release session %s", run.id, run.session_id)
+        final = self._snapshot()
+        terminal = RunFailed(final) if signal.reason.is_error else RunCompleted(final)
+        self.channel.publish(terminal)
+        try:
+            await call_hooks(self.services.hooks.on_run_end, final, on_failure=lambda _: None)
+        except StopRun:
+            logger.info("run %s: StopRun from on_run_end ignored (the run had ended)", run.id)
+        return final
+
+    async def _close_pending_calls(self, signal: StopSignal) -> int:
+        """Store the finished results of open calls, then an error result for each other one.
+
+        Returns the sequence of the first error result written (0 if none).
+        """
+        assert self.pending_step is not None
+        calls = [call for call in self.pending_step.tool_calls if call.id in self.pending_calls]
+        finished = [self.finished_results[c.id] for c in calls if c.id in self.finished_results]
+        why = _unfinished_reason(signal)
+        unfinished = [unfinished_result(c, why) for c in calls if c.id not in self.finished_results]
+        stored = await self.services.store.append_steps(
+            [
+                self._tool_step(result, self.tool_step_ids.get(result.call.id) or new_id("step"))
+                for result in finished + unfinished
+            ]
+        )
+        self._record_stored(stored)
+        for step in stored:
+            self.channel.publish(StepCompleted(step))
+        first_error = stored[len(finished)] if unfinished else None
+        return first_error.sequence if first_error is not None else 0
+
+
+def _unfinished_reason(signal: StopSignal) -> str:
+    detail = f" ({signal.message})" if signal.message else ""
+    match signal.reason:
+        case StopReason.CANCELLED:
+            return f"the run was cancelled{detail}"
+        case StopReason.TIMEOUT:
+            return f"the run timed out{detail}"
+        case StopReason.INTERRUPTED:
+            return f"the run was interrupted{detail}"
+        case StopReason.MAX_TOKENS | StopReason.CONTENT_FILTER:
+            return f"the call was not run: the model's reply was cut off{detail}"
+        case _:
+            return f"the call was not run: the run stopped with {signal.reason.value}{detail}"
+
+
+def _internal_error(error: Exception) -> StopSignal:
+    if isinstance(error, StoreError):
+        logger.exception("run stopped by a storage error")
+        return StopSignal(
+            StopReason.INTERNAL_ERROR,
+            f"storage error: {type(error).__name__}: {error}",
+            "server",
+            retryable=True,
+        )
+    logger.exception("run stopped by an unexpected error")
+    return StopSignal(
+        StopReason.INTERNAL_ERROR,
+        f"internal error ({type(error).__name__}); see the server log",
+        "server",
+    )
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

@@ -1,0 +1,410 @@
+"""The model driver: one streamed chat.completions call, with retries, as a `ModelReply`.
+
+`ModelDriver` is the protocol the loop depends on; `OpenAIModelDriver` implements it on
+`openai.AsyncOpenAI` for any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, llama.cpp).
+Every call streams with `stream_options.include_usage`; deltas are reported to the caller as
+they arrive; tool call fragments are joined by index (a fragment with a new id at a used
+index starts a new call, as Ollama sends them); `reasoning_content` (vLLM, DeepSeek) is kept.
+
+Failure policy:
+- Before anything streamed, transient failures (429, 408, 409, 5xx, connection errors,
+  timeouts, an empty stream) are retried with exponential backoff and jitter, honouring
+  `Retry-After` up to a cap. The openai client is built with `max_retries=0`, so every retry
+  is ours: counted in `StepMetrics.retries` and reported as a `ModelRetry` event.
+- After the first delta, a failure (cut stream, dropped connection, a stream that ends
+  without `finish_reason`) restarts the call ONCE: the caller gets `ModelRestart` and must
+  discard the step's deltas so far. If the restarted call fails too, the call fails with a
+  retryable `ModelError`. Partial output is never returned as a reply.
+- Other 4xx (400, 401, 403, 404, 422) fail at once with the provider's message, not retryable.
+- A stream that ends without `finish_reason` is never a success.
+
+This module knows nothing of steps, the store or the event channel, and never imports grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import openai
+from openai.types.chat import ChatCompletionChunk
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
+from openai.types.completion_usage import CompletionUsage
+
+from agio_grpc.domain import StepMetrics, StopReason, ToolCall
+from agio_grpc.engine.events import ToolCallDelta
+
+_TRANSIENT_STATUS = frozenset({408, 409, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """One model call: the messages and tools to send and the sampling settings."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ModelReply:
+    """A complete model reply (the stream ended with a finish_reason)."""
+
+    content: str
+    reasoning_content: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    metrics: StepMetrics
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """MAX_TOKENS for `length`, CONTENT_FILTER for `content_filter`, else None."""
+        return _FINISH_STOP_REASONS.get(self.finish_reason)
+
+
+_FINISH_STOP_REASONS = {
+    "length": StopReason.MAX_TOKENS,
+    "content_filter": StopReason.CONTENT_FILTER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDelta:
+    """Fragments of the reply as they arrive."""
+
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRetry:
+    """A call failed before streaming anything and is retried after `delay_s`."""
+
+    attempt: int
+    delay_s: float
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRestart:
+    """The stream broke after deltas: discard the deltas so far, the call starts over."""
+
+    message: str
+
+
+ModelEvent = ModelDelta | ModelRetry | ModelRestart
+ModelListener = Callable[[ModelEvent], None]
+
+
+class ModelError(Exception):
+    """The model call failed for good; `retryable` says whether trying later may work."""
+
+    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status_code = status_code
+
+
+class ModelDriver(Protocol):
+    """What the loop needs from a model."""
+
+    async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
+        """Stream one reply, reporting events; raise ModelError when it cannot be had."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How model calls are retried."""
+
+    max_retries: int = 3
+    """Retries of a call that failed before streaming anything."""
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    jitter: float = 0.25
+    """Each backoff is shortened by a random share up to this."""
+    max_retry_after_s: float = 30.0
+    """A longer `Retry-After` is capped to this."""
+    stream_restarts: int = 1
+    """Restarts of a call whose stream broke after deltas."""
+
+    def backoff_s(self, retry: int, retry_after_s: float | None) -> float:
+        """The wait before retry number `retry` (0-based)."""
+        if retry_after_s is not None:
+            return max(0.0, min(retry_after_s, self.max_retry_after_s))
+        delay = min(self.max_backoff_s, self.initial_backoff_s * 2.0**retry)
+        return delay * (1 - random.random() * self.jitter)
+
+
+def provider_name(base_url: str) -> str:
+    """`openai` for api.openai.com, else `openai_compatible`."""
+    host = urlparse(base_url).hostname or ""
+    return "openai" if host == "api.openai.com" else "openai_compatible"
+
+
+class _Transient(Exception):  # noqa: N818 - internal control flow
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class _StreamBroken(Exception):  # noqa: N818 - internal control flow
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class OpenAIModelDriver:
+    """`ModelDriver` on `openai.AsyncOpenAI` (retries are ours: the client never retries)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        """`timeout_s` bounds connecting and each wait for the next chunk."""
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s
+        )
+        self.retry = retry or RetryPolicy()
+        self.provider = provider_name(base_url)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
+        started = time.perf_counter()
+        retries = restarts = 0
+        while True:
+            try:
+                reply = await self._attempt(request, on_event, started)
+            except _Transient as failure:
+                if retries >= self.retry.max_retries:
+                    raise ModelError(
+                        f"model call failed after {retries} retries: {failure.message}",
+                        retryable=True,
+                    ) from None
+                delay = self.retry.backoff_s(retries, failure.retry_after_s)
+                retries += 1
+                on_event(ModelRetry(retries, delay, failure.message))
+                await asyncio.sleep(delay)
+                continue
+            except _StreamBroken as failure:
+                if restarts >= self.retry.stream_restarts:
+                    raise ModelError(
+                        f"model stream failed after {restarts} restart(s): {failure.message}",
+                        retryable=True,
+                    ) from None
+                restarts += 1
+                on_event(ModelRestart(failure.message))
+                continue
+            reply.metrics.retries = retries + restarts
+            reply.metrics.duration_ms = _ms_since(started)
+            reply.metrics.provider = self.provider
+            return reply
+
+    async def _attempt(
+        self, request: ModelRequest, on_event: ModelListener, started: float
+    ) -> ModelReply:
+        reply = _ReplyBuilder(model_name=request.model)
+        try:
+            stream = await self._client.chat.completions.create(**self._arguments(request))
+            async with stream:
+                async for chunk in stream:
+                    delta = reply.add(chunk)
+                    if delta is not None:
+                        if reply.first_token_latency_ms is None:
+                            reply.first_token_latency_ms = _ms_since(started)
+                        on_event(delta)
+        except openai.APIStatusError as error:
+            raise _classify_status(error) from None
+        except openai.APIError as error:  # connection errors, timeouts, error chunks
+            message = _describe(error)
+            if reply.streamed:
+                raise _StreamBroken(message) from None
+            raise _Transient(message) from None
+        if reply.finish_reason is None:
+            message = "the model stream ended without a finish_reason (truncated response)"
+            if reply.streamed:
+                raise _StreamBroken(message)
+            raise _Transient(message)
+        return reply.build()
+
+    def _arguments(self, request: ModelRequest) -> dict[str, Any]:
+        arguments: dict[str, Any] = {
+            "model": request.model,
+            "messages": request.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            arguments["tools"] = request.tools
+        if request.temperature is not None:
+            arguments["temperature"] = request.temperature
+        if request.max_tokens is not None:
+            # OpenAI's newer models refuse `max_tokens`; many compatible servers only know it.
+            key = "max_completion_tokens" if self.provider == "openai" else "max_tokens"
+            arguments[key] = request.max_tokens
+        return arguments
+
+
+@dataclass(slots=True)
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class _ReplyBuilder:
+    """Accumulates the chunks of one streamed reply."""
+
+    model_name: str
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: list[_PartialCall] = field(default_factory=list)
+    slot_of_index: dict[int, int] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: CompletionUsage | None = None
+    first_token_latency_ms: int | None = None
+    streamed: bool = False
+
+    def add(self, chunk: ChatCompletionChunk) -> ModelDelta | None:
+        """Take one chunk; return the fragments it carries, if any."""
+        if chunk.model:
+            self.model_name = chunk.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        if not chunk.choices:  # the usage chunk (vLLM sends `choices: null`)
+            return None
+        choice = chunk.choices[0]
+        if choice.finish_reason is not None:
+            self.finish_reason = choice.finish_reason
+        delta = choice.delta
+        content = delta.content or ""
+        reasoning = _reasoning_of(delta)
+        calls = tuple(self._add_call(fragment) for fragment in delta.tool_calls or ())
+        if not (content or reasoning or calls):
+            return None
+        self.content.append(content)
+        self.reasoning.append(reasoning)
+        self.streamed = True
+        return ModelDelta(content, reasoning, calls)
+
+    def _add_call(self, fragment: ChoiceDeltaToolCall) -> ToolCallDelta:
+        slot = self.slot_of_index.get(fragment.index)
+        if slot is None or (fragment.id and self.calls[slot].id not in ("", fragment.id)):
+            slot = len(self.calls)
+            self.calls.append(_PartialCall())
+            self.slot_of_index[fragment.index] = slot
+        call = self.calls[slot]
+        name = (fragment.function.name if fragment.function else None) or ""
+        arguments = (fragment.function.arguments if fragment.function else None) or ""
+        if fragment.id and not call.id:
+            call.id = fragment.id
+        if name and not call.name:
+            call.name = name
+        call.arguments += arguments
+        return ToolCallDelta(index=slot, id=fragment.id or "", name=name, arguments=arguments)
+
+    def build(self) -> ModelReply:
+        metrics = StepMetrics(
+            first_token_latency_ms=self.first_token_latency_ms or 0, model_name=self.model_name
+        )
+        if self.usage is not None:
+            metrics.input_tokens = self.usage.prompt_tokens or 0
+            metrics.output_tokens = self.usage.completion_tokens or 0
+            metrics.total_tokens = self.usage.total_tokens or (
+                metrics.input_tokens + metrics.output_tokens
+            )
+            prompt_details = self.usage.prompt_tokens_details
+            completion_details = self.usage.completion_tokens_details
+            metrics.cached_input_tokens = (prompt_details and prompt_details.cached_tokens) or 0
+            metrics.reasoning_tokens = (
+                completion_details and completion_details.reasoning_tokens
+            ) or 0
+        return ModelReply(
+            content="".join(self.content),
+            reasoning_content="".join(self.reasoning),
+            tool_calls=[
+                ToolCall(call.id or f"call_{uuid.uuid4().hex[:24]}", call.name, call.arguments)
+                for call in self.calls
+            ],
+            finish_reason=self.finish_reason or "stop",
+            metrics=metrics,
+        )
+
+
+def _reasoning_of(delta: object) -> str:
+    """`reasoning_content` (vLLM, DeepSeek) or `reasoning` (Ollama, OpenRouter), if sent."""
+    for name in ("reasoning_content", "reasoning"):
+        value = getattr(delta, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _classify_status(error: openai.APIStatusError) -> _Transient | ModelError:
+    status = error.status_code
+    message = f"HTTP {status}: {_describe(error)}"
+    if status in _TRANSIENT_STATUS or status >= 500:
+        return _Transient(message, _retry_after_s(error))
+    return ModelError(message, retryable=False, status_code=status)
+
+
+def _describe(error: openai.APIError) -> str:
+    """The provider's own message when it sent one, else the client's."""
+    body = error.body
+    if isinstance(body, dict):
+        message = body.get("message")
+        if isinstance(message, str) and message:
+            return message
+    if isinstance(error, openai.APIConnectionError) and error.__cause__ is not None:
+        return f"{error.message} ({type(error.__cause__).__name__}: {error.__cause__})"
+    return error.message
+
+
+def _retry_after_s(error: openai.APIStatusError) -> float | None:
+    headers = error.response.headers
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        try:
+            return float(milliseconds) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (moment - datetime.now(UTC)).total_seconds())
+
+
+def _ms_since(started: float) -> int:
+    return int((time.perf_counter() - started) * 1000)

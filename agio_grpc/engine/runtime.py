@@ -1,0 +1,572 @@
+"""`Runtime`: the engine's API for the service layer — start, continue, retry, cancel, watch.
+
+Each call validates its request completely before writing anything, takes the session
+(one active run per session, enforced by the store), stores the segment's first steps,
+publishes `RunStarted`, and spawns the run loop as an asyncio task the runtime owns. The
+caller streams `RunHandle.events()`; leaving the stream does not stop the run — the service
+calls `cancel(run_id, "client disconnected")` for that.
+
+Live channels are kept for a while after their run ends (`retention_s`, `retention_count`),
+so a late `watch` replays the real event stream; older runs are replayed from the store.
+
+Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Step,
+    StopReason,
+    StopSignal,
+    ToolCall,
+    utc_now,
+)
+from agio_grpc.engine.agents import (
+    AgentSpec,
+    RunInput,
+    RunOverrides,
+    RunSettings,
+    ToolOutput,
+    resolve_settings,
+)
+from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.context import context_steps, open_tool_calls
+from agio_grpc.engine.control import RunControl
+from agio_grpc.engine.errors import (
+    AgentNotFoundError,
+    DuplicateRequestError,
+    InvalidInputError,
+    RunStateError,
+    RuntimeClosedError,
+)
+from agio_grpc.engine.events import (
+    Event,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    SequencedEvent,
+    StepCompleted,
+)
+from agio_grpc.engine.executor import unfinished_result
+from agio_grpc.engine.hooks import Hooks
+from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
+from agio_grpc.engine.model import ModelDriver
+from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.store.errors import NotFoundError, SessionBusyError
+from agio_grpc.store.protocol import StepStore
+
+logger = logging.getLogger(__name__)
+
+_REQUEST_ID_SCAN = 100  # how many recent runs of a session are checked for a reused request_id
+
+
+@dataclass(slots=True)
+class RunHandle:
+    """A started run segment: its id, session and event stream."""
+
+    run: Run
+    """The run as it started (a snapshot)."""
+    channel: RunChannel
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    @property
+    def session_id(self) -> str:
+        return self.run.session_id
+
+    def events(self, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+        """The segment's events after `after_seq`, live; ends after the terminal event."""
+        return self.channel.subscribe(after_seq)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """A run segment this process runs or ran recently."""
+
+    channel: RunChannel
+    control: RunControl
+    settings: RunSettings
+    task: asyncio.Task[Run] | None = None
+    finished_at: float | None = None
+
+
+@dataclass(slots=True)
+class _RunPlan:
+    """Where a segment starts: the history, and tool calls to run before the model."""
+
+    history: list[Step]
+    resume_calls: list[ToolCall] = field(default_factory=list)
+
+
+class Runtime:
+    """Runs agents on sessions; the one object the service layer drives."""
+
+    def __init__(
+        self,
+        store: StepStore,
+        agents: dict[str, AgentSpec],
+        default_agent: str,
+        registry: ToolRegistry,
+        model: ModelDriver,
+        hooks: Hooks | None = None,
+        *,
+        retention_s: float = 600.0,
+        retention_count: int = 1000,
+        cancel_wait_s: float = 10.0,
+    ) -> None:
+        """`retention_*` bound how long and how many ended runs stay replayable from memory;
+        `cancel_wait_s` bounds how long `cancel` waits for a run to record its end.
+        """
+        if default_agent not in agents:
+            raise ValueError(f"default agent {default_agent!r} is not among the agents")
+        for agent in agents.values():
+            missing = [name for name in agent.tools if name not in registry]
+            if missing:
+                raise ValueError(f"agent {agent.name!r} names unknown tools: {missing}")
+        self.store = store
+        self.agents = agents
+        self.default_agent = default_agent
+        self.registry = registry
+        self._services = LoopServices(store, registry, model, hooks or Hooks())
+        self._segments: OrderedDict[str, _Segment] = OrderedDict()
+        self._retention_s = retention_s
+        self._retention_count = retention_count
+        self._cancel_wait_s = cancel_wait_s
+        self._closing = False
+
+    # -- agents and context -----------------------------------------------------------------
+
+    def agent(self, name: str = "") -> AgentSpec:
+        """The named agent ("" = the default). Raises AgentNotFoundError."""
+        spec = self.agents.get(name or self.default_agent)
+        if spec is None:
+            raise AgentNotFoundError(name, list(self.agents))
+        return spec
+
+    async def next_context(self, session_id: str, agent: str = "") -> list[Step]:
+        """What the model would receive next on the session (GetContext): the system prompt
+        (sequence 0), then the stored steps as repaired by `build_context`.
+        """
+        spec = self.agent(agent)
+        await self.store.get_session(session_id)
+        steps = await self.store.get_steps(session_id)
+        return context_steps(spec.instructions, steps, spec.limits.max_history_messages)
+
+    # -- starting runs ----------------------------------------------------------------------
+
+    async def start_run(self, request: RunInput) -> RunHandle:
+        """Store the user input as a step and start a run on it.
+
+        Raises AgentNotFoundError, InvalidInputError, store NotFoundError (unknown session),
+        SessionBusyError (checked before anything is written), DuplicateRequestError,
+        RuntimeClosedError.
+        """
+        self._check_open()
+        agent = self.agent(request.agent)
+        if not request.input.strip():
+            raise InvalidInputError("input", "must not be empty")
+        settings = resolve_settings(agent, request.overrides, request.client_tools)
+        if request.session_id:
+            session_id = (await self.store.get_session(request.session_id)).id
+        else:
+            session_id = (await self.store.create_session()).id
+        run = Run(
+            session_id=session_id,
+            agent=agent.name,
+            request_id=request.request_id,
+            metadata=dict(request.metadata),
+            options=settings.to_options(),
+        )
+        await self.store.acquire_session(session_id, run.id)
+        try:
+            if request.request_id and request.session_id:
+                await self._check_request_id(session_id, request.request_id)
+            user = await self.store.append_step(
+                Step(session_id, run.id, Role.USER, content=request.input)
+            )
+            run.first_sequence = run.last_sequence = user.sequence
+            run.step_count = 1
+            await self.store.create_run(run)
+            history = await self.store.get_steps(session_id)
+        except BaseException:
+            await self._release_quietly(session_id, run.id)
+            raise
+        return self._spawn(run, settings, _RunPlan(history), [user], request.deadline_s)
+
+    async def submit_tool_outputs(
+        self, run_id: str, outputs: list[ToolOutput], *, deadline_s: float | None = None
+    ) -> RunHandle:
+        """Store the caller's client tool results and continue the same run.
+
+        The run must be REQUIRES_ACTION (else RunStateError); `outputs` must answer exactly
+        its pending client calls (else InvalidInputError naming the ids). Event seqs continue
+        from the run's last one; the new segment starts with `RunStarted` and a
+        `StepCompleted` per stored output. Raises NotFoundError, SessionBusyError.
+        """
+        self._check_open()
+        run = await self._run_requiring_action(run_id)
+        history = await self.store.get_steps(run.session_id)
+        _, pending = open_tool_calls(history)
+        by_id = _check_outputs(outputs, pending)
+        await self.store.acquire_session(run.session_id, run.id)
+        try:
+            run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
+            steps = [
+                Step(
+                    run.session_id,
+                    run.id,
+                    Role.TOOL,
+                    content=by_id[call.id].output,
+                    tool_call_id=call.id,
+                    name=call.name,
+                    is_error=by_id[call.id].is_error,
+                )
+                for call in pending
+            ]
+            stored = await self.store.append_steps(steps)
+            history.extend(stored)
+            run.status = RunStatus.RUNNING
+            run.stop_signal = None
+            run.step_count += len(stored)
+            run.last_sequence = stored[-1].sequence
+            run.last_event_seq = self._last_event_seq(run)
+            await self.store.update_run(run)
+        except BaseException:
+            await self._release_quietly(run.session_id, run.id)
+            raise
+        model_calls = sum(
+            1 for step in history if step.run_id == run.id and step.role is Role.ASSISTANT
+        )
+        return self._spawn(
+            run,
+            self._settings_of(run),
+            _RunPlan(history),
+            stored,
+            deadline_s,
+            model_calls=model_calls,
+        )
+
+    async def retry(
+        self, session_id: str, sequence: int, *, deadline_s: float | None = None
+    ) -> RunHandle:
+        """Delete the session's steps from `sequence` on and regenerate, as a new run.
+
+        What happens depends on the last step that remains (the one before `sequence`):
+        - a user step: a model call answers it;
+        - a tool step: a model call continues after the tool results (after first running
+          any call of that assistant step still without a result);
+        - an assistant step with tool calls: its calls without a result are run (server
+          tools; client tools end the run with REQUIRES_ACTION), then the loop goes on;
+        - a final assistant reply: nothing to regenerate — InvalidInputError (retry from the
+          reply's own sequence to regenerate it).
+        `sequence` may be one past the last step (delete nothing, regenerate the end: how a
+        retryable stop's `resume_from_sequence` is used). Sequence 1 leaves nothing to
+        regenerate from: InvalidInputError, as is an empty session. The run uses the agent and
+        settings of the run that wrote the remaining last step (the default agent if that run
+        is gone). Everything is checked before anything is deleted.
+        Raises NotFoundError, InvalidInputError, SessionBusyError.
+        """
+        self._check_open()
+        await self.store.get_session(session_id)
+        last = await self.store.get_last_step(session_id)
+        if last is None:
+            raise InvalidInputError("session_id", "the session has no steps to regenerate")
+        if not 2 <= sequence <= last.sequence + 1:
+            raise InvalidInputError(
+                "sequence",
+                f"must be between 2 and {last.sequence + 1} "
+                "(at least one step must remain to regenerate from)",
+            )
+        history = await self.store.get_steps(session_id, 1, sequence - 1)
+        plan = _retry_plan(history, sequence)
+        agent, settings = await self._settings_of_step(history[-1])
+        run = Run(session_id=session_id, agent=agent, options=settings.to_options())
+        await self.store.acquire_session(session_id, run.id)
+        try:
+            await self.store.delete_steps_from(session_id, sequence)
+            await self.store.create_run(run)
+        except BaseException:
+            await self._release_quietly(session_id, run.id)
+            raise
+        return self._spawn(run, settings, plan, [], deadline_s)
+
+    # -- stopping and watching --------------------------------------------------------------
+
+    async def cancel(self, run_id: str, reason: str, source: str = "client") -> Run:
+        """Cancel a run; idempotent. Returns the run as stored afterwards.
+
+        A running run here stops with CANCELLED (no partial step stored; open tool calls get
+        error results) and this waits, up to `cancel_wait_s`, for its end to be recorded.
+        A REQUIRES_ACTION run becomes CANCELLED (its open client calls get error results).
+        An ended run is returned unchanged. A run running in another process is returned
+        unchanged (cross-replica cancel is not supported yet). Raises NotFoundError.
+        """
+        signal = StopSignal(StopReason.CANCELLED, reason or "cancelled", source or "client")
+        segment = self._segments.get(run_id)
+        if segment is not None and segment.task is not None and not segment.task.done():
+            segment.control.request_stop(signal)
+            await asyncio.wait({segment.task}, timeout=self._cancel_wait_s)
+            return await self.store.get_run(run_id)
+        run = await self.store.get_run(run_id)
+        if run.status is not RunStatus.REQUIRES_ACTION:
+            return run
+        try:
+            await self.store.acquire_session(run.session_id, run.id)
+        except SessionBusyError:  # a submit is continuing it right now
+            segment = self._segments.get(run_id)
+            if segment is not None and segment.task is not None and not segment.task.done():
+                return await self.cancel(run_id, reason, source)
+            raise
+        try:
+            return await self._cancel_waiting_run(run_id, signal)
+        finally:
+            await self._release_quietly(run.session_id, run.id)
+
+    async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+        """The run's events after `after_seq`: live (replay, then follow) for a run this
+        process runs or ran recently; else synthesised from the store — `RunStarted`, a
+        `StepCompleted` per stored step of the run, and the terminal event if the run has
+        ended (or waits in REQUIRES_ACTION) — numbered 1, 2, 3... afresh. A run still
+        RUNNING in another process yields its stored steps only. Raises NotFoundError on
+        the first iteration for an unknown run.
+        """
+        segment = self._segments.get(run_id)
+        if segment is not None:
+            async for event in segment.channel.subscribe(after_seq):
+                yield event
+            return
+        run = await self.store.get_run(run_id)
+        for event in await self._replay_from_store(run):
+            if event.seq > after_seq:
+                yield event
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Refuse new runs, let running ones finish for up to `grace_s`, then interrupt the
+        rest (INTERRUPTED, retryable) and wait for their rows to be finalised.
+        """
+        self._closing = True
+        tasks = {s.task for s in self._segments.values() if s.task is not None}
+        running = {task for task in tasks if not task.done()}
+        if running and grace_s > 0:
+            _, running = await asyncio.wait(running, timeout=grace_s)
+        if not running:
+            return
+        signal = StopSignal(
+            StopReason.INTERRUPTED, "the server is shutting down", "server", retryable=True
+        )
+        for segment in self._segments.values():
+            if segment.task in running:
+                segment.control.request_stop(copy.deepcopy(signal))
+        await asyncio.wait(running, timeout=self._cancel_wait_s)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _spawn(
+        self,
+        run: Run,
+        settings: RunSettings,
+        plan: _RunPlan,
+        first_steps: list[Step],
+        deadline_s: float | None,
+        *,
+        model_calls: int = 0,
+    ) -> RunHandle:
+        """Publish the segment's opening events and start its loop task."""
+        channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
+        control = RunControl()
+        started = copy.deepcopy(run)
+        channel.publish(RunStarted(started))
+        for step in first_steps:
+            channel.publish(StepCompleted(step))
+        segment = _Segment(channel, control, settings)
+        loop = RunLoop(
+            self._services,
+            RunSegment(
+                run=run,
+                settings=settings,
+                history=plan.history,
+                channel=channel,
+                control=control,
+                model_calls=model_calls,
+                resume_calls=plan.resume_calls,
+                deadline_s=deadline_s,
+            ),
+        )
+        segment.task = asyncio.create_task(loop.run(), name=f"agio run {run.id}")
+        segment.task.add_done_callback(lambda task: self._segment_ended(segment, task))
+        self._segments.pop(run.id, None)
+        self._segments[run.id] = segment
+        self._prune()
+        return RunHandle(started, channel)
+
+    def _segment_ended(self, segment: _Segment, task: asyncio.Task[Run]) -> None:
+        segment.finished_at = time.monotonic()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("run loop task failed", exc_info=task.exception())
+        self._prune()
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        ended = [
+            (run_id, s.finished_at)
+            for run_id, s in self._segments.items()
+            if s.finished_at is not None
+        ]
+        excess = len(ended) - self._retention_count
+        for index, (run_id, finished_at) in enumerate(ended):
+            if index < excess or now - finished_at > self._retention_s:
+                del self._segments[run_id]
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RuntimeClosedError()
+
+    async def _check_request_id(self, session_id: str, request_id: str) -> None:
+        for run in await self.store.list_runs(session_id, limit=_REQUEST_ID_SCAN):
+            if run.request_id == request_id:
+                raise DuplicateRequestError(request_id, run.id)
+
+    async def _run_requiring_action(self, run_id: str) -> Run:
+        run = await self.store.get_run(run_id)
+        if run.status is not RunStatus.REQUIRES_ACTION:
+            raise RunStateError(
+                run_id,
+                run.status.value,
+                f"run {run_id!r} is {run.status.value}, not REQUIRES_ACTION",
+            )
+        return run
+
+    def _settings_of(self, run: Run) -> RunSettings:
+        """The run's stored settings; from memory or its agent when the store kept none."""
+        if run.options:
+            return RunSettings.from_options(run.options)
+        segment = self._segments.get(run.id)
+        if segment is not None:
+            return segment.settings
+        agent = self.agents.get(run.agent) or self.agent()
+        return resolve_settings(agent, RunOverrides(), [])
+
+    async def _settings_of_step(self, step: Step) -> tuple[str, RunSettings]:
+        """The agent name and settings of the run that wrote `step` (else the default)."""
+        try:
+            run = await self.store.get_run(step.run_id) if step.run_id else None
+        except NotFoundError:
+            run = None
+        if run is None or run.agent not in self.agents:
+            agent = self.agent()
+            return agent.name, resolve_settings(agent, RunOverrides(), [])
+        return run.agent, self._settings_of(run)
+
+    def _last_event_seq(self, run: Run) -> int:
+        if run.last_event_seq:
+            return run.last_event_seq
+        segment = self._segments.get(run.id)
+        return segment.channel.last_seq if segment is not None else 0
+
+    async def _cancel_waiting_run(self, run_id: str, signal: StopSignal) -> Run:
+        run = await self.store.get_run(run_id)
+        if run.status is not RunStatus.REQUIRES_ACTION:
+            return run
+        history = await self.store.get_steps(run.session_id, run.first_sequence or 1)
+        assistant, pending = open_tool_calls(history)
+        if assistant is not None and pending:
+            why = f"the run was cancelled ({signal.message})"
+            stored = await self.store.append_steps(
+                [
+                    Step(
+                        run.session_id,
+                        run.id,
+                        Role.TOOL,
+                        content=unfinished_result(call, why).content,
+                        tool_call_id=call.id,
+                        name=call.name,
+                        is_error=True,
+                    )
+                    for call in pending
+                ]
+            )
+            run.step_count += len(stored)
+            run.last_sequence = stored[-1].sequence
+        run.status = RunStatus.CANCELLED
+        run.stop_signal = signal
+        run.end_time = utc_now()
+        await self.store.update_run(run)
+        return run
+
+    async def _replay_from_store(self, run: Run) -> list[SequencedEvent]:
+        steps: list[Step] = []
+        if run.first_sequence:
+            steps = await self.store.get_steps(
+                run.session_id, run.first_sequence, run.last_sequence or None
+            )
+        events: list[Event] = [RunStarted(run)]
+        events += [StepCompleted(step) for step in steps if step.run_id == run.id]
+        if run.status is not RunStatus.RUNNING:
+            failed = run.stop_signal is not None and run.stop_signal.reason.is_error
+            events.append(RunFailed(run) if failed else RunCompleted(run))
+        time_of_event = run.end_time or run.create_time
+        return [
+            SequencedEvent(run.id, run.session_id, seq, time_of_event, event)
+            for seq, event in enumerate(events, start=1)
+        ]
+
+    async def _release_quietly(self, session_id: str, run_id: str) -> None:
+        try:
+            await self.store.release_session(session_id, run_id)
+        except Exception:
+            logger.exception("could not release session %s held by run %s", session_id, run_id)
+
+
+def _check_outputs(outputs: list[ToolOutput], pending: list[ToolCall]) -> dict[str, ToolOutput]:
+    """The outputs by call id, if they answer exactly the pending calls."""
+    if not pending:
+        raise InvalidInputError("tool_outputs", "the run has no pending client tool calls")
+    by_id: dict[str, ToolOutput] = {}
+    duplicates: list[str] = []
+    for output in outputs:
+        if output.tool_call_id in by_id:
+            duplicates.append(output.tool_call_id)
+        by_id[output.tool_call_id] = output
+    expected = [call.id for call in pending]
+    unknown = [call_id for call_id in by_id if call_id not in expected]
+    missing = [call_id for call_id in expected if call_id not in by_id]
+    problems = []
+    if duplicates:
+        problems.append(f"duplicate tool_call_id(s): {', '.join(duplicates)}")
+    if unknown:
+        problems.append(f"unknown tool_call_id(s): {', '.join(unknown)}")
+    if missing:
+        problems.append(f"missing output(s) for tool_call_id(s): {', '.join(missing)}")
+    if problems:
+        raise InvalidInputError(
+            "tool_outputs", "; ".join(problems) + f" (pending: {', '.join(expected)})"
+        )
+    return by_id
+
+
+def _retry_plan(history: list[Step], sequence: int) -> _RunPlan:
+    """Where a retry run starts, given the steps that remain (see `Runtime.retry`)."""
+    last = history[-1]
+    if last.role is Role.ASSISTANT and not last.tool_calls:
+        raise InvalidInputError(
+            "sequence",
+            f"step {last.sequence} before sequence {sequence} is a final assistant reply: "
+            f"nothing to regenerate (retry from {last.sequence} to regenerate that reply)",
+        )
+    if last.role in (Role.ASSISTANT, Role.TOOL):
+        _, open_calls = open_tool_calls(history)
+        return _RunPlan(history, resume_calls=open_calls)
+    return _RunPlan(history)

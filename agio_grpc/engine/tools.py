@@ -1,0 +1,224 @@
+"""Server tools: plain Python functions turned into model-callable tools, and their registry.
+
+A function's type hints become the tool's JSON schema and its argument validation (pydantic);
+its docstring's first paragraph becomes the description and an `Args:` section the parameter
+descriptions. A parameter annotated `ToolContext` is filled by the engine (run, session and
+tool call ids: an idempotency key for side effects) and hidden from the model. A tool ends
+the run by raising `ToolStop`. Executing tools (timeouts, parallelism, errors as tool steps)
+is `executor.py`'s job; this module never runs a tool on its own and never imports grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from agio_grpc.engine.loading import import_object
+
+_ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+
+
+class ToolStop(Exception):  # noqa: N818 - it is a signal, not an error
+    """Raise from a tool to end the run (STOP_REASON_TOOL_STOP, source `tool:<name>`).
+
+    `message` becomes the tool's result (the model would see it) and the stop signal's message.
+    """
+
+    def __init__(self, message: str, *, context: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context or {}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Where a tool call comes from; declare a parameter of this type to receive it."""
+
+    run_id: str
+    session_id: str
+    tool_call_id: str
+    tool_name: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable for this call across restarts: key side effects with it."""
+        return f"{self.run_id}:{self.tool_call_id}"
+
+
+class Tool:
+    """A callable tool: name, description, JSON schema, and the function behind it."""
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        self.function = function
+        self.name = name or function.__name__
+        summary, argument_docs = _parse_docstring(inspect.getdoc(function) or "")
+        self.description = description if description is not None else summary
+        self._context_parameter, self._arguments_model = _arguments_model(
+            function, self.name, argument_docs
+        )
+        self.parameters: dict[str, Any] = self._arguments_model.model_json_schema()
+        self.parameters.pop("title", None)
+        self.is_async = inspect.iscoroutinefunction(function)
+
+    def definition(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry offering this tool."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def validate(self, arguments: object) -> dict[str, Any]:
+        """The validated keyword arguments; raises pydantic.ValidationError."""
+        model = self._arguments_model.model_validate(arguments)
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    async def invoke(self, arguments: dict[str, Any], context: ToolContext) -> str:
+        """Call the function with validated `arguments` and render its result as text.
+
+        A sync function runs in a worker thread (it cannot be interrupted: on timeout the
+        thread finishes in the background and its result is dropped).
+        """
+        if self._context_parameter:
+            arguments = {**arguments, self._context_parameter: context}
+        if self.is_async:
+            result = await self.function(**arguments)
+        else:
+            result = await asyncio.to_thread(self.function, **arguments)
+        return render_result(result)
+
+
+def render_result(result: object) -> str:
+    """A tool's return value as the text the model reads: strings as they are, else JSON."""
+    if isinstance(result, str):
+        return result
+    return pydantic_core.to_json(result, fallback=str).decode()
+
+
+class ToolRegistry:
+    """The server tools by name."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool | Callable[..., Any], *, name: str | None = None) -> Tool:
+        """Add a tool (or a function, made into one). Raises ValueError on a duplicate name."""
+        if not isinstance(tool, Tool):
+            tool = Tool(tool, name=name)
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        return tool
+
+    def load(self, spec: str) -> list[Tool]:
+        """Register the tools `spec` names (see `load_tools`)."""
+        return [self.register(tool) for tool in load_tools(spec)]
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def definitions(self, names: Iterable[str]) -> list[dict[str, Any]]:
+        """The OpenAI `tools` entries of the named tools that exist, in the given order."""
+        return [self._tools[name].definition() for name in names if name in self._tools]
+
+
+def load_tools(spec: str) -> list[Tool]:
+    """Tools from config: `package.module:function` (one tool) or `package.module`, whose
+    `TOOLS` list holds functions or `Tool`s. Raises ValueError with the spec on any problem.
+    """
+    target = import_object(spec)
+    if ":" not in spec:
+        target = getattr(target, "TOOLS", None)
+        if not isinstance(target, list | tuple):
+            raise ValueError(f"module {spec!r} has no TOOLS list")
+        items: list[object] = list(target)
+    else:
+        items = [target]
+    tools: list[Tool] = []
+    for item in items:
+        if isinstance(item, Tool):
+            tools.append(item)
+        elif callable(item):
+            tools.append(Tool(item))
+        else:
+            raise ValueError(f"{spec!r}: {item!r} is neither a function nor a Tool")
+    return tools
+
+
+def _arguments_model(
+    function: Callable[..., Any], tool_name: str, argument_docs: dict[str, str]
+) -> tuple[str | None, type[BaseModel]]:
+    """The pydantic model of the function's parameters, and its ToolContext parameter."""
+    hints = get_type_hints(function, include_extras=True)
+    fields: dict[str, Any] = {}
+    context_parameter: str | None = None
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise TypeError(f"tool {tool_name!r}: *args and **kwargs cannot become a schema")
+        if parameter.kind is parameter.POSITIONAL_ONLY:
+            raise TypeError(f"tool {tool_name!r}: positional-only parameters are not supported")
+        annotation = hints.get(parameter.name, Any)
+        if annotation is ToolContext:
+            context_parameter = parameter.name
+            continue
+        default = ... if parameter.default is parameter.empty else parameter.default
+        description = argument_docs.get(parameter.name)
+        fields[parameter.name] = (
+            annotation,
+            Field(default, description=description) if description else default,
+        )
+    model = create_model(
+        f"{tool_name}_arguments",
+        __config__=ConfigDict(extra="forbid"),
+        **fields,
+    )
+    return context_parameter, model
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The first paragraph, and `name: description` lines of a Google-style `Args:` section."""
+    paragraphs = doc.strip().split("\n\n")
+    summary = " ".join(paragraphs[0].split()) if paragraphs and paragraphs[0] else ""
+    arguments: dict[str, str] = {}
+    in_args = False
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            in_args = True
+            continue
+        if in_args:
+            if not stripped or (stripped.endswith(":") and not line.startswith(" ")):
+                if arguments:
+                    break
+                continue
+            match = _ARG_LINE.match(line)
+            if match:
+                arguments[match.group(1)] = match.group(2).strip()
+            elif arguments:
+                last = next(reversed(arguments))
+                arguments[last] += " " + stripped
+    return summary, arguments

@@ -1,0 +1,41 @@
+"""Fixtures of the engine tests: a real SQLite file store, the fake model over HTTP, and a
+runtime on both (see harness.py). Nothing is mocked."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.testing import FakeModelServer
+from tests.engine.harness import Gate, Harness, build_runtime
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqlStepStore]:
+    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}")
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def fake_model() -> AsyncIterator[FakeModelServer]:
+    async with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def harness(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> AsyncIterator[Harness]:
+    built = build_runtime(sqlite_store, fake_model, Gate())
+    try:
+        yield built
+    finally:
+        built.gate.release.set()
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()

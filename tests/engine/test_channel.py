@@ -1,0 +1,129 @@
+"""The run channel: gapless seqs, replay then live, and delta coalescing only while behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agio_grpc.domain import Role, Run
+from agio_grpc.engine.channel import ChannelClosedError, RunChannel
+from agio_grpc.engine.events import (
+    ErrorNotice,
+    RunCompleted,
+    SequencedEvent,
+    StepDelta,
+    StepStarted,
+    ToolCallDelta,
+)
+
+RUN = Run(session_id="sess", agent="a", id="run")
+
+
+def delta(text: str, step: str = "s1", *calls: ToolCallDelta) -> StepDelta:
+    return StepDelta(step_id=step, content=text, tool_calls=calls)
+
+
+async def drain(channel: RunChannel, after_seq: int = 0) -> list[SequencedEvent]:
+    return [event async for event in channel.subscribe(after_seq)]
+
+
+async def test_a_client_that_is_behind_gets_the_deltas_merged() -> None:
+    channel = RunChannel("run", "sess")
+    channel.publish(StepStarted(step_id="s1", role=Role.ASSISTANT))
+    for word in ["The ", "quick ", "fox"]:
+        channel.publish(delta(word))
+    channel.publish(RunCompleted(RUN))
+    events = await drain(channel)
+    assert [e.seq for e in events] == [1, 2, 3]
+    merged = events[1].event
+    assert isinstance(merged, StepDelta)
+    assert merged.content == "The quick fox"
+
+
+async def test_a_client_that_keeps_up_gets_every_delta_at_once() -> None:
+    channel = RunChannel("run", "sess")
+    subscription = channel.subscribe()
+    channel.publish(StepStarted(step_id="s1", role=Role.ASSISTANT))
+    assert (await anext(subscription)).seq == 1
+    received = []
+    for word in ["a", "b", "c"]:
+        channel.publish(delta(word))
+        event = await anext(subscription)  # delivered before the next delta exists
+        assert isinstance(event.event, StepDelta)
+        received.append((event.seq, event.event.content))
+    assert received == [(2, "a"), (3, "b"), (4, "c")]
+
+
+async def test_every_subscriber_sees_the_same_seqs_whatever_its_pace() -> None:
+    channel = RunChannel("run", "sess")
+    fast = channel.subscribe()
+    channel.publish(StepStarted(step_id="s1", role=Role.ASSISTANT))
+    channel.publish(delta("a"))
+    assert [(await anext(fast)).seq, (await anext(fast)).seq] == [1, 2]
+    channel.publish(delta("b"))
+    channel.publish(delta("c"))  # merged into "b": the fast client has not taken it yet
+    channel.publish(RunCompleted(RUN))
+    rest = [e async for e in fast]
+    slow = await drain(channel)
+    assert [(e.seq, getattr(e.event, "content", None)) for e in slow] == [
+        (1, None),
+        (2, "a"),
+        (3, "bc"),
+        (4, None),
+    ]
+    assert [e.seq for e in rest] == [3, 4]
+    assert rest[0] is slow[2]
+
+
+async def test_deltas_of_different_steps_or_split_by_other_events_are_not_merged() -> None:
+    channel = RunChannel("run", "sess")
+    channel.publish(delta("a", "s1"))
+    channel.publish(delta("b", "s2"))
+    channel.publish(ErrorNotice("MODEL_STREAM_RESTART", "discard", "model"))
+    channel.publish(delta("c", "s2"))
+    channel.publish(RunCompleted(RUN))
+    contents = [getattr(e.event, "content", "-") for e in await drain(channel)]
+    assert contents == ["a", "b", "-", "c", "-"]
+
+
+async def test_tool_call_fragments_merge_by_index() -> None:
+    channel = RunChannel("run", "sess")
+    channel.publish(delta("", "s1", ToolCallDelta(0, "call_a", "calc", '{"x"')))
+    channel.publish(delta("", "s1", ToolCallDelta(0, "", "", ": 1}"), ToolCallDelta(1, "b", "e")))
+    channel.publish(delta("", "s1", ToolCallDelta(1, "", "", "{}")))
+    channel.publish(RunCompleted(RUN))
+    first = (await drain(channel))[0].event
+    assert isinstance(first, StepDelta)
+    assert first.tool_calls == (
+        ToolCallDelta(0, "call_a", "calc", '{"x": 1}'),
+        ToolCallDelta(1, "b", "e", "{}"),
+    )
+
+
+async def test_replay_starts_after_the_given_seq_and_follows_live() -> None:
+    channel = RunChannel("run", "sess")
+    for i in range(3):
+        channel.publish(StepStarted(step_id=f"s{i}", role=Role.TOOL))
+    follower = asyncio.create_task(drain(channel, after_seq=2))
+    await asyncio.sleep(0)
+    channel.publish(RunCompleted(RUN))
+    assert [e.seq for e in await follower] == [3, 4]
+    assert await drain(channel, after_seq=4) == []
+
+
+async def test_a_continuation_keeps_counting_from_the_last_seq() -> None:
+    channel = RunChannel("run", "sess", start_after_seq=7)
+    channel.publish(StepStarted(step_id="s", role=Role.ASSISTANT))
+    channel.publish(RunCompleted(RUN))
+    assert [e.seq for e in await drain(channel)] == [8, 9]
+    assert [e.seq for e in await drain(channel, after_seq=3)] == [8, 9]
+    assert channel.last_seq == 9
+
+
+async def test_nothing_is_published_after_the_terminal_event() -> None:
+    channel = RunChannel("run", "sess")
+    channel.publish(RunCompleted(RUN))
+    assert channel.closed
+    with pytest.raises(ChannelClosedError):
+        channel.publish(delta("late"))

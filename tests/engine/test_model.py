@@ -1,0 +1,268 @@
+"""The model driver over the real openai client against the fake model on HTTP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai.types.chat import ChatCompletionChunk
+
+from agio_grpc.domain import StopReason, ToolCall
+from agio_grpc.engine.events import ToolCallDelta
+from agio_grpc.engine.model import (
+    ModelDelta,
+    ModelError,
+    ModelEvent,
+    ModelRequest,
+    ModelRetry,
+    OpenAIModelDriver,
+    RetryPolicy,
+    _ReplyBuilder,
+    provider_name,
+)
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
+from tests.engine.harness import FAST_RETRIES
+
+HELLO = ModelRequest(model="fake-model", messages=[{"role": "user", "content": "hello"}])
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[ModelEvent] = []
+
+    def __call__(self, event: ModelEvent) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [event for event in self.events if isinstance(event, kind)]
+
+
+async def complete(server: FakeModelServer, request: ModelRequest = HELLO) -> tuple[Any, Recorder]:
+    driver = OpenAIModelDriver(base_url=server.base_url, api_key="k", retry=FAST_RETRIES)
+    recorder = Recorder()
+    try:
+        return await driver.complete(request, recorder), recorder
+    finally:
+        await driver.close()
+
+
+async def test_text_reply_streams_deltas_and_fills_metrics(fake_model: FakeModelServer) -> None:
+    fake_model.enqueue(
+        Turn.text(
+            "Hello there friend",
+            chunks=3,
+            reasoning="think first",
+            usage=UsageSpec(
+                prompt_tokens=11, completion_tokens=7, cached_tokens=4, reasoning_tokens=2
+            ),
+        )
+    )
+    reply, recorder = await complete(fake_model)
+    assert reply.content == "Hello there friend"
+    assert reply.reasoning_content == "think first"
+    assert reply.finish_reason == "stop"
+    assert reply.stop_reason is None
+    assert reply.tool_calls == []
+    deltas = recorder.of(ModelDelta)
+    assert "".join(d.content for d in deltas) == "Hello there friend"
+    assert "".join(d.reasoning_content for d in deltas) == "think first"
+    metrics = reply.metrics
+    assert (metrics.input_tokens, metrics.output_tokens, metrics.total_tokens) == (11, 7, 18)
+    assert (metrics.cached_input_tokens, metrics.reasoning_tokens) == (4, 2)
+    assert metrics.model_name == "fake-model"
+    assert metrics.provider == "openai_compatible"
+    assert metrics.retries == 0
+    assert metrics.duration_ms >= metrics.first_token_latency_ms >= 0
+    request = fake_model.requests[-1]
+    assert request["stream"] is True
+    assert request["stream_options"] == {"include_usage": True}
+    assert "tools" not in request
+
+
+async def test_tool_call_fragments_join_by_index(fake_model: FakeModelServer) -> None:
+    fake_model.enqueue(
+        Turn.tool_calls(
+            [
+                ToolCallSpec("calculate", '{"expression": "1 + 2"}', id="call_a"),
+                ToolCallSpec("echo", '{"text": "hi"}', id="call_b"),
+            ],
+            chunks_per_call=4,
+        )
+    )
+    reply, recorder = await complete(fake_model)
+    assert reply.finish_reason == "tool_calls"
+    assert reply.tool_calls == [
+        ToolCall("call_a", "calculate", '{"expression": "1 + 2"}'),
+        ToolCall("call_b", "echo", '{"text": "hi"}'),
+    ]
+    fragments = [call for d in recorder.of(ModelDelta) for call in d.tool_calls]
+    assert {f.index for f in fragments} == {0, 1}
+    assert "".join(f.arguments for f in fragments if f.index == 1) == '{"text": "hi"}'
+
+
+async def test_request_carries_tools_and_sampling_settings(fake_model: FakeModelServer) -> None:
+    tool = {"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}
+    request = ModelRequest("m", [{"role": "user", "content": "x"}], [tool], 0.2, 50)
+    fake_model.enqueue(Turn.text("ok"))
+    await complete(fake_model, request)
+    body = fake_model.requests[-1]
+    assert (body["model"], body["tools"], body["temperature"], body["max_tokens"]) == (
+        "m",
+        [tool],
+        0.2,
+        50,
+    )
+
+
+@pytest.mark.parametrize(
+    ("finish", "reason"),
+    [("length", StopReason.MAX_TOKENS), ("content_filter", StopReason.CONTENT_FILTER)],
+)
+async def test_finish_reasons_map_to_stop_reasons(
+    fake_model: FakeModelServer, finish: Any, reason: StopReason
+) -> None:
+    fake_model.enqueue(Turn.text("cut", finish_reason=finish))
+    reply, _ = await complete(fake_model)
+    assert reply.stop_reason is reason
+
+
+async def test_rate_limit_is_retried_before_anything_streamed(fake_model: FakeModelServer) -> None:
+    fake_model.enqueue(Turn.error(429, retry_after=0), Turn.error(503), Turn.text("ok"))
+    reply, recorder = await complete(fake_model)
+    assert reply.content == "ok"
+    assert reply.metrics.retries == 2
+    retries = recorder.of(ModelRetry)
+    assert [r.attempt for r in retries] == [1, 2]
+    assert retries[0].delay_s == 0
+    assert "HTTP 429" in retries[0].message
+    assert len(fake_model.requests) == 3
+
+
+async def test_retries_give_up_retryable_after_the_limit(fake_model: FakeModelServer) -> None:
+    fake_model.enqueue(*[Turn.error(500)] * 4)
+    with pytest.raises(ModelError) as raised:
+        await complete(fake_model)
+    assert raised.value.retryable
+    assert "after 3 retries" in raised.value.message
+    assert len(fake_model.requests) == 4
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+async def test_client_errors_fail_at_once_with_the_providers_message(
+    fake_model: FakeModelServer, status: int
+) -> None:
+    fake_model.enqueue(Turn.error(status, message="model 'x' does not exist"))
+    with pytest.raises(ModelError) as raised:
+        await complete(fake_model)
+    assert not raised.value.retryable
+    assert raised.value.status_code == status
+    assert raised.value.message == f"HTTP {status}: model 'x' does not exist"
+    assert len(fake_model.requests) == 1
+
+
+async def test_stream_cut_after_deltas_restarts_once(fake_model: FakeModelServer) -> None:
+    fake_model.enqueue(Turn.text("partial answer", chunks=5, cut_after=3), Turn.text("whole"))
+    reply, recorder = await complete(fake_model)
+    assert reply.content == "whole"
+    assert reply.metrics.retries == 1
+    kinds = [type(event).__name__ for event in recorder.events]
+    restart = kinds.index("ModelRestart")
+    assert "ModelDelta" in kinds[:restart]  # the partial deltas came first
+    assert "".join(d.content for d in recorder.of(ModelDelta)[restart:]) == "whole"
+
+
+async def test_a_stream_cut_twice_fails_retryable(fake_model: FakeModelServer) -> None:
+    fake_model.enqueue(*[Turn.text("partial answer", chunks=5, cut_after=3)] * 2)
+    with pytest.raises(ModelError) as raised:
+        await complete(fake_model)
+    assert raised.value.retryable
+    assert "restart" in raised.value.message
+
+
+async def test_a_stream_without_finish_reason_is_never_a_success(
+    fake_model: FakeModelServer,
+) -> None:
+    fake_model.enqueue(*[Turn.text("looks complete", omit_finish_reason=True)] * 2)
+    with pytest.raises(ModelError) as raised:
+        await complete(fake_model)
+    assert "without a finish_reason" in raised.value.message
+    assert raised.value.retryable
+
+
+async def test_no_retries_when_the_policy_allows_none(fake_model: FakeModelServer) -> None:
+    driver = OpenAIModelDriver(
+        base_url=fake_model.base_url, api_key="k", retry=RetryPolicy(max_retries=0)
+    )
+    fake_model.enqueue(Turn.error(429, retry_after=0))
+    with pytest.raises(ModelError):
+        await driver.complete(HELLO, Recorder())
+    await driver.close()
+
+
+def test_retry_after_is_honoured_up_to_the_cap() -> None:
+    policy = RetryPolicy(initial_backoff_s=1, max_backoff_s=4, jitter=0, max_retry_after_s=10)
+    assert policy.backoff_s(0, 3.0) == 3.0
+    assert policy.backoff_s(0, 60.0) == 10.0
+    assert [policy.backoff_s(n, None) for n in range(4)] == [1, 2, 4, 4]
+
+
+def test_provider_is_derived_from_the_base_url() -> None:
+    assert provider_name("https://api.openai.com/v1") == "openai"
+    assert provider_name("http://localhost:11434/v1") == "openai_compatible"
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> ChatCompletionChunk:
+    return ChatCompletionChunk.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
+
+
+def test_calls_reusing_index_zero_with_new_ids_stay_separate() -> None:
+    builder = _ReplyBuilder(model_name="m")
+    call = {"type": "function"}
+    builder.add(
+        chunk(
+            {
+                "tool_calls": [
+                    {**call, "index": 0, "id": "a", "function": {"name": "x", "arguments": "{}"}}
+                ]
+            }
+        )
+    )
+    second = builder.add(
+        chunk(
+            {
+                "tool_calls": [
+                    {**call, "index": 0, "id": "b", "function": {"name": "y", "arguments": "{"}}
+                ]
+            }
+        )
+    )
+    builder.add(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, "tool_calls"))
+    assert second is not None
+    assert second.tool_calls == (ToolCallDelta(1, "b", "y", "{"),)
+    assert builder.build().tool_calls == [ToolCall("a", "x", "{}"), ToolCall("b", "y", "{}")]
+
+
+def test_reasoning_is_read_from_provider_extra_fields() -> None:
+    builder = _ReplyBuilder(model_name="m")
+    delta = builder.add(chunk({"reasoning_content": "hmm"}))
+    assert delta == ModelDelta(reasoning_content="hmm")
+    assert builder.add(chunk({"reasoning": "ollama"})) == ModelDelta(reasoning_content="ollama")
+
+
+def test_a_call_without_an_id_gets_one() -> None:
+    builder = _ReplyBuilder(model_name="m")
+    builder.add(
+        chunk({"tool_calls": [{"index": 0, "function": {"name": "x", "arguments": "{}"}}]}, "stop")
+    )
+    (call,) = builder.build().tool_calls
+    assert call.id.startswith("call_")
+    assert json.loads(call.arguments) == {}

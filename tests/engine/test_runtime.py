@@ -1,0 +1,287 @@
+"""The runtime's calls beyond a plain run: client tools and SubmitToolOutputs, Retry,
+CancelRun, WatchRun and shutdown — on the real store and the fake model over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from agio_grpc.domain import Role, RunStatus, StopReason
+from agio_grpc.engine import (
+    ClientTool,
+    InvalidInputError,
+    RunInput,
+    RunStarted,
+    RunStateError,
+    RuntimeClosedError,
+    StepCompleted,
+    ToolOutput,
+)
+from agio_grpc.store.errors import NotFoundError
+from agio_grpc.store.protocol import StepStore
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
+
+LOOKUP = ClientTool(
+    name="lookup_order",
+    description="Look an order up in the caller's system.",
+    parameters_json='{"type": "object", "properties": {"order": {"type": "string"}}}',
+)
+
+
+async def start_waiting_for_client(harness: Harness) -> Outcome:
+    """A run that calls a server tool and a client tool, so it waits in REQUIRES_ACTION."""
+    harness.model.enqueue(
+        Turn.tool_calls(
+            [
+                ToolCallSpec("lookup_order", '{"order": "A1"}', id="call_client"),
+                ToolCallSpec("echo", '{"text": "server side"}', id="call_server"),
+            ]
+        )
+    )
+    return await harness.run("where is A1?", client_tools=[LOOKUP])
+
+
+async def test_a_client_tool_call_ends_the_run_with_requires_action(harness: Harness) -> None:
+    outcome = await start_waiting_for_client(harness)
+    run = outcome.run
+    assert run.status is RunStatus.REQUIRES_ACTION
+    assert run.stop_signal is not None
+    assert run.stop_signal.reason is StopReason.REQUIRES_ACTION
+    assert run.stop_signal.context == {
+        "tool_calls": [
+            {"id": "call_client", "name": "lookup_order", "arguments": '{"order": "A1"}'}
+        ]
+    }
+    assert run.end_time is None
+    (tool,) = outcome.steps_of(Role.TOOL)  # the server call ran; the client call waits
+    assert (tool.tool_call_id, tool.content) == ("call_server", "server side")
+    offered = [t["function"]["name"] for t in harness.model.requests[-1]["tools"]]
+    assert "lookup_order" in offered
+    assert (await harness.store.get_run(run.id)).status is RunStatus.REQUIRES_ACTION
+
+
+async def test_submitting_tool_outputs_continues_the_same_run(harness: Harness) -> None:
+    waiting = await start_waiting_for_client(harness)
+    harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
+    handle = await harness.runtime.submit_tool_outputs(
+        waiting.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
+    )
+    assert handle.run_id == waiting.run_id
+    outcome = await harness.collect(handle)
+
+    assert outcome.events[0].seq == waiting.events[-1].seq + 1  # seq keeps counting
+    assert isinstance(outcome.events[0].event, RunStarted)
+    submitted = outcome.steps[0]
+    assert (submitted.role, submitted.tool_call_id, submitted.name, submitted.content) == (
+        Role.TOOL,
+        "call_client",
+        "lookup_order",
+        '{"status": "packed"}',
+    )
+    run = outcome.run
+    assert run.status is RunStatus.COMPLETED
+    assert run.id == waiting.run_id
+    assert run.step_count == 5  # user, assistant, 2 tools, assistant
+    assert (run.first_sequence, run.last_sequence) == (1, 5)
+    assert run.last_event_seq == outcome.events[-1].seq
+    messages = harness.model.requests[-1]["messages"]
+    assert_valid_messages(messages)
+    assert "lookup_order" in [t["function"]["name"] for t in harness.model.requests[-1]["tools"]]
+
+    with pytest.raises(RunStateError):
+        await harness.runtime.submit_tool_outputs(waiting.run_id, [])
+
+
+@pytest.mark.parametrize(
+    ("outputs", "problem"),
+    [
+        ([], "missing output(s) for tool_call_id(s): call_client"),
+        ([ToolOutput("call_other", "x")], "unknown tool_call_id(s): call_other"),
+        (
+            [ToolOutput("call_client", "x"), ToolOutput("call_client", "y")],
+            "duplicate tool_call_id(s): call_client",
+        ),
+    ],
+)
+async def test_tool_outputs_must_answer_exactly_the_pending_calls(
+    harness: Harness, outputs: list[ToolOutput], problem: str
+) -> None:
+    waiting = await start_waiting_for_client(harness)
+    with pytest.raises(InvalidInputError) as raised:
+        await harness.runtime.submit_tool_outputs(waiting.run_id, outputs)
+    assert raised.value.field == "tool_outputs"
+    assert problem in raised.value.message
+    assert "(pending: call_client)" in raised.value.message
+    assert (await harness.store.get_run(waiting.run_id)).status is RunStatus.REQUIRES_ACTION
+    assert len(await harness.history(waiting.session_id)) == 3
+
+
+async def test_cancelling_a_waiting_run_answers_its_open_calls(harness: Harness) -> None:
+    waiting = await start_waiting_for_client(harness)
+    cancelled = await harness.runtime.cancel(waiting.run_id, "never mind")
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.end_time is not None
+    history = await harness.history(waiting.session_id)
+    assert history[-1].tool_call_id == "call_client"
+    assert history[-1].is_error
+    assert_valid_messages([s.to_message() for s in history])
+    assert (await harness.runtime.cancel(waiting.run_id, "again")).stop_signal == (
+        cancelled.stop_signal
+    )
+
+
+async def test_cancel_is_idempotent_and_leaves_ended_runs_alone(harness: Harness) -> None:
+    harness.model.enqueue(Turn.text("done"))
+    outcome = await harness.run("hi")
+    run = await harness.runtime.cancel(outcome.run_id, "too late")
+    assert run.status is RunStatus.COMPLETED
+    assert run.stop_signal is not None
+    assert run.stop_signal.reason is StopReason.COMPLETED
+    with pytest.raises(NotFoundError):
+        await harness.runtime.cancel("run_missing", "x")
+
+
+async def two_turn_session(harness: Harness) -> Outcome:
+    """user(1) -> assistant calls calculate(2) -> tool "84"(3) -> "The result is 84."(4)"""
+    return await harness.run("What is 12 * 7?")
+
+
+async def test_retry_from_the_user_step_regenerates_the_reply(harness: Harness) -> None:
+    harness.model.enqueue(Turn.text("first try"))
+    first = await harness.run("hello")
+    harness.model.enqueue(Turn.text("second try"))
+    retried = await harness.collect(await harness.runtime.retry(first.session_id, 2))
+    assert retried.run_id != first.run_id
+    assert retried.reason is StopReason.COMPLETED
+    history = await harness.history(first.session_id)
+    assert [(s.sequence, s.content) for s in history] == [(1, "hello"), (2, "second try")]
+    assert history[1].run_id == retried.run_id
+    assert harness.model.requests[-1]["messages"][-1] == {"role": "user", "content": "hello"}
+    assert (retried.run.first_sequence, retried.run.last_sequence) == (2, 2)
+
+
+async def test_retry_from_a_tool_step_continues_after_the_results(harness: Harness) -> None:
+    first = await two_turn_session(harness)
+    harness.model.enqueue(Turn.text("It is 84, again."))
+    retried = await harness.collect(await harness.runtime.retry(first.session_id, 4))
+    assert [s.role for s in retried.steps] == [Role.ASSISTANT]
+    history = await harness.history(first.session_id)
+    assert [s.content for s in history][-2:] == ["84", "It is 84, again."]
+    assert harness.model.requests[-1]["messages"][-1]["role"] == "tool"
+
+
+async def test_retry_from_an_assistant_step_reruns_its_tool_calls(harness: Harness) -> None:
+    first = await two_turn_session(harness)
+    retried = await harness.collect(await harness.runtime.retry(first.session_id, 3))
+    assert [s.role for s in retried.steps] == [Role.TOOL, Role.ASSISTANT]
+    history = await harness.history(first.session_id)
+    assert [(s.sequence, s.role) for s in history] == [
+        (1, Role.USER),
+        (2, Role.ASSISTANT),
+        (3, Role.TOOL),
+        (4, Role.ASSISTANT),
+    ]
+    assert history[2].run_id == retried.run_id
+    assert history[2].content == "84"
+
+
+async def test_retry_refuses_what_cannot_be_regenerated_and_deletes_nothing(
+    harness: Harness,
+) -> None:
+    first = await two_turn_session(harness)
+    for sequence, field in [(5, "sequence"), (1, "sequence"), (6, "sequence")]:
+        if sequence == 5:  # the step before 5 is the final reply: nothing to regenerate
+            with pytest.raises(InvalidInputError, match="final assistant reply"):
+                await harness.runtime.retry(first.session_id, sequence)
+        else:
+            with pytest.raises(InvalidInputError) as raised:
+                await harness.runtime.retry(first.session_id, sequence)
+            assert raised.value.field == field
+    assert len(await harness.history(first.session_id)) == 4
+    empty = await harness.store.create_session()
+    with pytest.raises(InvalidInputError, match="no steps"):
+        await harness.runtime.retry(empty.id, 1)
+    with pytest.raises(NotFoundError):
+        await harness.runtime.retry("sess_missing", 2)
+
+
+async def test_watch_replays_a_live_run_and_a_finished_one(harness: Harness) -> None:
+    harness.model.enqueue(Turn.text("hello there", chunks=2))
+    outcome = await harness.run("hi")
+    replay = [e async for e in harness.runtime.watch(outcome.run_id)]
+    assert replay == outcome.events
+    tail = [e async for e in harness.runtime.watch(outcome.run_id, after_seq=3)]
+    assert [e.seq for e in tail] == [e.seq for e in outcome.events if e.seq > 3]
+
+
+async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
+    harness: Harness, sqlite_store: StepStore, fake_model: FakeModelServer
+) -> None:
+    outcome = await two_turn_session(harness)
+    other = build_runtime(sqlite_store, fake_model, Gate())
+    try:
+        events = [e async for e in other.runtime.watch(outcome.run_id)]
+    finally:
+        await other.driver.close()
+    assert [e.seq for e in events] == list(range(1, 7))
+    assert isinstance(events[0].event, RunStarted)
+    assert [e.event.step.sequence for e in events if isinstance(e.event, StepCompleted)] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert events[-1].is_terminal
+    with pytest.raises(NotFoundError):
+        [e async for e in other.runtime.watch("run_missing")]
+
+
+async def test_shutdown_interrupts_runs_and_a_retry_resumes_them(
+    harness: Harness, sqlite_store: StepStore, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(
+        Turn.tool_calls([ToolCallSpec("wait_for_gate", '{"label": "x"}', id="call_w")]),
+    )
+    handle = await harness.runtime.start_run(RunInput("long job"))
+    await harness.gate.entered.wait()
+    await harness.runtime.shutdown(grace_s=0)
+    outcome = await harness.collect(handle)
+    signal = outcome.run.stop_signal
+    assert signal is not None
+    assert (signal.reason, signal.retryable, signal.source) == (
+        StopReason.INTERRUPTED,
+        True,
+        "server",
+    )
+    assert outcome.run.status is RunStatus.INTERRUPTED
+    stored = await sqlite_store.get_run(outcome.run_id)
+    assert stored.status is RunStatus.INTERRUPTED
+    interrupted = await sqlite_store.get_step(handle.session_id, signal.resume_from_sequence)
+    assert (interrupted.tool_call_id, interrupted.is_error) == ("call_w", True)
+    with pytest.raises(RuntimeClosedError):
+        await harness.runtime.start_run(RunInput("more"))
+
+    restarted = build_runtime(sqlite_store, fake_model, Gate())
+    restarted.gate.release.set()
+    try:
+        fake_model.enqueue(Turn.text("job done"))
+        resumed = await restarted.collect(
+            await restarted.runtime.retry(handle.session_id, signal.resume_from_sequence)
+        )
+    finally:
+        await restarted.driver.close()
+    assert [(s.role, s.content) for s in resumed.steps] == [
+        (Role.TOOL, "released x"),
+        (Role.ASSISTANT, "job done"),
+    ]
+    assert resumed.reason is StopReason.COMPLETED
+
+
+async def test_shutdown_lets_runs_finish_within_the_grace_period(harness: Harness) -> None:
+    harness.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]), Turn.text("ok"))
+    handle = await harness.runtime.start_run(RunInput("job"))
+    await harness.gate.entered.wait()
+    harness.gate.release.set()
+    await harness.runtime.shutdown(grace_s=30)
+    outcome = await harness.collect(handle)
+    assert outcome.reason is StopReason.COMPLETED

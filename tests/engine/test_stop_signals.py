@@ -1,0 +1,77 @@
+"""Stop reasons: their priority order, how ties are broken, and the run status each leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from agio_grpc.domain import RunStatus, StopReason, StopSignal, pick_stop_signal
+from agio_grpc.engine.loop import status_for
+
+DESIGN_ORDER = [
+    "INTERNAL_ERROR",
+    "INTERRUPTED",
+    "CANCELLED",
+    "TIMEOUT",
+    "MODEL_ERROR",
+    "TOOL_ERROR",
+    "CONTENT_FILTER",
+    "TOKEN_BUDGET",
+    "MAX_TOKENS",
+    "TOOL_STOP",
+    "REQUIRES_ACTION",
+    "MAX_STEPS",
+    "COMPLETED",
+]
+
+
+def test_stop_reasons_are_ordered_by_design_priority() -> None:
+    by_priority = sorted(StopReason, key=lambda reason: reason.priority)
+    assert [reason.value for reason in by_priority] == DESIGN_ORDER
+
+
+def test_the_strongest_signal_wins_whatever_the_order_raised() -> None:
+    signals = [
+        StopSignal(StopReason.COMPLETED),
+        StopSignal(StopReason.REQUIRES_ACTION),
+        StopSignal(StopReason.TOOL_STOP, source="tool:finish"),
+        StopSignal(StopReason.MAX_STEPS),
+    ]
+    for rotation in range(len(signals)):
+        rotated = signals[rotation:] + signals[:rotation]
+        picked = pick_stop_signal(rotated)
+        assert picked is not None
+        assert picked.reason is StopReason.TOOL_STOP
+
+
+def test_ties_keep_the_first_signal_raised() -> None:
+    first = StopSignal(StopReason.TOOL_STOP, "first", "tool:a")
+    second = StopSignal(StopReason.TOOL_STOP, "second", "tool:b")
+    assert pick_stop_signal([first, second]) is first
+    assert pick_stop_signal([second, first]) is second
+
+
+def test_no_signal_picks_none() -> None:
+    assert pick_stop_signal([]) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        (StopReason.COMPLETED, RunStatus.COMPLETED),
+        (StopReason.MAX_STEPS, RunStatus.COMPLETED),
+        (StopReason.MAX_TOKENS, RunStatus.COMPLETED),
+        (StopReason.CONTENT_FILTER, RunStatus.COMPLETED),
+        (StopReason.TOKEN_BUDGET, RunStatus.COMPLETED),
+        (StopReason.TOOL_STOP, RunStatus.COMPLETED),
+        (StopReason.REQUIRES_ACTION, RunStatus.REQUIRES_ACTION),
+        (StopReason.CANCELLED, RunStatus.CANCELLED),
+        (StopReason.TIMEOUT, RunStatus.CANCELLED),
+        (StopReason.INTERRUPTED, RunStatus.INTERRUPTED),
+        (StopReason.MODEL_ERROR, RunStatus.FAILED),
+        (StopReason.TOOL_ERROR, RunStatus.FAILED),
+        (StopReason.INTERNAL_ERROR, RunStatus.FAILED),
+    ],
+)
+def test_each_stop_reason_leaves_one_run_status(reason: StopReason, status: RunStatus) -> None:
+    assert status_for(reason) is status
+    assert (status is RunStatus.FAILED) == reason.is_error
