@@ -498,6 +498,9 @@ async def test_a_second_run_on_a_busy_session_is_refused(
         await drain(client.run("me too", session_id=session_id))
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.reason == "SESSION_BUSY"
+    with pytest.raises(AgioError) as editing:  # the log cannot be edited under a live run
+        await client.delete_steps(session_id, 1)
+    assert editing.value.reason == "SESSION_BUSY"
     await client.cancel_run(started.run_id)
     rest = await drain(stream)
     assert final_run([started, *rest]).status == RunStatus.RUN_STATUS_CANCELLED
