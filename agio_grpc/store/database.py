@@ -1,0 +1,182 @@
+"""Engines and driver errors: the only module that knows SQLite and PostgreSQL apart.
+
+Parses the database URL, creates the async engine (SQLite pragmas and BEGIN hooks, the
+PostgreSQL pool) and turns driver exceptions into `StoreError` subclasses. Never runs a query
+of the store's own; `sql.py` does that.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+from sqlalchemy import Connection, event, make_url
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from agio_grpc.store.errors import SequenceConflictError, StoreError, StoreUnavailableError
+from agio_grpc.store.tables import STEP_SEQUENCE_CONSTRAINT
+
+SQLITE_SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+SQLITE_BUSY_TIMEOUT_MS: Final = 5_000
+
+# Connection option read by the SQLite `begin` hook: this transaction will write.
+WRITE_OPTION: Final = "agio_write"
+# SQLSTATE classes and codes that mean "try again later": connection exceptions (08),
+# insufficient resources (53), operator intervention (57), serialization failure, deadlock.
+TRANSIENT_SQLSTATE_PREFIXES: Final = ("08", "53", "57")
+TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01"})
+
+# Everything a driver may raise; `as_store_error` turns each into a StoreError.
+DRIVER_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    sa_exc.SQLAlchemyError,
+    OSError,
+    sqlite3.Error,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)
+
+
+# -- engines -------------------------------------------------------------------------------
+
+
+def parse_url(url: str) -> URL:
+    """The URL with its async driver; ValueError for a scheme or database the store can't use."""
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as error:
+        raise ValueError(f"not a database URL: {error}") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or "mode=memory" in database:
+            raise ValueError(
+                "the store needs a SQLite file (sqlite+aiosqlite:///path/to/agio.db), "
+                "not an in-memory database"
+            )
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg")
+    raise ValueError(
+        f"unsupported database URL scheme {parsed.drivername!r}: "
+        "use sqlite+aiosqlite:///path or postgresql+asyncpg://user@host/db"
+    )
+
+
+def check_sqlite_directory(url: URL) -> None:
+    """Fail early, and clearly, where SQLite could only say "unable to open database file"."""
+    if url.get_backend_name() != "sqlite" or url.query.get("uri"):
+        return
+    directory = Path(url.database or "").expanduser().resolve().parent
+    if not directory.is_dir():
+        raise StoreUnavailableError(f"cannot open the SQLite database: no directory {directory}")
+
+
+def create_store_engine(url: URL, sqlite_synchronous: str) -> AsyncEngine:
+    """The async engine for a URL from `parse_url`, tuned for its backend."""
+    if url.get_backend_name() == "sqlite":
+        mode = sqlite_synchronous.upper()
+        if mode not in SQLITE_SYNCHRONOUS_MODES:
+            raise ValueError(
+                f"sqlite_synchronous must be one of {sorted(SQLITE_SYNCHRONOUS_MODES)}, "
+                f"got {sqlite_synchronous!r}"
+            )
+        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        _install_sqlite_hooks(engine, mode)
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=10,
+        max_overflow=10,
+        pool_timeout=30,
+        # Connections a restarted server dropped are replaced before use, not failed.
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args={"timeout": 10},
+    )
+
+
+def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
+    """Per-connection pragmas, and BEGIN chosen by us (the SQLAlchemy docs' recipe)."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from the driver so `on_begin` can choose DEFERRED or IMMEDIATE.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA synchronous={synchronous}")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def on_begin(connection: Connection) -> None:
+        # A writer takes the write lock at BEGIN, so it waits (busy_timeout) for another
+        # process's writer instead of failing mid-transaction on a lock upgrade.
+        writes = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN DEFERRED")
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def as_store_error(error: BaseException, *, connecting: bool = False) -> StoreError:
+    """The StoreError a driver exception means; the message carries no SQL or parameters.
+
+    `connecting`: the error came while getting a connection, so whatever its kind (refused,
+    unknown database, bad credentials, a database not accepting connections) the store
+    cannot be reached.
+    """
+    cause: BaseException = error
+    if isinstance(error, sa_exc.DBAPIError) and error.orig is not None:
+        cause = error.orig
+    detail = _describe(cause)
+    if connecting:
+        return StoreUnavailableError(f"cannot connect to the database: {detail}")
+    if isinstance(error, sa_exc.IntegrityError):
+        if STEP_SEQUENCE_CONSTRAINT in detail or "steps.session_id, steps.sequence" in detail:
+            return SequenceConflictError(f"sequence already taken; nothing was written: {detail}")
+        return StoreError(f"constraint violated: {detail}")
+    if _is_transient(error, cause):
+        return StoreUnavailableError(f"database unavailable: {detail}")
+    return StoreError(f"database error: {detail}")
+
+
+def _is_transient(error: BaseException, cause: BaseException) -> bool:
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    sqlstate = _sqlstate(cause)
+    if sqlstate.startswith(TRANSIENT_SQLSTATE_PREFIXES) or sqlstate in TRANSIENT_SQLSTATES:
+        return True
+    return isinstance(
+        error,
+        (
+            OSError,
+            sa_exc.OperationalError,
+            sa_exc.InterfaceError,
+            sa_exc.DisconnectionError,
+            sa_exc.TimeoutError,
+            sqlite3.OperationalError,
+            asyncpg.PostgresConnectionError,
+            asyncpg.InterfaceError,
+        ),
+    )
+
+
+def _sqlstate(cause: BaseException) -> str:
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return code if isinstance(code, str) else ""
+
+
+def _describe(cause: BaseException) -> str:
+    """The driver's first message line, with the SQLSTATE where there is one."""
+    lines = str(cause).strip().splitlines()
+    message = lines[0] if lines else type(cause).__name__
+    sqlstate = _sqlstate(cause)
+    return f"{message} [{sqlstate}]" if sqlstate else message

@@ -1,0 +1,215 @@
+"""Conversion between table rows and the domain dataclasses.
+
+Pure functions, no I/O: what a Step, Run or Session looks like as a row and back. Never opens
+a connection or decides what to store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import Row
+
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StepMetrics,
+    StopReason,
+    StopSignal,
+    ToolCall,
+    Usage,
+)
+
+
+def aware_utc(value: datetime, name: str) -> datetime:
+    """`value` in UTC; ValueError for a naive datetime, whose zone nobody can know."""
+    if value.tzinfo is None:
+        raise ValueError(f"{name} must be timezone-aware, got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def stored_session(session: Session) -> Session:
+    """A new session as stored: empty, with its times in UTC."""
+    return dataclasses.replace(
+        session,
+        step_count=0,
+        create_time=aware_utc(session.create_time, "create_time"),
+        update_time=aware_utc(session.update_time, "update_time"),
+    )
+
+
+def session_from_row(row: Row[Any]) -> Session:
+    return Session(
+        id=row.id,
+        parent_session_id=row.parent_session_id or "",
+        fork_sequence=row.fork_sequence,
+        create_time=row.create_time,
+        update_time=row.update_time,
+        step_count=row.last_sequence,
+        active_run_id=row.active_run_id or "",
+    )
+
+
+def stored_copy(step: Step, *, sequence: int, create_time: datetime) -> Step:
+    """The caller's step as stored; the caller's object is left as it was."""
+    return dataclasses.replace(
+        step,
+        sequence=sequence,
+        create_time=create_time,
+        tool_calls=list(step.tool_calls),
+        metrics=dataclasses.replace(step.metrics),
+    )
+
+
+METRIC_FIELDS: Final = tuple(field.name for field in dataclasses.fields(StepMetrics))
+
+
+def step_row(step: Step) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": step.id,
+        "session_id": step.session_id,
+        "run_id": step.run_id,
+        "sequence": step.sequence,
+        "role": step.role.value,
+        "content": step.content,
+        "reasoning_content": step.reasoning_content,
+        "tool_calls": json.dumps(
+            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in step.tool_calls]
+        ),
+        "tool_call_count": len(step.tool_calls),
+        "tool_call_id": step.tool_call_id,
+        "name": step.name,
+        "is_error": step.is_error,
+        "create_time": step.create_time,
+        "trace_id": step.trace_id,
+        "span_id": step.span_id,
+    }
+    row.update(dataclasses.asdict(step.metrics))
+    return row
+
+
+def step_from_row(row: Row[Any]) -> Step:
+    columns = row._mapping
+    return Step(
+        id=row.id,
+        session_id=row.session_id,
+        run_id=row.run_id,
+        sequence=row.sequence,
+        role=Role(row.role),
+        content=row.content,
+        reasoning_content=row.reasoning_content,
+        tool_calls=[
+            ToolCall(id=call["id"], name=call["name"], arguments=call["arguments"])
+            for call in json.loads(row.tool_calls)
+        ],
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        is_error=bool(row.is_error),
+        metrics=StepMetrics(**{name: columns[name] for name in METRIC_FIELDS}),
+        create_time=row.create_time,
+        trace_id=row.trace_id,
+        span_id=row.span_id,
+    )
+
+
+def stored_run(run: Run) -> Run:
+    """The run as it will read back: a copy with UTC times and JSON-normalised dicts."""
+    stored = dataclasses.replace(
+        run,
+        usage=dataclasses.replace(run.usage),
+        metadata=dict(run.metadata),
+        options=json.loads(_json(run.options)),
+        stop_signal=stop_signal_from_json(stop_signal_json(run.stop_signal)),
+        create_time=aware_utc(run.create_time, "create_time"),
+    )
+    if stored.end_time is not None:
+        stored.end_time = aware_utc(stored.end_time, "end_time")
+    return stored
+
+
+def run_mutable_values(run: Run) -> dict[str, Any]:
+    """The columns `update_run` overwrites (and `create_run` sets)."""
+    return {
+        "status": run.status.value,
+        "stop_signal": stop_signal_json(run.stop_signal),
+        "input_tokens": run.usage.input_tokens,
+        "output_tokens": run.usage.output_tokens,
+        "total_tokens": run.usage.total_tokens,
+        "step_count": run.step_count,
+        "tool_call_count": run.tool_call_count,
+        "first_sequence": run.first_sequence,
+        "last_sequence": run.last_sequence,
+        "end_time": run.end_time,
+        "trace_id": run.trace_id,
+        "metadata": json.dumps(run.metadata),
+        "options": _json(run.options),
+        "last_event_seq": run.last_event_seq,
+    }
+
+
+def run_from_row(row: Row[Any]) -> Run:
+    return Run(
+        id=row.id,
+        session_id=row.session_id,
+        agent=row.agent,
+        status=RunStatus(row.status),
+        stop_signal=stop_signal_from_json(row.stop_signal),
+        usage=Usage(
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            total_tokens=row.total_tokens,
+        ),
+        step_count=row.step_count,
+        tool_call_count=row.tool_call_count,
+        first_sequence=row.first_sequence,
+        last_sequence=row.last_sequence,
+        create_time=row.create_time,
+        end_time=row.end_time,
+        trace_id=row.trace_id,
+        request_id=row.request_id,
+        metadata=json.loads(row._mapping["metadata"]),
+        options=json.loads(row.options),
+        last_event_seq=row.last_event_seq,
+    )
+
+
+def _json(value: Any) -> str:
+    # default=str: a run is recorded on every exit path, so an odd value in its options or
+    # stop-signal context is stored as text rather than failing the write.
+    return json.dumps(value, default=str)
+
+
+def stop_signal_json(signal: StopSignal | None) -> str | None:
+    if signal is None:
+        return None
+    return _json(
+        {
+            "reason": signal.reason.value,
+            "message": signal.message,
+            "source": signal.source,
+            "context": signal.context,
+            "retryable": signal.retryable,
+            "resume_from_sequence": signal.resume_from_sequence,
+        }
+    )
+
+
+def stop_signal_from_json(value: str | None) -> StopSignal | None:
+    if value is None:
+        return None
+    data: Mapping[str, Any] = json.loads(value)
+    return StopSignal(
+        reason=StopReason(data["reason"]),
+        message=data.get("message", ""),
+        source=data.get("source", "loop"),
+        context=dict(data.get("context", {})),
+        retryable=bool(data.get("retryable", False)),
+        resume_from_sequence=int(data.get("resume_from_sequence", 0)),
+    )

@@ -1,0 +1,144 @@
+"""The SQL schema of the store as SQLAlchemy Core tables, for building queries.
+
+The migrations under `agio_grpc/store/migrations/versions/` create this schema; these tables
+only describe it to the query builder, and a test checks that both agree. Never call
+`metadata.create_all`: the schema changes only through a migration.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    false,
+)
+from sqlalchemy.types import TypeDecorator
+
+# Constraint names appear in driver error messages; `sql.py` matches on this one.
+STEP_SEQUENCE_CONSTRAINT = "uq_steps_session_sequence"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime on every backend.
+
+    PostgreSQL stores `timestamptz`; SQLite has no time zones, so the value is stored as naive
+    UTC text (fixed width, so text order is time order) and made aware again when read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store takes aware datetimes only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+metadata = MetaData()
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("parent_session_id", String, nullable=True),
+    Column("fork_sequence", Integer, nullable=False, server_default="0"),
+    Column("create_time", UTCDateTime, nullable=False),
+    Column("update_time", UTCDateTime, nullable=False),
+    # The highest sequence allocated; equals the step count because sequences are gapless.
+    Column("last_sequence", Integer, nullable=False, server_default="0"),
+    # The one running run holding the session (NULL when idle); compare-and-set only.
+    Column("active_run_id", String, nullable=True),
+    Index("ix_sessions_create_time_id", "create_time", "id"),
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column(
+        "session_id",
+        String,
+        ForeignKey("sessions.id", ondelete="CASCADE", name="fk_steps_session_id"),
+        nullable=False,
+    ),
+    # No foreign key: a fork keeps the parent's run ids, and runs may be written after steps.
+    Column("run_id", String, nullable=False, server_default=""),
+    Column("sequence", Integer, nullable=False),
+    Column("role", String, nullable=False),
+    Column("content", Text, nullable=False, server_default=""),
+    Column("reasoning_content", Text, nullable=False, server_default=""),
+    Column("tool_calls", Text, nullable=False, server_default="[]"),
+    Column("tool_call_count", Integer, nullable=False, server_default="0"),
+    Column("tool_call_id", String, nullable=False, server_default=""),
+    Column("name", String, nullable=False, server_default=""),
+    Column("is_error", Boolean, nullable=False, server_default=false()),
+    Column("duration_ms", Integer, nullable=False, server_default="0"),
+    Column("first_token_latency_ms", Integer, nullable=False, server_default="0"),
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    Column("total_tokens", Integer, nullable=False, server_default="0"),
+    Column("cached_input_tokens", Integer, nullable=False, server_default="0"),
+    Column("reasoning_tokens", Integer, nullable=False, server_default="0"),
+    Column("model_name", String, nullable=False, server_default=""),
+    Column("provider", String, nullable=False, server_default=""),
+    Column("tool_exec_time_ms", Integer, nullable=False, server_default="0"),
+    Column("retries", Integer, nullable=False, server_default="0"),
+    Column("create_time", UTCDateTime, nullable=False),
+    Column("trace_id", String, nullable=False, server_default=""),
+    Column("span_id", String, nullable=False, server_default=""),
+    UniqueConstraint("session_id", "sequence", name=STEP_SEQUENCE_CONSTRAINT),
+    CheckConstraint("sequence >= 1", name="ck_steps_sequence_positive"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column(
+        "session_id",
+        String,
+        ForeignKey("sessions.id", ondelete="CASCADE", name="fk_runs_session_id"),
+        nullable=False,
+    ),
+    Column("agent", String, nullable=False),
+    Column("status", String, nullable=False),
+    Column("stop_signal", Text, nullable=True),
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    Column("total_tokens", Integer, nullable=False, server_default="0"),
+    Column("step_count", Integer, nullable=False, server_default="0"),
+    Column("tool_call_count", Integer, nullable=False, server_default="0"),
+    Column("first_sequence", Integer, nullable=False, server_default="0"),
+    Column("last_sequence", Integer, nullable=False, server_default="0"),
+    Column("create_time", UTCDateTime, nullable=False),
+    Column("end_time", UTCDateTime, nullable=True),
+    Column("trace_id", String, nullable=False, server_default=""),
+    Column("request_id", String, nullable=False, server_default=""),
+    Column("metadata", Text, nullable=False, server_default="{}"),
+    Column("options", Text, nullable=False, server_default="{}"),
+    Column("last_event_seq", Integer, nullable=False, server_default="0"),
+    Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
+)

@@ -1,0 +1,96 @@
+"""Shared fixtures: a fresh StepStore on each backend, a real SQLite file and a real PostgreSQL.
+
+`store` (and the URL behind it, `store_url`) is parametrized over `sqlite` and `postgres`, so a
+test written once runs on both. PostgreSQL comes from `AGIO_TEST_POSTGRES_URL` or a throwaway
+cluster started once per test session (see tests/postgres.py); when neither is possible the
+postgres cases skip, or fail when `AGIO_REQUIRE_POSTGRES=1`. Fixtures here never mock the
+database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from agio_grpc.store.sql import SqlStepStore, open_store
+from tests.postgres import (
+    PostgresUnavailableError,
+    TestDatabases,
+    postgres_required,
+    start_postgres,
+)
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+
+def _no_postgres(reason: str) -> NoReturn:
+    if postgres_required():
+        pytest.fail(f"PostgreSQL is required (AGIO_REQUIRE_POSTGRES=1) but {reason}")
+    pytest.skip(f"no PostgreSQL for the tests: {reason}")
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    """An admin URL on a PostgreSQL server for this test session."""
+    try:
+        url, cluster = start_postgres()
+    except PostgresUnavailableError as error:
+        _no_postgres(str(error))
+    try:
+        yield url
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_databases(postgres_admin_url: str) -> Iterator[TestDatabases]:
+    """Hands out fresh databases cloned from a migrated template."""
+    databases = TestDatabases(postgres_admin_url)
+    try:
+        databases.prepare()
+    except PostgresUnavailableError as error:
+        _no_postgres(f"cannot prepare a template database: {error}")
+    try:
+        yield databases
+    finally:
+        databases.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test: `sqlite` or `postgres`."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+async def store_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[str]:
+    """The URL of an empty database of the backend under test, removed afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+        return
+    databases: TestDatabases = request.getfixturevalue("postgres_databases")
+    url = await databases.create()
+    try:
+        yield url
+    finally:
+        await databases.drop(url)
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[SqlStepStore]:
+    """A fresh store, migrated, on the backend under test."""
+    opened = await open_store(store_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()

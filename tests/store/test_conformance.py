@@ -1,0 +1,897 @@
+"""The StepStore contract, run unchanged on a SQLite file and on PostgreSQL.
+
+Every test takes the `store` fixture (parametrized over both backends in tests/conftest.py)
+and asserts outcomes through the public StepStore methods; where a test needs to reach past
+the store, it opens its own engine on the same database, the way another process would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, insert, select
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StepMetrics,
+    StopReason,
+    StopSignal,
+    ToolCall,
+    Usage,
+)
+from agio_grpc.store import (
+    InvalidRangeError,
+    NotFoundError,
+    SequenceConflictError,
+    SessionBusyError,
+    StepStore,
+    StoreError,
+    StoreUnavailableError,
+)
+from agio_grpc.store.migrations import VERSION_TABLE, head_revision
+from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.tables import metadata, runs, sessions, steps
+from tests.postgres import free_local_port
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def user(session_id: str, text: str = "hi", run_id: str = "run_1") -> Step:
+    return Step(session_id=session_id, run_id=run_id, role=Role.USER, content=text)
+
+
+def assistant(session_id: str, *, calls: int = 0, tokens: int = 0) -> Step:
+    return Step(
+        session_id=session_id,
+        run_id="run_1",
+        role=Role.ASSISTANT,
+        content="" if calls else "done",
+        tool_calls=[ToolCall(id=f"call_{i}", name="lookup", arguments="{}") for i in range(calls)],
+        metrics=StepMetrics(total_tokens=tokens, input_tokens=tokens // 2),
+    )
+
+
+def tool(session_id: str, call_id: str = "call_0") -> Step:
+    return Step(
+        session_id=session_id,
+        run_id="run_1",
+        role=Role.TOOL,
+        content="42",
+        tool_call_id=call_id,
+        name="lookup",
+    )
+
+
+async def session_with_steps(store: StepStore, count: int) -> Session:
+    session = await store.create_session()
+    await store.append_steps([user(session.id, f"m{i}") for i in range(1, count + 1)])
+    return session
+
+
+async def sequences(store: StepStore, session_id: str) -> list[int]:
+    return [step.sequence for step in await store.get_steps(session_id)]
+
+
+def is_aware_utc(value: datetime | None) -> bool:
+    return value is not None and value.utcoffset() == timedelta(0)
+
+
+# -- appending and sequence allocation -----------------------------------------------------
+
+
+async def test_append_allocates_sequences_one_to_n(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    stored = [await store.append_step(user(session.id, f"m{i}")) for i in range(3)]
+
+    assert [step.sequence for step in stored] == [1, 2, 3]
+    assert await sequences(store, session.id) == [1, 2, 3]
+    assert (await store.get_session(session.id)).step_count == 3
+
+
+async def test_append_returns_stored_copies_and_leaves_the_input_untouched(
+    store: SqlStepStore,
+) -> None:
+    session = await store.create_session()
+    draft = user(session.id)
+
+    stored = await store.append_step(draft)
+
+    assert draft.sequence == 0
+    assert draft.create_time is None
+    assert stored.id == draft.id
+    assert stored.sequence == 1
+    assert is_aware_utc(stored.create_time)
+
+
+async def test_batch_append_is_consecutive(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+
+    stored = await store.append_steps(
+        [assistant(session.id, calls=2), tool(session.id, "call_0"), tool(session.id, "call_1")]
+    )
+
+    assert [step.sequence for step in stored] == [3, 4, 5]
+    assert await sequences(store, session.id) == [1, 2, 3, 4, 5]
+
+
+async def test_batch_append_is_atomic(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+    existing = (await store.get_steps(session.id))[0]
+    batch = [user(session.id, "new"), dataclasses.replace(user(session.id), id=existing.id)]
+
+    with pytest.raises(StoreError):
+        await store.append_steps(batch)
+
+    assert [step.content for step in await store.get_steps(session.id)] == ["m1", "m2"]
+    assert (await store.get_session(session.id)).step_count == 2
+    assert (await store.append_step(user(session.id))).sequence == 3
+
+
+async def test_empty_batch_writes_nothing(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    assert await store.append_steps([]) == []
+    assert await store.count_steps(session.id) == 0
+
+
+async def test_append_rejects_steps_of_two_sessions(store: SqlStepStore) -> None:
+    first = await store.create_session()
+    second = await store.create_session()
+
+    with pytest.raises(ValueError, match="one session"):
+        await store.append_steps([user(first.id), user(second.id)])
+
+
+async def test_append_to_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.append_step(user("sess_missing"))
+
+
+async def test_sequence_collision_raises_conflict_and_writes_nothing(
+    store: SqlStepStore, store_url: str
+) -> None:
+    session = await session_with_steps(store, 2)
+    # Another writer puts a step at sequence 3 behind the counter's back, as a buggy
+    # replica would; the store's next allocation (3, 4) must collide and change nothing.
+    intruder = create_async_engine(store_url)
+    try:
+        async with intruder.begin() as conn:
+            await conn.execute(
+                insert(steps).values(
+                    id="step_intruder",
+                    session_id=session.id,
+                    sequence=3,
+                    role="user",
+                    create_time=datetime.now(UTC),
+                )
+            )
+    finally:
+        await intruder.dispose()
+    batch = [user(session.id, "a"), user(session.id, "b")]
+
+    with pytest.raises(SequenceConflictError):
+        await store.append_steps(batch)
+
+    stored = await store.get_steps(session.id)
+    assert [step.id for step in stored][-1] == "step_intruder"
+    assert not {step.id for step in batch} & {step.id for step in stored}
+    assert (await store.get_session(session.id)).step_count == 2
+
+
+async def test_fifty_concurrent_writers_get_sequences_one_to_fifty(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    stored = await asyncio.gather(
+        *(store.append_step(user(session.id, f"m{i}")) for i in range(50))
+    )
+
+    assert sorted(step.sequence for step in stored) == list(range(1, 51))
+    assert await sequences(store, session.id) == list(range(1, 51))
+    assert (await store.get_session(session.id)).step_count == 50
+    times = [s.create_time for s in await store.get_steps(session.id) if s.create_time]
+    assert len(times) == 50
+    assert times == sorted(times)
+
+
+async def test_two_stores_on_one_database_keep_sequences_gapless(
+    store: SqlStepStore, store_url: str
+) -> None:
+    other = await open_store(store_url)
+    try:
+        session = await store.create_session()
+
+        await asyncio.gather(
+            *(store.append_step(user(session.id, "a")) for _ in range(20)),
+            *(other.append_step(user(session.id, "b")) for _ in range(20)),
+        )
+
+        assert await sequences(store, session.id) == list(range(1, 41))
+    finally:
+        await other.close()
+
+
+_WRITER_PROCESS = """
+import asyncio, sys
+from agio_grpc.domain import Role, Step
+from agio_grpc.store.sql import open_store
+
+async def main(url: str, session_id: str) -> None:
+    store = await open_store(url)
+    try:
+        await asyncio.gather(*(
+            store.append_step(Step(session_id=session_id, run_id="other", role=Role.USER))
+            for _ in range(20)
+        ))
+    finally:
+        await store.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_writers_in_another_process_keep_sequences_gapless(
+    store: SqlStepStore, store_url: str
+) -> None:
+    session = await store.create_session()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _WRITER_PROCESS,
+        store_url,
+        session.id,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+    _, (_, stderr) = await asyncio.gather(
+        asyncio.gather(*(store.append_step(user(session.id)) for _ in range(20))),
+        process.communicate(),
+    )
+
+    assert process.returncode == 0, stderr.decode()
+    assert await sequences(store, session.id) == list(range(1, 41))
+    assert {step.run_id for step in await store.get_steps(session.id)} == {"run_1", "other"}
+
+
+# -- reading steps -------------------------------------------------------------------------
+
+
+async def test_step_round_trips_every_field(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    draft = Step(
+        session_id=session.id,
+        run_id="run_9",
+        role=Role.ASSISTANT,
+        content="calling",
+        reasoning_content="think",
+        tool_calls=[
+            ToolCall(id="call_a", name="search", arguments='{"q": "x"}'),
+            ToolCall(id="call_b", name="broken", arguments="{not json"),
+        ],
+        tool_call_id="",
+        name="planner",
+        is_error=True,
+        metrics=StepMetrics(
+            duration_ms=1200,
+            first_token_latency_ms=80,
+            input_tokens=100,
+            output_tokens=20,
+            total_tokens=120,
+            cached_input_tokens=50,
+            reasoning_tokens=7,
+            model_name="gpt-x",
+            provider="openai",
+            tool_exec_time_ms=3,
+            retries=1,
+        ),
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        span_id="b7ad6b7169203331",
+    )
+
+    stored = await store.append_step(draft)
+    loaded = await store.get_step(session.id, 1)
+
+    assert loaded == stored
+    assert loaded.tool_calls == draft.tool_calls
+    assert loaded.metrics == draft.metrics
+
+
+async def test_get_steps_by_range_and_limit(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 6)
+
+    assert await sequences(store, session.id) == [1, 2, 3, 4, 5, 6]
+    assert [s.sequence for s in await store.get_steps(session.id, start=3)] == [3, 4, 5, 6]
+    assert [s.sequence for s in await store.get_steps(session.id, 2, 4)] == [2, 3, 4]
+    assert [s.sequence for s in await store.get_steps(session.id, 2, limit=2)] == [2, 3]
+    assert await store.get_steps(session.id, start=7) == []
+
+
+async def test_get_steps_of_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.get_steps("sess_missing")
+
+
+async def test_get_step_and_last_step_and_count(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 3)
+
+    assert (await store.get_step(session.id, 2)).content == "m2"
+    last = await store.get_last_step(session.id)
+    assert last is not None
+    assert last.sequence == 3
+    assert await store.count_steps(session.id) == 3
+
+
+async def test_empty_session_has_no_last_step_and_count_zero(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    assert await store.get_last_step(session.id) is None
+    assert await store.count_steps(session.id) == 0
+    assert await store.get_steps(session.id) == []
+
+
+async def test_get_step_missing_raises_not_found(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+
+    with pytest.raises(NotFoundError) as missing_step:
+        await store.get_step(session.id, 3)
+    with pytest.raises(NotFoundError) as missing_session:
+        await store.get_step("sess_missing", 1)
+
+    assert missing_step.value.kind == "step"
+    assert missing_session.value.kind == "session"
+
+
+# -- deleting steps ------------------------------------------------------------------------
+
+
+async def test_delete_from_n_keeps_earlier_steps_and_next_append_gets_n(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 5)
+
+    deleted = await store.delete_steps_from(session.id, 3)
+
+    assert deleted == 3
+    assert await sequences(store, session.id) == [1, 2]
+    assert (await store.get_session(session.id)).step_count == 2
+    assert (await store.append_step(user(session.id))).sequence == 3
+
+
+async def test_delete_from_past_the_last_step_deletes_nothing(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+
+    assert await store.delete_steps_from(session.id, 3) == 0
+    assert (await store.append_step(user(session.id))).sequence == 3
+
+
+async def test_delete_from_one_empties_the_session(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+
+    assert await store.delete_steps_from(session.id, 1) == 2
+    assert await store.count_steps(session.id) == 0
+    assert (await store.append_step(user(session.id))).sequence == 1
+
+
+async def test_delete_from_below_one_raises_invalid_range(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+
+    with pytest.raises(InvalidRangeError) as error:
+        await store.delete_steps_from(session.id, 0)
+
+    assert error.value.last_sequence == 2
+    assert await store.count_steps(session.id) == 2
+
+
+async def test_delete_on_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.delete_steps_from("sess_missing", 1)
+    with pytest.raises(NotFoundError):
+        await store.delete_session("sess_missing")
+
+
+# -- forking -------------------------------------------------------------------------------
+
+
+async def test_fork_copies_steps_with_new_ids_and_records_parent(store: SqlStepStore) -> None:
+    parent = await session_with_steps(store, 4)
+    parent_steps = await store.get_steps(parent.id)
+
+    fork = await store.fork_session(parent.id, 3)
+
+    assert fork.id != parent.id
+    assert fork.parent_session_id == parent.id
+    assert fork.fork_sequence == 3
+    assert fork.step_count == 3
+    assert await store.get_session(fork.id) == fork
+    copied = await store.get_steps(fork.id)
+    assert [step.sequence for step in copied] == [1, 2, 3]
+    assert [step.content for step in copied] == ["m1", "m2", "m3"]
+    assert [step.run_id for step in copied] == [step.run_id for step in parent_steps[:3]]
+    assert {step.session_id for step in copied} == {fork.id}
+    assert not {step.id for step in copied} & {step.id for step in parent_steps}
+
+
+async def test_fork_leaves_the_parent_untouched(store: SqlStepStore) -> None:
+    parent = await session_with_steps(store, 4)
+    before = await store.get_steps(parent.id)
+    parent_before = await store.get_session(parent.id)
+
+    fork = await store.fork_session(parent.id, 2)
+    await store.append_step(user(fork.id))
+    await store.delete_steps_from(fork.id, 1)
+
+    assert await store.get_steps(parent.id) == before
+    assert await store.get_session(parent.id) == parent_before
+
+
+async def test_fork_next_append_gets_n_plus_one(store: SqlStepStore) -> None:
+    parent = await session_with_steps(store, 4)
+
+    fork = await store.fork_session(parent.id, 2)
+
+    assert (await store.append_step(user(fork.id))).sequence == 3
+    assert await sequences(store, fork.id) == [1, 2, 3]
+
+
+async def test_fork_at_zero_is_an_empty_fork(store: SqlStepStore) -> None:
+    parent = await session_with_steps(store, 2)
+
+    fork = await store.fork_session(parent.id, 0)
+
+    assert fork.step_count == 0
+    assert fork.fork_sequence == 0
+    assert await store.get_steps(fork.id) == []
+    assert (await store.append_step(user(fork.id))).sequence == 1
+
+
+async def test_fork_past_the_last_step_raises_invalid_range_and_creates_no_session(
+    store: SqlStepStore,
+) -> None:
+    parent = await session_with_steps(store, 2)
+
+    with pytest.raises(InvalidRangeError) as error:
+        await store.fork_session(parent.id, 3)
+
+    assert error.value.last_sequence == 2
+    assert [s.id for s in await store.list_sessions(limit=10)] == [parent.id]
+
+
+async def test_fork_of_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.fork_session("sess_missing", 0)
+
+
+async def test_sequences_stay_one_to_n_after_any_mix_of_operations(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 3)
+    await store.append_steps([assistant(session.id, calls=1), tool(session.id)])
+    await store.delete_steps_from(session.id, 4)
+    await store.append_step(user(session.id))
+    fork = await store.fork_session(session.id, 4)
+    await store.delete_steps_from(fork.id, 2)
+    await store.append_steps([user(fork.id), user(fork.id)])
+    await store.delete_steps_from(session.id, 2)
+    await store.append_steps([user(session.id), user(session.id), user(session.id)])
+
+    assert await sequences(store, session.id) == [1, 2, 3, 4]
+    assert await sequences(store, fork.id) == [1, 2, 3]
+    assert (await store.get_session(session.id)).step_count == 4
+    assert (await store.get_session(fork.id)).step_count == 3
+
+
+# -- context summary -----------------------------------------------------------------------
+
+
+async def test_context_summary_counts_roles_tool_calls_sequences_and_tokens(
+    store: SqlStepStore,
+) -> None:
+    session = await store.create_session()
+    await store.append_steps(
+        [
+            user(session.id),
+            assistant(session.id, calls=2, tokens=100),
+            tool(session.id, "call_0"),
+            tool(session.id, "call_1"),
+            assistant(session.id, tokens=30),
+            user(session.id),
+            assistant(session.id, calls=1, tokens=5),
+        ]
+    )
+    await store.delete_steps_from(session.id, 7)
+
+    summary = await store.context_summary(session.id)
+
+    assert summary.total_steps == 6
+    assert summary.user_steps == 2
+    assert summary.assistant_steps == 2
+    assert summary.tool_steps == 2
+    assert summary.tool_calls == 2
+    assert summary.min_sequence == 1
+    assert summary.max_sequence == 6
+    assert summary.total_tokens == 130
+
+
+async def test_context_summary_of_an_empty_session_is_zero(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    summary = await store.context_summary(session.id)
+
+    assert summary.total_steps == summary.max_sequence == summary.total_tokens == 0
+    with pytest.raises(NotFoundError):
+        await store.context_summary("sess_missing")
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+async def test_session_round_trips(store: SqlStepStore) -> None:
+    created = await store.create_session()
+
+    loaded = await store.get_session(created.id)
+
+    assert loaded == created
+    assert loaded.step_count == 0
+    assert loaded.parent_session_id == ""
+    assert loaded.active_run_id == ""
+
+
+async def test_get_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError) as error:
+        await store.get_session("sess_missing")
+
+    assert error.value.kind == "session"
+    assert error.value.key == "sess_missing"
+
+
+async def test_creating_a_session_twice_raises(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    with pytest.raises(StoreError):
+        await store.create_session(session)
+
+
+async def test_list_sessions_newest_first_in_keyset_pages(store: SqlStepStore) -> None:
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    # Two share a create_time: the id breaks the tie, so no page repeats or skips one.
+    made = [
+        Session(id="sess_a", create_time=base),
+        Session(id="sess_b", create_time=base + timedelta(seconds=1)),
+        Session(id="sess_c", create_time=base + timedelta(seconds=1)),
+        Session(id="sess_d", create_time=base + timedelta(seconds=2)),
+        Session(id="sess_e", create_time=base + timedelta(seconds=3)),
+    ]
+    for session in made:
+        await store.create_session(session)
+
+    pages: list[list[str]] = []
+    after: tuple[datetime, str] | None = None
+    while page := await store.list_sessions(limit=2, after=after):
+        pages.append([session.id for session in page])
+        after = (page[-1].create_time, page[-1].id)
+
+    assert pages == [["sess_e", "sess_d"], ["sess_c", "sess_b"], ["sess_a"]]
+
+
+async def test_update_time_moves_on_append_and_delete(store: SqlStepStore) -> None:
+    created = await store.create_session(
+        Session(
+            create_time=datetime(2025, 1, 1, tzinfo=UTC),
+            update_time=datetime(2025, 1, 1, tzinfo=UTC),
+        )
+    )
+
+    await store.append_step(user(created.id))
+    after_append = (await store.get_session(created.id)).update_time
+    await store.delete_steps_from(created.id, 1)
+    after_delete = (await store.get_session(created.id)).update_time
+
+    assert created.update_time < after_append <= after_delete
+    assert (await store.get_session(created.id)).create_time == created.create_time
+
+
+async def test_delete_session_cascades_to_steps_and_runs(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 3)
+    run = await store.create_run(Run(session_id=session.id, agent="default"))
+    keeper = await session_with_steps(store, 1)
+
+    assert await store.delete_session(session.id) == 3
+
+    with pytest.raises(NotFoundError):
+        await store.get_session(session.id)
+    with pytest.raises(NotFoundError):
+        await store.get_steps(session.id)
+    with pytest.raises(NotFoundError):
+        await store.get_run(run.id)
+    assert await store.count_steps(keeper.id) == 1
+
+
+async def test_delete_session_keeps_its_forks(store: SqlStepStore) -> None:
+    parent = await session_with_steps(store, 2)
+    fork = await store.fork_session(parent.id, 2)
+
+    await store.delete_session(parent.id)
+
+    assert await sequences(store, fork.id) == [1, 2]
+    assert (await store.get_session(fork.id)).parent_session_id == parent.id
+
+
+# -- runs ----------------------------------------------------------------------------------
+
+
+async def test_run_create_update_get(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    run = Run(
+        session_id=session.id,
+        agent="default",
+        request_id="req-1",
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        metadata={"team": "search"},
+        options={"model": "gpt-x", "temperature": 0.2, "client_tools": [{"name": "pick"}]},
+    )
+
+    created = await store.create_run(run)
+    assert await store.get_run(run.id) == created
+
+    created.status = RunStatus.COMPLETED
+    created.stop_signal = StopSignal(
+        reason=StopReason.MAX_STEPS,
+        message="stopped after 8 steps",
+        source="loop",
+        context={"max_steps": 8, "nested": {"ok": True}},
+        retryable=True,
+        resume_from_sequence=5,
+    )
+    created.usage = Usage(input_tokens=10, output_tokens=5, total_tokens=15)
+    created.step_count = 4
+    created.tool_call_count = 2
+    created.first_sequence = 1
+    created.last_sequence = 4
+    created.end_time = datetime.now(UTC)
+    created.last_event_seq = 17
+    updated = await store.update_run(created)
+
+    assert updated == created
+    assert await store.get_run(run.id) == created
+
+
+async def test_update_run_does_not_move_identity_fields(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    run = await store.create_run(Run(session_id=session.id, agent="default", request_id="r"))
+
+    changed = dataclasses.replace(
+        run, agent="other", request_id="x", create_time=datetime(2020, 1, 1, tzinfo=UTC)
+    )
+    updated = await store.update_run(changed)
+
+    assert (updated.agent, updated.request_id, updated.create_time) == (
+        run.agent,
+        run.request_id,
+        run.create_time,
+    )
+
+
+async def test_create_run_on_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.create_run(Run(session_id="sess_missing", agent="default"))
+
+
+async def test_get_or_update_a_missing_run_raises_not_found(store: SqlStepStore) -> None:
+    session = await store.create_session()
+
+    with pytest.raises(NotFoundError):
+        await store.get_run("run_missing")
+    with pytest.raises(NotFoundError):
+        await store.update_run(Run(session_id=session.id, agent="default"))
+
+
+async def test_list_runs_newest_first_in_keyset_pages(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    other = await store.create_session()
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    for index, run_id in enumerate(["run_a", "run_b", "run_c", "run_d", "run_e"]):
+        await store.create_run(
+            Run(
+                id=run_id,
+                session_id=session.id,
+                agent="default",
+                create_time=base + timedelta(seconds=index // 2),
+            )
+        )
+    await store.create_run(Run(session_id=other.id, agent="default"))
+
+    pages: list[list[str]] = []
+    after: tuple[datetime, str] | None = None
+    while page := await store.list_runs(session.id, limit=2, after=after):
+        pages.append([run.id for run in page])
+        after = (page[-1].create_time, page[-1].id)
+
+    assert pages == [["run_e", "run_d"], ["run_c", "run_b"], ["run_a"]]
+    assert await store.list_runs(other.id, limit=0) == []
+
+
+async def test_list_runs_of_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.list_runs("sess_missing", limit=10)
+
+
+# -- one active run per session ------------------------------------------------------------
+
+
+async def test_acquire_refuses_a_second_run_naming_the_active_one(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    await store.acquire_session(session.id, "run_1")
+
+    with pytest.raises(SessionBusyError) as busy:
+        await store.acquire_session(session.id, "run_2")
+
+    assert busy.value.active_run_id == "run_1"
+    assert busy.value.session_id == session.id
+    assert (await store.get_session(session.id)).active_run_id == "run_1"
+
+
+async def test_acquire_is_not_reentrant_for_the_holding_run(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    await store.acquire_session(session.id, "run_1")
+
+    with pytest.raises(SessionBusyError) as busy:
+        await store.acquire_session(session.id, "run_1")
+
+    assert busy.value.active_run_id == "run_1"
+
+
+async def test_release_by_another_run_is_a_no_op(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    await store.acquire_session(session.id, "run_1")
+
+    await store.release_session(session.id, "run_2")
+
+    assert (await store.get_session(session.id)).active_run_id == "run_1"
+
+
+async def test_release_frees_the_session_for_the_next_run(store: SqlStepStore) -> None:
+    session = await store.create_session()
+    await store.acquire_session(session.id, "run_1")
+
+    await store.release_session(session.id, "run_1")
+    await store.acquire_session(session.id, "run_2")
+
+    assert (await store.get_session(session.id)).active_run_id == "run_2"
+
+
+async def test_concurrent_acquires_let_exactly_one_run_in(
+    store: SqlStepStore, store_url: str
+) -> None:
+    other = await open_store(store_url)
+    try:
+        session = await store.create_session()
+        attempts = [
+            (store if index % 2 else other).acquire_session(session.id, f"run_{index}")
+            for index in range(10)
+        ]
+
+        results = await asyncio.gather(*attempts, return_exceptions=True)
+
+        winners = [i for i, result in enumerate(results) if result is None]
+        assert len(winners) == 1
+        assert all(isinstance(r, SessionBusyError) for r in results if r is not None)
+        holder = (await other.get_session(session.id)).active_run_id
+        assert holder == f"run_{winners[0]}"
+    finally:
+        await other.close()
+
+
+async def test_acquire_on_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+    with pytest.raises(NotFoundError):
+        await store.acquire_session("sess_missing", "run_1")
+
+
+# -- time, schema, connections -------------------------------------------------------------
+
+
+async def test_timestamps_are_aware_utc(store: SqlStepStore) -> None:
+    elsewhere = timezone(timedelta(hours=5, minutes=30))
+    moment = datetime(2025, 6, 1, 12, 0, 0, 123456, tzinfo=elsewhere)
+    session = await store.create_session(Session(create_time=moment, update_time=moment))
+    await store.append_step(user(session.id))
+    await store.create_run(
+        Run(session_id=session.id, agent="a", create_time=moment, end_time=moment)
+    )
+
+    loaded = await store.get_session(session.id)
+    step = await store.get_step(session.id, 1)
+    run = (await store.list_runs(session.id, limit=1))[0]
+
+    assert loaded.create_time == moment
+    assert loaded.create_time.tzinfo == UTC
+    assert is_aware_utc(loaded.update_time)
+    assert is_aware_utc(step.create_time)
+    assert run.create_time == moment
+    assert run.create_time.tzinfo == UTC
+    assert run.end_time is not None
+    assert run.end_time.tzinfo == UTC
+
+
+async def test_naive_datetimes_are_refused(store: SqlStepStore) -> None:
+    naive = datetime(2025, 1, 1)
+
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.create_session(Session(create_time=naive))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.list_sessions(limit=1, after=(naive, "sess_x"))
+
+
+async def test_opening_the_store_twice_on_one_database_is_idempotent(
+    store: SqlStepStore, store_url: str
+) -> None:
+    session = await session_with_steps(store, 2)
+
+    again = await open_store(store_url)
+    try:
+        assert await again.count_steps(session.id) == 2
+        assert (await again.append_step(user(session.id))).sequence == 3
+    finally:
+        await again.close()
+
+
+async def test_schema_matches_the_table_definitions(store: SqlStepStore, store_url: str) -> None:
+    def differences(conn: Connection) -> list[object]:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        assert context.get_current_revision() == head_revision()
+        return list(compare_metadata(context, metadata))
+
+    engine = create_async_engine(store_url)
+    try:
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(differences)
+            names = set((await conn.execute(select(sessions.c.id))).scalars())
+    finally:
+        await engine.dispose()
+
+    assert diff == []
+    assert names == set()
+
+
+async def test_unreachable_postgres_raises_store_unavailable() -> None:
+    closed_port = free_local_port()
+
+    with pytest.raises(StoreUnavailableError):
+        await open_store(f"postgresql+asyncpg://agio@127.0.0.1:{closed_port}/agio")
+
+
+async def test_unopenable_sqlite_file_raises_store_unavailable(tmp_path: object) -> None:
+    with pytest.raises(StoreUnavailableError):
+        await open_store(f"sqlite+aiosqlite:///{tmp_path}/missing-dir/agio.db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql+aiomysql://u@127.0.0.1/db", "sqlite+aiosqlite://", "sqlite+aiosqlite:///:memory:"],
+)
+async def test_open_store_refuses_unsupported_urls(url: str) -> None:
+    with pytest.raises(ValueError, match=r"SQLite file|unsupported"):
+        await open_store(url)
+
+
+def test_the_store_knows_every_field_of_the_domain_types() -> None:
+    # A field added to the domain needs a column and a migration, or it is silently lost.
+    assert {f.name for f in dataclasses.fields(Step)} == {
+        "id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content",
+        "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time",
+        "trace_id", "span_id",
+    }  # fmt: skip
+    assert {f.name for f in dataclasses.fields(StepMetrics)} <= set(steps.c.keys())
+    assert {f.name for f in dataclasses.fields(Run)} - {"usage"} <= set(runs.c.keys())
+    assert {f.name for f in dataclasses.fields(Session)} == {
+        "id", "parent_session_id", "fork_sequence", "create_time", "update_time",
+        "step_count", "active_run_id",
+    }  # fmt: skip

@@ -1,0 +1,65 @@
+"""What only the PostgreSQL backend has to survive: a database that drops and refuses clients.
+
+The behaviour both backends share lives in test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from sqlalchemy import make_url
+
+from agio_grpc.store import StoreUnavailableError
+from agio_grpc.store.sql import SqlStepStore
+from tests.postgres import asyncpg_dsn
+
+pytestmark = pytest.mark.postgres
+
+ONLY_POSTGRES = pytest.mark.parametrize("backend", ["postgres"])
+
+
+async def admin_execute(admin_url: str, statement: str) -> None:
+    connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+def kick_everyone_out(database: str) -> str:
+    return (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+    )
+
+
+@ONLY_POSTGRES
+async def test_store_reconnects_after_the_server_drops_its_connections(
+    store: SqlStepStore, store_url: str, postgres_admin_url: str
+) -> None:
+    session = await store.create_session()
+    database = make_url(store_url).database or ""
+
+    await admin_execute(postgres_admin_url, kick_everyone_out(database))
+
+    assert (await store.get_session(session.id)).id == session.id
+
+
+@ONLY_POSTGRES
+async def test_store_is_unavailable_while_the_database_refuses_connections_then_recovers(
+    store: SqlStepStore, store_url: str, postgres_admin_url: str
+) -> None:
+    session = await store.create_session()
+    database = make_url(store_url).database or ""
+
+    await admin_execute(postgres_admin_url, f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+    try:
+        await admin_execute(postgres_admin_url, kick_everyone_out(database))
+        with pytest.raises(StoreUnavailableError):
+            await store.get_session(session.id)
+    finally:
+        await admin_execute(
+            postgres_admin_url, f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'
+        )
+
+    assert await store.count_steps(session.id) == 0

@@ -1,0 +1,46 @@
+"""What only the SQLite backend promises: WAL on a real file, and its settings checked.
+
+The behaviour both backends share lives in test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agio_grpc.domain import Role, Step
+from agio_grpc.store.sql import open_store
+
+
+async def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "agio.db"
+    store = await open_store(f"sqlite+aiosqlite:///{path}")
+    try:
+        session = await store.create_session()
+        await store.append_step(Step(session_id=session.id, run_id="r", role=Role.USER))
+    finally:
+        await store.close()
+
+    with sqlite3.connect(path) as conn:
+        (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+    assert mode == "wal"
+
+
+async def test_plain_sqlite_url_uses_aiosqlite_and_full_sync_is_accepted(tmp_path: Path) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="full")
+    try:
+        assert store.backend == "sqlite"
+        assert (
+            await store.append_step(
+                Step(session_id=(await store.create_session()).id, run_id="r", role=Role.USER)
+            )
+        ).sequence == 1
+    finally:
+        await store.close()
+
+
+async def test_unknown_synchronous_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sqlite_synchronous"):
+        await open_store(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="OFTEN")
