@@ -25,10 +25,11 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 
 def _configure_logging(level: str) -> None:
+    """Log lines to stderr, each with the trace and span id current when it was written."""
+    from agio_grpc.telemetry import trace_log_handler
+
     logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+        level=level, handlers=[trace_log_handler(logging.StreamHandler(sys.stderr))]
     )
 
 

@@ -2,7 +2,9 @@
 
 Wraps the generated stubs: run streams as async iterators of `StepEvent`, a convenience
 that runs to the end and returns the final text and StopSignal, auto-paging step listing,
-and errors decoded into `AgioError` with the `google.rpc.ErrorInfo` reason.
+and errors decoded into `AgioError` with the `google.rpc.ErrorInfo` reason. Every call
+carries the caller's current OpenTelemetry trace context (`traceparent`), so a run joins
+the caller's trace.
 
     async with AgioClient("127.0.0.1:50051") as client:
         result = await client.run_to_end("What is 12 * 7?")
@@ -20,6 +22,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agio_grpc.telemetry.propagation import trace_metadata
 from agio_grpc.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
@@ -127,16 +130,20 @@ class AgioClient:
     async def close(self) -> None:
         await self._channel.close()
 
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The client's metadata plus the current trace context (`traceparent`), if any."""
+        return self._metadata + trace_metadata()
+
     async def _unary(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
-            return await method(request, metadata=self._metadata, timeout=timeout)
+            return await method(request, metadata=self._call_metadata(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             raise decode_error(error) from None
 
     async def _stream(
         self, method: Any, request: Any, timeout: float | None = None
     ) -> AsyncIterator[events_pb2.StepEvent]:
-        call = method(request, metadata=self._metadata, timeout=timeout)
+        call = method(request, metadata=self._call_metadata(), timeout=timeout)
         try:
             async for event in call:
                 yield event

@@ -40,9 +40,11 @@ from agio_grpc.engine.hooks import Hooks, StopRun
 from agio_grpc.engine.model import ModelDriver, OpenAIModelDriver, RetryPolicy
 from agio_grpc.engine.runtime import RunHandle, Runtime
 from agio_grpc.engine.tools import Tool, ToolContext, ToolRegistry, ToolStop, load_tools
+from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "NO_TRACER",
     "AgentNotFoundError",
     "AgentSpec",
     "ClientTool",
@@ -65,6 +67,8 @@ __all__ = [
     "RunSettings",
     "RunStarted",
     "RunStateError",
+    "RunTrace",
+    "RunTracer",
     "Runtime",
     "RuntimeClosedError",
     "SequencedEvent",

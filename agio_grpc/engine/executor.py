@@ -14,12 +14,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import pydantic
 
 from agio_grpc.domain import StopReason, StopSignal, ToolCall
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolStop
+from agio_grpc.engine.tracing import NO_CALL_TRACE, ToolCallTrace
 
 logger = logging.getLogger(__name__)
 
@@ -50,20 +52,29 @@ async def execute_tool_calls(
     timeout_s: float,
     max_parallel: int,
     completed: dict[str, ToolResult] | None = None,
+    trace_call: Callable[[ToolCall], AbstractContextManager[ToolCallTrace]] | None = None,
 ) -> list[ToolResult]:
     """Run `calls` (at most `max_parallel` at once) and return their results in call order.
 
     `offered` are the tool names this run may call. Each result is also put in `completed`
     (by call id) as soon as it is ready, so a caller cancelled midway keeps the finished ones.
+    `trace_call` traces each call from the moment it may run (its wait for a slot excluded).
     """
     limit = asyncio.Semaphore(max(1, max_parallel))
     done = completed if completed is not None else {}
 
+    def untraced(call: ToolCall) -> AbstractContextManager[ToolCallTrace]:
+        return nullcontext(NO_CALL_TRACE)
+
+    trace = trace_call or untraced
+
     async def run_one(call: ToolCall) -> ToolResult:
         async with limit:
-            result = await execute_tool_call(
-                call, registry, offered=offered, context=make_context(call), timeout_s=timeout_s
-            )
+            with trace(call) as span:
+                result = await execute_tool_call(
+                    call, registry, offered=offered, context=make_context(call), timeout_s=timeout_s
+                )
+                span.finished(result)
         done[call.id] = result
         return result
 
@@ -118,7 +129,9 @@ async def execute_tool_call(
     except TimeoutError:
         content, is_error = f"Error: tool {call.name!r} timed out after {timeout_s:g}s.", True
     except Exception as error:  # a tool's failure is a result the model sees
-        logger.info("tool %s raised", call.name, exc_info=True)
+        # The message may quote the arguments: only its type at INFO, the traceback at DEBUG.
+        logger.info("tool %s raised %s", call.name, type(error).__name__)
+        logger.debug("tool %s raised", call.name, exc_info=True)
         content = f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}"
         is_error = True
     elapsed_ms = int((time.perf_counter() - started) * 1000)

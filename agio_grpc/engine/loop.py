@@ -28,6 +28,10 @@ timeout (the smaller of the configured timeout and the caller's deadline) applie
 segment. A model reply cut off by `length` or `content_filter` stops the run without
 running its tool calls (they get error results).
 
+Tracing goes through `segment.trace` (engine/tracing.py): one child per model call and per
+tool call, whose ids the produced step keeps; `_finish` ends the segment's trace just before
+the terminal event, so a client that saw the end can find the whole trace.
+
 Never imports grpc, SQLAlchemy or OpenTelemetry; talks to storage only through StepStore.
 """
 
@@ -37,7 +41,9 @@ import asyncio
 import copy
 import logging
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from agio_grpc.domain import (
@@ -76,6 +82,7 @@ from agio_grpc.engine.model import (
     ModelRetry,
 )
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
+from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import StoreError
 from agio_grpc.store.protocol import StepStore
 
@@ -132,6 +139,8 @@ class RunSegment:
     """Tool calls of the last assistant step to run before the first model call (Retry)."""
     deadline_s: float | None = None
     """Seconds left on the caller's deadline when the segment started."""
+    trace: RunTrace = NO_RUN_TRACE
+    """The segment's trace, ended by the loop (its model and tool calls are its children)."""
 
 
 class _Stop(Exception):  # noqa: N818 - internal control flow
@@ -160,10 +169,17 @@ class RunLoop:
         self.finished_results: dict[str, ToolResult] = {}
         # Step ids announced by StepStarted for tool calls, reused when a call never returns.
         self.tool_step_ids: dict[str, str] = {}
+        self.trace = segment.trace
+        # The span of each tool call that started, for its step's trace and span ids.
+        self.tool_spans: dict[str, SpanIds] = {}
 
     async def run(self) -> Run:
         """Run the segment to its end: the one boundary where every stop is caught."""
         timer = self._start_timer()
+        with self.trace.activate():
+            return await self._run(timer)
+
+    async def _run(self, timer: asyncio.TimerHandle) -> Run:
         reraise: asyncio.CancelledError | None = None
         try:
             task = asyncio.current_task()
@@ -189,7 +205,10 @@ class RunLoop:
         finally:
             timer.cancel()
         self.control.finish()
-        run = await self._finish(signal)
+        try:
+            run = await self._finish(signal)
+        finally:
+            self.trace.end(self.run_row)
         if reraise is not None:
             raise reraise
         return run
@@ -221,9 +240,11 @@ class RunLoop:
     async def _model_step(self) -> tuple[Step, StopReason | None]:
         """Call the model with the history, stream its deltas, store the assistant step."""
         limits = self.settings.limits
+        building = time.perf_counter()
         messages = build_context(
             self.settings.instructions, self.history, limits.max_history_messages
         )
+        self.trace.context_built(time.perf_counter() - building, len(messages))
         await self._call_hooks(self.services.hooks.before_model_call, self._snapshot(), messages)
         client_tools = [tool.to_openai() for tool in self.settings.client_tools]
         request = ModelRequest(
@@ -237,7 +258,9 @@ class RunLoop:
         self.channel.publish(StepStarted(step_id=step_id, role=Role.ASSISTANT))
         self.model_calls += 1
         try:
-            reply = await self.services.model.complete(request, self._model_listener(step_id))
+            with self.trace.model_call(request, step_id, self._next_sequence()) as call_trace:
+                reply = await self.services.model.complete(request, self._model_listener(step_id))
+                call_trace.replied(reply)
         except ModelError as error:
             raise _Stop(
                 StopSignal(
@@ -258,6 +281,8 @@ class RunLoop:
             tool_calls=reply.tool_calls,
             metrics=reply.metrics,
             id=step_id,
+            trace_id=call_trace.trace_id,
+            span_id=call_trace.span_id,
         )
         self.run_row.usage.add(reply.metrics)
         self.run_row.tool_call_count += len(reply.tool_calls)
@@ -320,6 +345,9 @@ class RunLoop:
         if server_calls:
             step_ids = {call.id: new_id("step") for call in server_calls}
             self.tool_step_ids.update(step_ids)
+            # Results are stored in call order, in one append after the assistant step.
+            first = self._next_sequence()
+            sequences = {call.id: first + index for index, call in enumerate(server_calls)}
             for call in server_calls:
                 self.channel.publish(
                     StepStarted(
@@ -337,6 +365,7 @@ class RunLoop:
                 timeout_s=self.settings.limits.tool_timeout_s,
                 max_parallel=self.settings.limits.max_parallel_tools,
                 completed=self.finished_results,
+                trace_call=lambda call: self._trace_tool_call(call, sequences[call.id]),
             )
             for result in results:
                 if result.is_error:
@@ -363,10 +392,18 @@ class RunLoop:
             )
         return signals
 
+    @contextmanager
+    def _trace_tool_call(self, call: ToolCall, sequence: int) -> Iterator[ToolCallTrace]:
+        with self.trace.tool_call(call, self.tool_step_ids[call.id], sequence) as span:
+            self.tool_spans[call.id] = span
+            yield span
+
     def _tool_context(self, call: ToolCall) -> ToolContext:
         return ToolContext(self.run_row.id, self.run_row.session_id, call.id, call.name)
 
     def _tool_step(self, result: ToolResult, step_id: str) -> Step:
+        # A call that never started is recorded by the run's own span.
+        span = self.tool_spans.get(result.call.id, self.trace)
         return Step(
             session_id=self.run_row.session_id,
             run_id=self.run_row.id,
@@ -377,6 +414,8 @@ class RunLoop:
             is_error=result.is_error,
             metrics=StepMetrics(tool_exec_time_ms=result.exec_time_ms),
             id=step_id,
+            trace_id=span.trace_id,
+            span_id=span.span_id,
         )
 
     # -- limits -----------------------------------------------------------------------------
@@ -493,6 +532,7 @@ class RunLoop:
             logger.exception("run %s: could not release session %s", run.id, run.session_id)
         final = self._snapshot()
         terminal = RunFailed(final) if signal.reason.is_error else RunCompleted(final)
+        self.trace.end(run)  # before the terminal event: a client that saw it sees the trace
         self.channel.publish(terminal)
         try:
             await call_hooks(self.services.hooks.on_run_end, final, on_failure=lambda _: None)

@@ -9,6 +9,10 @@ calls `cancel(run_id, "client disconnected")` for that.
 Live channels are kept for a while after their run ends (`retention_s`, `retention_count`),
 so a late `watch` replays the real event stream; older runs are replayed from the store.
 
+Each segment gets a trace from the `RunTracer` (engine/tracing.py), started where the segment
+is started, so it continues the caller's current trace context (the gRPC server span); its
+first steps and the run row keep its ids. The loop task then ends it.
+
 Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
 """
 
@@ -63,6 +67,7 @@ from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
 from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 from agio_grpc.store.errors import NotFoundError, SessionBusyError
 from agio_grpc.store.protocol import StepStore
 
@@ -126,9 +131,11 @@ class Runtime:
         retention_s: float = 600.0,
         retention_count: int = 1000,
         cancel_wait_s: float = 10.0,
+        tracer: RunTracer | None = None,
     ) -> None:
         """`retention_*` bound how long and how many ended runs stay replayable from memory;
-        `cancel_wait_s` bounds how long `cancel` waits for a run to record its end.
+        `cancel_wait_s` bounds how long `cancel` waits for a run to record its end; `tracer`
+        traces each run segment (nothing by default).
         """
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not among the agents")
@@ -146,6 +153,7 @@ class Runtime:
         self._retention_count = retention_count
         self._cancel_wait_s = cancel_wait_s
         self._closing = False
+        self._tracer = tracer or NO_TRACER
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -191,20 +199,31 @@ class Runtime:
             options=settings.to_options(),
         )
         await self.store.acquire_session(session_id, run.id)
+        trace = self._tracer.start_run(run, settings, "run")
+        run.trace_id = trace.trace_id
         try:
             if request.request_id and request.session_id:
                 await self._check_request_id(session_id, request.request_id)
             user = await self.store.append_step(
-                Step(session_id, run.id, Role.USER, content=request.input)
+                Step(
+                    session_id,
+                    run.id,
+                    Role.USER,
+                    content=request.input,
+                    trace_id=trace.trace_id,
+                    span_id=trace.span_id,
+                )
             )
+            trace.step_stored(user.id, user.sequence)
             run.first_sequence = run.last_sequence = user.sequence
             run.step_count = 1
             await self.store.create_run(run)
             history = await self.store.get_steps(session_id)
         except BaseException:
+            trace.end(run)  # no stop signal: the run never started
             await self._release_quietly(session_id, run.id)
             raise
-        return self._spawn(run, settings, _RunPlan(history), [user], request.deadline_s)
+        return self._spawn(run, settings, _RunPlan(history), [user], request.deadline_s, trace)
 
     async def submit_tool_outputs(
         self, run_id: str, outputs: list[ToolOutput], *, deadline_s: float | None = None
@@ -222,8 +241,11 @@ class Runtime:
         _, pending = open_tool_calls(history)
         by_id = _check_outputs(outputs, pending)
         await self.store.acquire_session(run.session_id, run.id)
+        settings = self._settings_of(run)
+        trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         try:
             run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
+            run.trace_id = run.trace_id or trace.trace_id
             steps = [
                 Step(
                     run.session_id,
@@ -233,10 +255,14 @@ class Runtime:
                     tool_call_id=call.id,
                     name=call.name,
                     is_error=by_id[call.id].is_error,
+                    trace_id=trace.trace_id,
+                    span_id=trace.span_id,
                 )
                 for call in pending
             ]
             stored = await self.store.append_steps(steps)
+            for step in stored:
+                trace.step_stored(step.id, step.sequence)
             history.extend(stored)
             run.status = RunStatus.RUNNING
             run.stop_signal = None
@@ -245,18 +271,14 @@ class Runtime:
             run.last_event_seq = self._last_event_seq(run)
             await self.store.update_run(run)
         except BaseException:
+            trace.end(run)
             await self._release_quietly(run.session_id, run.id)
             raise
         model_calls = sum(
             1 for step in history if step.run_id == run.id and step.role is Role.ASSISTANT
         )
         return self._spawn(
-            run,
-            self._settings_of(run),
-            _RunPlan(history),
-            stored,
-            deadline_s,
-            model_calls=model_calls,
+            run, settings, _RunPlan(history), stored, deadline_s, trace, model_calls=model_calls
         )
 
     async def retry(
@@ -295,13 +317,16 @@ class Runtime:
         agent, settings = await self._settings_of_step(history[-1])
         run = Run(session_id=session_id, agent=agent, options=settings.to_options())
         await self.store.acquire_session(session_id, run.id)
+        trace = self._tracer.start_run(run, settings, "retry")
+        run.trace_id = trace.trace_id
         try:
             await self.store.delete_steps_from(session_id, sequence)
             await self.store.create_run(run)
         except BaseException:
+            trace.end(run)
             await self._release_quietly(session_id, run.id)
             raise
-        return self._spawn(run, settings, plan, [], deadline_s)
+        return self._spawn(run, settings, plan, [], deadline_s, trace)
 
     # -- stopping and watching --------------------------------------------------------------
 
@@ -381,6 +406,7 @@ class Runtime:
         plan: _RunPlan,
         first_steps: list[Step],
         deadline_s: float | None,
+        trace: RunTrace,
         *,
         model_calls: int = 0,
     ) -> RunHandle:
@@ -403,10 +429,13 @@ class Runtime:
                 model_calls=model_calls,
                 resume_calls=plan.resume_calls,
                 deadline_s=deadline_s,
+                trace=trace,
             ),
         )
         segment.task = asyncio.create_task(loop.run(), name=f"agio run {run.id}")
         segment.task.add_done_callback(lambda task: self._segment_ended(segment, task))
+        # The loop ends its trace; this ends it too if the task never got to run.
+        segment.task.add_done_callback(lambda _: trace.end(loop.run_row))
         self._segments.pop(run.id, None)
         self._segments[run.id] = segment
         self._prune()

@@ -23,6 +23,13 @@ from agio_grpc.service.server import BoundServer, install_signal_handlers, start
 from agio_grpc.service.session_service import SessionServicer
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import open_store
+from agio_grpc.telemetry import (
+    InstrumentedStepStore,
+    OtelRunTracer,
+    Telemetry,
+    TracingInterceptor,
+    telemetry_from_environment,
+)
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
 
@@ -71,6 +78,7 @@ class AgioApp:
     model: OpenAIModelDriver
     bound: BoundServer
     fake_model: FakeModelServer | None
+    telemetry: Telemetry
 
     @property
     def address(self) -> str:
@@ -81,10 +89,14 @@ class AgioApp:
         return self.bound.port
 
     @classmethod
-    async def start(cls, settings: Settings) -> AgioApp:
+    async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> AgioApp:
+        """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
+        (the app then owns it and shuts it down on `stop`)."""
         registry = build_registry(settings)
         hooks = Hooks.load(**settings.hooks.model_dump())
-        store = await open_store(
+        telemetry = telemetry or telemetry_from_environment()
+        tracer_interceptor = TracingInterceptor(telemetry.tracer_provider)
+        sql_store = await open_store(
             settings.database_url, sqlite_synchronous=settings.sqlite_synchronous
         )
         fake_model: FakeModelServer | None = None
@@ -97,6 +109,8 @@ class AgioApp:
                 base_url = fake_model.base_url
                 log.warning("no OPENAI_BASE_URL set: using the built-in fake model at %s", base_url)
             model = OpenAIModelDriver(base_url=base_url, api_key=api_key or "unused")
+            tracer = OtelRunTracer(telemetry, provider=model.provider, base_url=base_url)
+            store: StepStore = InstrumentedStepStore(sql_store, tracer.instruments)
             runtime = Runtime(
                 store=store,
                 agents=build_agents(settings),
@@ -104,6 +118,7 @@ class AgioApp:
                 registry=registry,
                 model=model,
                 hooks=hooks,
+                tracer=tracer,
             )
             bound = await start_grpc_server(
                 settings,
@@ -117,14 +132,16 @@ class AgioApp:
                         SessionServicer(store, runtime),
                     ),
                 ],
+                interceptors=[tracer_interceptor],
             )
         except BaseException:
             if fake_model is not None:
                 await fake_model.stop()
-            await store.close()
+            await sql_store.close()
+            telemetry.shutdown()
             raise
         log.info("agio-grpc listening on %s", bound.address)
-        return cls(settings, store, runtime, model, bound, fake_model)
+        return cls(settings, store, runtime, model, bound, fake_model, telemetry)
 
     async def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, refuse new calls, let running ones finish within `grace`,
@@ -141,11 +158,17 @@ class AgioApp:
         if self.fake_model is not None:
             await self.fake_model.stop()
         await self.store.close()
+        # Last: the spans of runs interrupted above are flushed to the exporter.
+        await asyncio.to_thread(self.telemetry.shutdown)  # exporting blocks
 
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then drain."""
-    app = await AgioApp.start(settings)
+    telemetry = telemetry_from_environment()
+    telemetry.install_global()
+    if telemetry.tracing:
+        log.info("tracing on: spans are exported as the OTEL_* variables configure")
+    app = await AgioApp.start(settings, telemetry)
     stop = asyncio.Event()
     install_signal_handlers(stop)
     await stop.wait()

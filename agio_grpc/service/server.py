@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -61,12 +62,14 @@ class BoundServer:
 async def start_grpc_server(
     settings: Settings,
     register: list[tuple[object, object]],
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> BoundServer:
     """Create, register and bind the server; `register` pairs an add_*_to_server function
-    with its servicer. Raises OSError when the address cannot be bound."""
+    with its servicer; `interceptors` go before the error mapping (tracing first, so the
+    status it maps is on the span). Raises OSError when the address cannot be bound."""
     config = settings.server
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=[*interceptors, ErrorInterceptor()],
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )

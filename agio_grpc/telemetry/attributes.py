@@ -1,0 +1,42 @@
+"""The attribute and metric names agio-grpc adds to the OpenTelemetry conventions, in one place.
+
+GenAI, RPC and error attribute names come from the semantic-conventions package; these are
+the application's own (`agio.*`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+RUN_ID: Final = "agio.run.id"
+SESSION_ID: Final = "agio.session.id"
+STEP_ID: Final = "agio.step.id"
+STEP_SEQUENCE: Final = "agio.step.sequence"
+"""On a model or tool call span: the sequence its step is stored at."""
+STEP_ROLE: Final = "agio.step.role"
+RUN_OPERATION: Final = "agio.run.operation"
+"""What started the run segment: `run`, `submit_tool_outputs` or `retry`."""
+RUN_STATUS: Final = "agio.run.status"
+STOP_REASON: Final = "agio.stop.reason"
+STOP_SOURCE: Final = "agio.stop.source"
+STOP_RETRYABLE: Final = "agio.stop.retryable"
+RUN_STEP_COUNT: Final = "agio.run.step_count"
+CANCELLED: Final = "agio.cancelled"
+"""A call cut off by the run's cancellation, interruption or timeout (not an error)."""
+MODEL_RETRIES: Final = "agio.model.retries"
+TOOL_STOP: Final = "agio.tool.stop"
+CONTEXT_MESSAGES: Final = "agio.context.messages"
+STORE_OPERATION: Final = "agio.store.operation"
+
+# Metrics of our own (the GenAI ones come from the semconv package).
+METRIC_TOOL_DURATION: Final = "agio.tool.duration"
+METRIC_RUNS_ENDED: Final = "agio.runs.ended"
+METRIC_RUNS_ACTIVE: Final = "agio.runs.active"
+METRIC_STEPS_WRITTEN: Final = "agio.steps.written"
+METRIC_CONTEXT_BUILD_DURATION: Final = "agio.context.build.duration"
+METRIC_STORE_DURATION: Final = "agio.store.operation.duration"
+METRIC_RETRIES: Final = "agio.runs.retries"
+"""Retry RPCs (regenerations) started."""
+METRIC_MODEL_RETRIES: Final = "agio.model.retries"
+"""Model call attempts retried (429, 5xx, broken streams)."""
+METRIC_FORKS: Final = "agio.sessions.forks"

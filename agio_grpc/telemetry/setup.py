@@ -1,0 +1,147 @@
+"""Tracer and meter providers, configured only by the standard `OTEL_*` environment variables.
+
+Nothing is exported unless an exporter is configured: `OTEL_TRACES_EXPORTER` /
+`OTEL_METRICS_EXPORTER` (`otlp` or `console`), or an OTLP endpoint
+(`OTEL_EXPORTER_OTLP_ENDPOINT`, or the per-signal `..._TRACES_ENDPOINT` /
+`..._METRICS_ENDPOINT`). `OTEL_SDK_DISABLED=true` turns everything off. When a signal is off
+its provider is the API's no-op one, so tracing costs next to nothing. The exporters read
+their own endpoint, headers, timeout and protocol variables; `TracerProvider` reads
+`OTEL_TRACES_SAMPLER(_ARG)`; `Resource.create` reads `OTEL_SERVICE_NAME` and
+`OTEL_RESOURCE_ATTRIBUTES` (service name `agio-grpc` when neither names one).
+
+Tests build a `Telemetry` from their own SDK providers (in-memory exporter and reader).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+DEFAULT_SERVICE_NAME = "agio-grpc"
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CAPTURE_IN_SPANS = frozenset({"true", "1", "span_only", "span_and_event"})
+
+
+@dataclass(slots=True)
+class Telemetry:
+    """The providers agio-grpc records with, and whether message content goes in spans."""
+
+    tracer_provider: trace.TracerProvider = field(default_factory=trace.NoOpTracerProvider)
+    meter_provider: metrics.MeterProvider = field(default_factory=metrics.NoOpMeterProvider)
+    capture_content: bool = False
+    """Put prompts, completions and tool arguments/results in spans (opt-in)."""
+    owns_providers: bool = False
+    """`shutdown` flushes and shuts the providers down (set for providers built here)."""
+
+    @property
+    def tracing(self) -> bool:
+        """Whether spans are recorded at all."""
+        return not isinstance(self.tracer_provider, trace.NoOpTracerProvider)
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporters of providers this object built."""
+        if not self.owns_providers:
+            return
+        if isinstance(self.tracer_provider, SdkTracerProvider):
+            self.tracer_provider.shutdown()
+        if isinstance(self.meter_provider, SdkMeterProvider):
+            self.meter_provider.shutdown()
+
+    def install_global(self) -> None:
+        """Make the providers the process-wide ones, so libraries a tool uses join the trace."""
+        if self.tracing:
+            trace.set_tracer_provider(self.tracer_provider)
+        if not isinstance(self.meter_provider, metrics.NoOpMeterProvider):
+            metrics.set_meter_provider(self.meter_provider)
+
+
+def telemetry_from_environment(environ: Mapping[str, str] | None = None) -> Telemetry:
+    """The Telemetry the `OTEL_*` variables describe (see the module docstring)."""
+    env = os.environ if environ is None else environ
+    capture = env.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _CAPTURE_IN_SPANS
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return Telemetry(capture_content=capture)
+    resource = _resource()
+    telemetry = Telemetry(capture_content=capture, owns_providers=True)
+    span_exporter = _span_exporter(env)
+    if span_exporter is not None:
+        tracer_provider = SdkTracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        telemetry.tracer_provider = tracer_provider
+    metric_exporter = _metric_exporter(env)
+    if metric_exporter is not None:
+        reader = PeriodicExportingMetricReader(metric_exporter)
+        telemetry.meter_provider = SdkMeterProvider(resource=resource, metric_readers=[reader])
+    return telemetry
+
+
+def _resource() -> Resource:
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+def _exporter_name(env: Mapping[str, str], signal: str) -> str | None:
+    """`otlp`, `console` or None (off) for `signal` (`TRACES` or `METRICS`)."""
+    configured = env.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
+    if configured:
+        names = [name.strip() for name in configured.split(",")]
+        return next((name for name in names if name in ("otlp", "console")), None)
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"):
+        return "otlp"
+    return None
+
+
+def _protocol(env: Mapping[str, str], signal: str) -> str:
+    return (
+        env.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    ).strip()
+
+
+def _span_exporter(env: Mapping[str, str]) -> SpanExporter | None:
+    name = _exporter_name(env, "TRACES")
+    if name == "console":
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        return None
+    if _protocol(env, "TRACES") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter()
+
+
+def _metric_exporter(env: Mapping[str, str]) -> MetricExporter | None:
+    name = _exporter_name(env, "METRICS")
+    if name == "console":
+        return ConsoleMetricExporter()
+    if name != "otlp":
+        return None
+    if _protocol(env, "METRICS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter()
