@@ -4,7 +4,7 @@ UV_VERSION := 0.13.9
 UV := .tools/bin/uv
 RUN := $(UV) run --locked
 
-.PHONY: serve test check generate fake-model bench
+.PHONY: serve test check generate fake-model bench breaking contract-baseline clients conformance
 
 $(UV):
 	python3 -m venv .tools
@@ -26,8 +26,28 @@ check: $(UV)
 	$(RUN) buf format --diff --exit-code
 	$(RUN) python scripts/generate.py --check
 
+# Python, Go and TypeScript code from proto/ (installs the pinned Go and npm plugins first).
 generate: $(UV)
 	$(RUN) python scripts/generate.py
+
+# The contract against the last released one (.ci/contract-baseline.binpb); the baseline must
+# hold the agio.v1 files, so the comparison cannot pass against an empty image.
+breaking: $(UV)
+	$(RUN) buf ls-files .ci/contract-baseline.binpb | grep -qx agio/v1/agent_service.proto
+	$(RUN) buf breaking --against .ci/contract-baseline.binpb
+
+# After a contract change lands on main (or a deliberate break is accepted): new baseline.
+contract-baseline: $(UV)
+	$(RUN) buf build --exclude-source-info -o .ci/contract-baseline.binpb
+
+# Build and unit-test the Go and TypeScript clients.
+clients:
+	cd clients/go && go vet ./... && go test ./...
+	cd clients/ts && npm ci --no-audit --no-fund && npm run build
+
+# The conformance scenario with the Python, Go and TypeScript clients against live servers.
+conformance: $(UV)
+	$(RUN) python scripts/conformance.py
 
 fake-model: $(UV)
 	$(RUN) agio-grpc fake-model

@@ -1,0 +1,88 @@
+// Command agio-chat streams one agent run: the reply as it is generated, tool calls and
+// their results, then the stop reason and usage.
+//
+//	go run ./cmd/agio-chat -address 127.0.0.1:50051 "What is 12 * 7?"
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	agio "github.com/agio-grpc/agio-grpc/clients/go"
+	agiov1 "github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1"
+)
+
+func main() {
+	address := flag.String("address", "127.0.0.1:50051", "agio-grpc server host:port")
+	session := flag.String("session", "", "continue this session (empty: a new one)")
+	agent := flag.String("agent", "", "agent name (empty: the default agent)")
+	timeout := flag.Duration("timeout", 5*time.Minute, "deadline of the whole run")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: agio-chat [flags] MESSAGE")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := chat(*address, *session, *agent, strings.Join(flag.Args(), " "), *timeout); err != nil {
+		fmt.Fprintln(os.Stderr, "agio-chat:", err)
+		os.Exit(1)
+	}
+}
+
+func chat(address, session, agent, input string, timeout time.Duration) error {
+	// W3C trace context, so a trace the caller is in continues on the server.
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	client, err := agio.Dial(address)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	stream, err := client.Run(ctx, &agiov1.RunRequest{SessionId: session, Agent: agent, Input: input})
+	if err != nil {
+		return err
+	}
+	for event, err := range stream.Events() {
+		if err != nil {
+			return err
+		}
+		if delta := event.GetStepDelta(); delta != nil {
+			fmt.Print(delta.GetContent())
+		}
+		if step := event.GetStepCompleted().GetStep(); step != nil {
+			printStep(step)
+		}
+		if run := agio.TerminalRun(event); run != nil {
+			signal, usage := run.GetStopSignal(), run.GetUsage()
+			fmt.Printf("\n[%s] %s | tokens in %d out %d | steps %d | session %s\n",
+				strings.TrimPrefix(signal.GetReason().String(), "STOP_REASON_"), signal.GetMessage(),
+				usage.GetInputTokens(), usage.GetOutputTokens(), run.GetStepCount(), run.GetSessionId())
+			return nil
+		}
+	}
+	return fmt.Errorf("the run stream ended without a terminal event")
+}
+
+func printStep(step *agiov1.Step) {
+	for _, call := range step.GetToolCalls() {
+		fmt.Printf("\n-> %s(%s)\n", call.GetName(), call.GetArguments())
+	}
+	if step.GetRole() == agiov1.Role_ROLE_TOOL {
+		fmt.Printf("<- %s\n", step.GetContent())
+	}
+}

@@ -1,0 +1,231 @@
+package agio_test
+
+// The client conformance scenario, Go edition; the same checks, with the same names, as
+// tests/conformance/scenario.py (which documents them) and clients/ts/src/conformance.
+// scripts/conformance.py starts the servers and sets the two addresses:
+//
+//	AGIO_CONFORMANCE_ADDRESS       a server on the built-in fake model
+//	AGIO_CONFORMANCE_SLOW_ADDRESS  a server on a paced fake model (a run that lasts)
+//
+// Without them the test is skipped, so `go test ./...` needs no server.
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+
+	agio "github.com/agio-grpc/agio-grpc/clients/go"
+	agiov1 "github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1"
+)
+
+const (
+	callTimeout = 10 * time.Second
+	runTimeout  = 30 * time.Second
+	pageSize    = 2
+)
+
+func TestConformance(t *testing.T) {
+	address, slowAddress := os.Getenv("AGIO_CONFORMANCE_ADDRESS"), os.Getenv("AGIO_CONFORMANCE_SLOW_ADDRESS")
+	if address == "" || slowAddress == "" {
+		t.Skip("AGIO_CONFORMANCE_ADDRESS and AGIO_CONFORMANCE_SLOW_ADDRESS not set (scripts/conformance.py sets them)")
+	}
+	// The trace context travels the way an instrumented application sends it: the
+	// otelgrpc stats handler that agio.Dial installs injects the W3C traceparent of the
+	// span context in the call's ctx.
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	client := dial(t, address)
+	slow := dial(t, slowAddress)
+
+	var toolRun *agiov1.Run
+	var traceID trace.TraceID
+
+	t.Run("health", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		status, err := client.Health(ctx)
+		if err != nil || status != "SERVING" {
+			t.Fatalf("health: %q, %v", status, err)
+		}
+	})
+
+	t.Run("run_with_tool", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		traceID = randomTraceID(t)
+		ctx = trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: traceID, SpanID: randomSpanID(t), TraceFlags: trace.FlagsSampled, Remote: true,
+		}))
+		stream, err := client.Run(ctx, &agiov1.RunRequest{Input: "What is 12 * 7?"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var events []*agiov1.StepEvent
+		var calls []string
+		for event, err := range stream.Events() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			events = append(events, event)
+			for _, call := range event.GetStepCompleted().GetStep().GetToolCalls() {
+				calls = append(calls, call.GetName())
+			}
+		}
+		if len(events) == 0 {
+			t.Fatal("no events")
+		}
+		for i, event := range events {
+			if event.GetSeq() != int64(i+1) {
+				t.Fatalf("event %d has seq %d: not gapless from 1", i, event.GetSeq())
+			}
+		}
+		last := events[len(events)-1]
+		toolRun = last.GetRunCompleted().GetRun()
+		if toolRun == nil {
+			t.Fatalf("the stream ended with %T", last.GetEvent())
+		}
+		if strings.Join(calls, ",") != "calculate" {
+			t.Errorf("tool calls %v", calls)
+		}
+		if reason := toolRun.GetStopSignal().GetReason(); reason != agiov1.StopReason_STOP_REASON_COMPLETED {
+			t.Errorf("stop reason %s", reason)
+		}
+		result, err := client.GetRun(ctx, toolRun.GetId())
+		if err != nil || result.GetStepCount() < 3 {
+			t.Errorf("GetRun: %v, %v", result, err)
+		}
+	})
+
+	t.Run("trace_id", func(t *testing.T) {
+		if toolRun == nil {
+			t.Fatal("no run to check (run_with_tool failed)")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		stored, err := client.GetRun(ctx, toolRun.GetId())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if toolRun.GetTraceId() != traceID.String() || stored.GetTraceId() != traceID.String() {
+			t.Fatalf("sent trace id %s, run has %q (GetRun %q)", traceID, toolRun.GetTraceId(), stored.GetTraceId())
+		}
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		stream, err := slow.Run(ctx, &agiov1.RunRequest{Input: "Tell me a long story."})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancelled := false
+		var terminal *agiov1.Run
+		for event, err := range stream.Events() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !cancelled && event.GetStepDelta().GetContent() != "" {
+				cancelled = true
+				if _, err := slow.CancelRun(ctx, event.GetRunId(), "conformance"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if run := agio.TerminalRun(event); run != nil {
+				terminal = run
+			}
+		}
+		if !cancelled || terminal == nil {
+			t.Fatalf("cancelled %v, terminal run %v", cancelled, terminal)
+		}
+		if reason := terminal.GetStopSignal().GetReason(); reason != agiov1.StopReason_STOP_REASON_CANCELLED {
+			t.Errorf("stop reason %s", reason)
+		}
+		stored, err := slow.GetRun(ctx, terminal.GetId())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stored.GetStatus() != agiov1.RunStatus_RUN_STATUS_CANCELLED {
+			t.Errorf("GetRun status %s", stored.GetStatus())
+		}
+	})
+
+	t.Run("not_found", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		stream, err := client.Run(ctx, &agiov1.RunRequest{SessionId: "no-such-session", Input: "hi"})
+		if err == nil {
+			_, err = agio.Collect(stream)
+		}
+		var agioErr *agio.Error
+		if !errors.As(err, &agioErr) {
+			t.Fatalf("want an *agio.Error, got %v", err)
+		}
+		if agioErr.Code != codes.NotFound || agioErr.Reason != "SESSION_NOT_FOUND" || agioErr.Domain != agio.ErrorDomain {
+			t.Fatalf("got %s (reason %q, domain %q)", agioErr.Code, agioErr.Reason, agioErr.Domain)
+		}
+	})
+
+	t.Run("list_steps", func(t *testing.T) {
+		if toolRun == nil {
+			t.Fatal("no session to list (run_with_tool failed)")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		var sequences []int64
+		for step, err := range client.ListSteps(ctx, toolRun.GetSessionId(), pageSize) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			sequences = append(sequences, step.GetSequence())
+		}
+		session, err := client.GetSession(ctx, toolRun.GetSessionId())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sequences) <= pageSize {
+			t.Fatalf("only %d steps: paging not exercised", len(sequences))
+		}
+		for i, sequence := range sequences {
+			if sequence != int64(i+1) {
+				t.Fatalf("sequences %v: not gapless from 1", sequences)
+			}
+		}
+		if int64(len(sequences)) != session.GetStepCount() {
+			t.Fatalf("%d steps listed, session has %d", len(sequences), session.GetStepCount())
+		}
+	})
+}
+
+func dial(t *testing.T, address string) *agio.Client {
+	t.Helper()
+	client, err := agio.Dial(address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+func randomTraceID(t *testing.T) trace.TraceID {
+	var id trace.TraceID
+	if _, err := rand.Read(id[:]); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func randomSpanID(t *testing.T) trace.SpanID {
+	var id trace.SpanID
+	if _, err := rand.Read(id[:]); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}

@@ -1,0 +1,264 @@
+// A thin typed client for agio-grpc over the gRPC protocol (Node.js, HTTP/2).
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+
+import {
+  AgentService,
+  RunRequestSchema,
+  type ToolOutputSchema,
+} from "./gen/agio/v1/agent_service_pb.js";
+import type { StepEvent } from "./gen/agio/v1/events_pb.js";
+import {
+  Role,
+  type Agent,
+  type Run,
+  type Session,
+  type Step,
+} from "./gen/agio/v1/resources_pb.js";
+import { SessionService, type GetContextResponse } from "./gen/agio/v1/session_service_pb.js";
+import { Health, HealthCheckResponse_ServingStatus } from "./gen/grpc/health/v1/health_pb.js";
+import { AgioError, decodeError } from "./errors.js";
+import { traceContextInterceptor } from "./tracing.js";
+
+export interface AgioClientOptions {
+  /** Extra connect interceptors, called after the trace-context one. */
+  interceptors?: Interceptor[];
+  /** Headers (gRPC metadata) sent with every call. */
+  headers?: Record<string, string>;
+  /** Deadline of unary calls in milliseconds (default 30 s; runs set their own). */
+  timeoutMs?: number;
+}
+
+/** Options of one run call. */
+export interface CallOptions {
+  /** Aborting it cancels the call, and with it the run on the server. */
+  signal?: AbortSignal;
+  timeoutMs?: number;
+  headers?: Record<string, string>;
+}
+
+/** What a whole run produced, collected by `AgioClient.runToEnd`. */
+export interface RunResult {
+  /** The final run from the terminal event, with its stop signal and usage. */
+  run: Run;
+  /** The content of the last assistant step that had any. */
+  text: string;
+  /** The stored steps the run produced, in order. */
+  steps: Step[];
+  events: number;
+}
+
+/** The final run of a `runCompleted` or `runFailed` event, else undefined. */
+export function terminalRun(event: StepEvent): Run | undefined {
+  const { case: kind, value } = event.event;
+  return kind === "runCompleted" || kind === "runFailed" ? value.run : undefined;
+}
+
+/** One HTTP/2 connection to an agio-grpc server and typed calls on it. */
+export class AgioClient {
+  /** The raw AgentService client. */
+  readonly agents: Client<typeof AgentService>;
+  /** The raw SessionService client. */
+  readonly sessions: Client<typeof SessionService>;
+  private readonly health: Client<typeof Health>;
+  private readonly headers: Record<string, string>;
+  private readonly timeoutMs: number;
+
+  /** `baseUrl` is `http://host:port` (or `https://…`). */
+  constructor(baseUrl: string, options: AgioClientOptions = {}) {
+    const transport = createGrpcTransport({
+      baseUrl,
+      interceptors: [traceContextInterceptor, ...(options.interceptors ?? [])],
+    });
+    this.agents = createClient(AgentService, transport);
+    this.sessions = createClient(SessionService, transport);
+    this.health = createClient(Health, transport);
+    this.headers = options.headers ?? {};
+    this.timeoutMs = options.timeoutMs ?? 30_000;
+  }
+
+  /** Starts a run and yields its events; the last is `runCompleted` or `runFailed`. */
+  run(
+    request: MessageInitShape<typeof RunRequestSchema>,
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.events((call) => this.agents.run(create(RunRequestSchema, request), call), options);
+  }
+
+  /** Continues a REQUIRES_ACTION run with the client tools' outputs. */
+  submitToolOutputs(
+    runId: string,
+    toolOutputs: MessageInitShape<typeof ToolOutputSchema>[],
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.events(
+      (call) => this.agents.submitToolOutputs({ runId, toolOutputs }, call),
+      options,
+    );
+  }
+
+  /** Deletes a session's steps from `sequence` on and regenerates. */
+  retry(
+    sessionId: string,
+    sequence: bigint,
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.events((call) => this.agents.retry({ sessionId, sequence }, call), options);
+  }
+
+  /** Replays a run's events after `afterSeq`, then follows it live. */
+  watchRun(
+    runId: string,
+    afterSeq = 0n,
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.events((call) => this.agents.watchRun({ runId, afterSeq }, call), options);
+  }
+
+  /** Runs and collects: the final run, the last assistant text and the stored steps. */
+  async runToEnd(
+    request: MessageInitShape<typeof RunRequestSchema>,
+    options: CallOptions = {},
+  ): Promise<RunResult> {
+    const steps: Step[] = [];
+    let events = 0;
+    for await (const event of this.run(request, options)) {
+      events++;
+      if (event.event.case === "stepCompleted" && event.event.value.step) {
+        steps.push(event.event.value.step);
+      }
+      const run = terminalRun(event);
+      if (run) {
+        const assistant = steps.filter((s) => s.role === Role.ASSISTANT && s.content);
+        return { run, text: assistant.at(-1)?.content ?? "", steps, events };
+      }
+    }
+    throw new AgioError(2, "the run stream ended without a terminal event");
+  }
+
+  /** Asks the server to stop a run; its stream then ends with CANCELLED. */
+  async cancelRun(runId: string, reason = ""): Promise<Run | undefined> {
+    return (await this.unary(() => this.agents.cancelRun({ runId, reason }, this.callOptions()))).run;
+  }
+
+  async getRun(runId: string): Promise<Run | undefined> {
+    return (await this.unary(() => this.agents.getRun({ runId }, this.callOptions()))).run;
+  }
+
+  /** A session's runs, newest first, fetched `pageSize` at a time to the last page. */
+  listRuns(sessionId: string, pageSize = 0): AsyncGenerator<Run, void, undefined> {
+    return this.pages(async (pageToken) => {
+      const page = await this.agents.listRuns(
+        { sessionId, pageSize, pageToken },
+        this.callOptions(),
+      );
+      return [page.runs, page.nextPageToken];
+    });
+  }
+
+  async listAgents(): Promise<Agent[]> {
+    return (await this.unary(() => this.agents.listAgents({}, this.callOptions()))).agents;
+  }
+
+  async getSession(sessionId: string): Promise<Session | undefined> {
+    return (await this.unary(() => this.sessions.getSession({ sessionId }, this.callOptions())))
+      .session;
+  }
+
+  /** Every session, newest first, fetched `pageSize` at a time to the last page. */
+  listSessions(pageSize = 0): AsyncGenerator<Session, void, undefined> {
+    return this.pages(async (pageToken) => {
+      const page = await this.sessions.listSessions({ pageSize, pageToken }, this.callOptions());
+      return [page.sessions, page.nextPageToken];
+    });
+  }
+
+  /** Deletes a session and its steps; resolves to the number of steps deleted. */
+  async deleteSession(sessionId: string): Promise<bigint> {
+    return (
+      await this.unary(() => this.sessions.deleteSession({ sessionId }, this.callOptions()))
+    ).deletedSteps;
+  }
+
+  /** A session's steps in sequence order, fetched `pageSize` at a time to the last page. */
+  listSteps(sessionId: string, pageSize = 0): AsyncGenerator<Step, void, undefined> {
+    return this.pages(async (pageToken) => {
+      const page = await this.sessions.listSteps(
+        { sessionId, pageSize, pageToken },
+        this.callOptions(),
+      );
+      return [page.steps, page.nextPageToken];
+    });
+  }
+
+  async getStep(sessionId: string, sequence: bigint): Promise<Step | undefined> {
+    return (
+      await this.unary(() => this.sessions.getStep({ sessionId, sequence }, this.callOptions()))
+    ).step;
+  }
+
+  /** Deletes a session's steps from `startSequence` on; resolves to how many went. */
+  async deleteSteps(sessionId: string, startSequence: bigint): Promise<bigint> {
+    return (
+      await this.unary(() =>
+        this.sessions.deleteSteps({ sessionId, startSequence }, this.callOptions()),
+      )
+    ).deletedCount;
+  }
+
+  /** Copies a session's steps up to `sequence` (0: all) into a new session. */
+  async forkSession(sessionId: string, sequence = 0n): Promise<Session | undefined> {
+    return (
+      await this.unary(() =>
+        this.sessions.forkSession({ sessionId, sequence }, this.callOptions()),
+      )
+    ).session;
+  }
+
+  /** The messages the model would receive next, and their summary. */
+  async getContext(sessionId: string, agent = ""): Promise<GetContextResponse> {
+    return this.unary(() => this.sessions.getContext({ sessionId, agent }, this.callOptions()));
+  }
+
+  /** The serving status name, e.g. `SERVING`. */
+  async checkHealth(service = ""): Promise<string> {
+    const response = await this.unary(() => this.health.check({ service }, this.callOptions()));
+    return HealthCheckResponse_ServingStatus[response.status];
+  }
+
+  private async *events(
+    start: (call: CallOptions) => AsyncIterable<StepEvent>,
+    options: CallOptions,
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    const call = { ...options, headers: { ...this.headers, ...options.headers } };
+    try {
+      yield* start(call);
+    } catch (error) {
+      throw decodeError(error);
+    }
+  }
+
+  private async *pages<T>(
+    fetch: (pageToken: string) => Promise<[T[], string]>,
+  ): AsyncGenerator<T, void, undefined> {
+    let pageToken = "";
+    do {
+      const [items, next] = await this.unary(() => fetch(pageToken));
+      yield* items;
+      pageToken = next;
+    } while (pageToken);
+  }
+
+  private callOptions() {
+    return { headers: this.headers, timeoutMs: this.timeoutMs };
+  }
+
+  private async unary<T>(call: () => Promise<T>): Promise<T> {
+    try {
+      return await call();
+    } catch (error) {
+      throw decodeError(error);
+    }
+  }
+}

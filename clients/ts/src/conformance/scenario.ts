@@ -1,0 +1,198 @@
+// The client conformance scenario, TypeScript edition; the same checks, with the same names,
+// as tests/conformance/scenario.py (which documents them) and clients/go/conformance_test.go.
+// scripts/conformance.py starts the servers and runs:
+//   node dist/conformance/scenario.js --address HOST:PORT --slow-address HOST:PORT
+// Prints `ok NAME` or `FAIL NAME: why` per check; exits 1 when any check failed.
+import { randomBytes } from "node:crypto";
+import { parseArgs } from "node:util";
+
+import { context, propagation, trace, TraceFlags } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
+
+import { AgioClient, AgioError, ERROR_DOMAIN, RunStatus, StopReason, terminalRun } from "../index.js";
+import type { Run, StepEvent } from "../index.js";
+
+const CALL_TIMEOUT_MS = 10_000;
+const RUN_TIMEOUT_MS = 30_000;
+const PAGE_SIZE = 2;
+
+class CheckFailedError extends Error {
+  override readonly name = "CheckFailedError";
+}
+
+function expect(condition: boolean, message: string): asserts condition {
+  if (!condition) {
+    throw new CheckFailedError(message);
+  }
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new CheckFailedError(`timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+class Scenario {
+  private readonly client: AgioClient;
+  private readonly slow: AgioClient;
+  private readonly traceId = randomBytes(16).toString("hex");
+  private toolRun: Run | undefined;
+
+  constructor(address: string, slowAddress: string) {
+    this.client = new AgioClient(`http://${address}`, { timeoutMs: CALL_TIMEOUT_MS });
+    this.slow = new AgioClient(`http://${slowAddress}`, { timeoutMs: CALL_TIMEOUT_MS });
+  }
+
+  async health(): Promise<void> {
+    const status = await this.client.checkHealth();
+    expect(status === "SERVING", `health is ${status}`);
+  }
+
+  async runWithTool(): Promise<void> {
+    // The trace context travels the way an instrumented application sends it: the client's
+    // interceptor injects the active OpenTelemetry context with the registered propagator.
+    const parent = trace.setSpanContext(context.active(), {
+      traceId: this.traceId,
+      spanId: randomBytes(8).toString("hex"),
+      traceFlags: TraceFlags.SAMPLED,
+      isRemote: true,
+    });
+    const events: StepEvent[] = await context.with(parent, async () => {
+      const collected: StepEvent[] = [];
+      for await (const event of this.client.run(
+        { input: "What is 12 * 7?" },
+        { timeoutMs: RUN_TIMEOUT_MS },
+      )) {
+        collected.push(event);
+      }
+      return collected;
+    });
+    expect(events.length > 0, "no events");
+    expect(
+      events.every((event, i) => event.seq === BigInt(i + 1)),
+      "seq is not gapless from 1",
+    );
+    const last = events[events.length - 1];
+    expect(last.event.case === "runCompleted", `the stream ended with ${last.event.case}`);
+    const run = last.event.value.run;
+    expect(run !== undefined, "runCompleted without a run");
+    this.toolRun = run;
+    const calls = events.flatMap((e) =>
+      e.event.case === "stepCompleted" ? (e.event.value.step?.toolCalls ?? []) : [],
+    );
+    expect(
+      calls.map((c) => c.name).join(",") === "calculate",
+      `tool calls ${calls.map((c) => c.name)}`,
+    );
+    const reason = run.stopSignal?.reason ?? StopReason.UNSPECIFIED;
+    expect(reason === StopReason.COMPLETED, `stop reason ${StopReason[reason]}`);
+  }
+
+  async traceIdCheck(): Promise<void> {
+    expect(this.toolRun !== undefined, "no run to check (run_with_tool failed)");
+    const stored = await this.client.getRun(this.toolRun.id);
+    expect(
+      this.toolRun.traceId === this.traceId && stored?.traceId === this.traceId,
+      `sent trace id ${this.traceId}, run has "${this.toolRun.traceId}" (GetRun "${stored?.traceId}")`,
+    );
+  }
+
+  async cancel(): Promise<void> {
+    let cancelled = false;
+    let terminal: Run | undefined;
+    for await (const event of this.slow.run(
+      { input: "Tell me a long story." },
+      { timeoutMs: RUN_TIMEOUT_MS },
+    )) {
+      if (!cancelled && event.event.case === "stepDelta" && event.event.value.content) {
+        cancelled = true;
+        await this.slow.cancelRun(event.runId, "conformance");
+      }
+      terminal = terminalRun(event) ?? terminal;
+    }
+    expect(cancelled, "no text was streamed before the end");
+    expect(terminal !== undefined, "no terminal event");
+    const reason = terminal.stopSignal?.reason ?? StopReason.UNSPECIFIED;
+    expect(reason === StopReason.CANCELLED, `stop reason ${StopReason[reason]}`);
+    const stored = await this.slow.getRun(terminal.id);
+    const status = stored?.status ?? RunStatus.UNSPECIFIED;
+    expect(status === RunStatus.CANCELLED, `GetRun status ${RunStatus[status]}`);
+  }
+
+  async notFound(): Promise<void> {
+    try {
+      for await (const _ of this.client.run(
+        { input: "hi", sessionId: "no-such-session" },
+        { timeoutMs: RUN_TIMEOUT_MS },
+      )) {
+        // A run on an unknown session must fail before any event.
+      }
+    } catch (error) {
+      expect(error instanceof AgioError, `not an AgioError: ${String(error)}`);
+      expect(error.codeName === "NOT_FOUND", `code ${error.codeName}`);
+      expect(error.reason === "SESSION_NOT_FOUND", `reason "${error.reason}"`);
+      expect(error.domain === ERROR_DOMAIN, `domain "${error.domain}"`);
+      return;
+    }
+    throw new CheckFailedError("the run on an unknown session did not fail");
+  }
+
+  async listSteps(): Promise<void> {
+    expect(this.toolRun !== undefined, "no session to list (run_with_tool failed)");
+    const sequences: bigint[] = [];
+    for await (const step of this.client.listSteps(this.toolRun.sessionId, PAGE_SIZE)) {
+      sequences.push(step.sequence);
+    }
+    const session = await this.client.getSession(this.toolRun.sessionId);
+    expect(sequences.length > PAGE_SIZE, `only ${sequences.length} steps: paging not exercised`);
+    expect(
+      sequences.every((s, i) => s === BigInt(i + 1)) &&
+        BigInt(sequences.length) === BigInt(session?.stepCount ?? -1),
+      `sequences ${sequences.join(",")}, session step_count ${session?.stepCount}`,
+    );
+  }
+}
+
+async function main(): Promise<number> {
+  const { values } = parseArgs({
+    options: { address: { type: "string" }, "slow-address": { type: "string" } },
+  });
+  if (!values.address || !values["slow-address"]) {
+    console.error("usage: scenario.js --address HOST:PORT --slow-address HOST:PORT");
+    return 2;
+  }
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  const scenario = new Scenario(values.address, values["slow-address"]);
+  const checks: [string, () => Promise<void>][] = [
+    ["health", () => scenario.health()],
+    ["run_with_tool", () => scenario.runWithTool()],
+    ["trace_id", () => scenario.traceIdCheck()],
+    ["cancel", () => scenario.cancel()],
+    ["not_found", () => scenario.notFound()],
+    ["list_steps", () => scenario.listSteps()],
+  ];
+  let failed = 0;
+  for (const [name, check] of checks) {
+    try {
+      await withTimeout(check(), RUN_TIMEOUT_MS + CALL_TIMEOUT_MS);
+      console.log(`ok ${name}`);
+    } catch (error) {
+      failed++;
+      const kind = error instanceof Error ? error.name : "Error";
+      console.log(`FAIL ${name}: ${kind}: ${error instanceof Error ? error.message : error}`);
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (error: unknown) => {
+    console.error(error);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,1 @@
+"""The client conformance scenario, in Python (run by scripts/conformance.py)."""
