@@ -1,18 +1,24 @@
-"""Engines and driver errors: the only module that knows SQLite and PostgreSQL apart.
+"""Databases and driver errors: the only module that knows SQLite and PostgreSQL apart.
 
-Parses the database URL, creates the async engine (SQLite pragmas and BEGIN hooks, the
-PostgreSQL pool) and turns driver exceptions into `StoreError` subclasses. Never runs a query
-of the store's own; `sql.py` does that.
+Parses the database URL, opens a `Database` that runs one transaction at a time as a plain
+function of a sync SQLAlchemy `Connection` (SQLite: stdlib sqlite3 in threads of its own,
+with pragmas and BEGIN hooks; PostgreSQL: asyncpg through `run_sync`, with its pool) and
+turns driver exceptions into `StoreError` subclasses. Never runs a query of the store's own;
+`sql.py` does that.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 import asyncpg
-from sqlalchemy import Connection, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -75,34 +81,142 @@ def check_sqlite_directory(url: URL) -> None:
         raise StoreUnavailableError(f"cannot open the SQLite database: no directory {directory}")
 
 
-def create_store_engine(url: URL, sqlite_synchronous: str) -> AsyncEngine:
-    """The async engine for a URL from `parse_url`, tuned for its backend."""
+T = TypeVar("T")
+
+
+class Database(Protocol):
+    """Runs transactions: `work` gets a sync Connection inside BEGIN ... COMMIT."""
+
+    @property
+    def backend(self) -> str:
+        """The dialect name: `sqlite` or `postgresql`."""
+        ...
+
+    async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        """Run `work` in one transaction; driver errors leave as StoreError subclasses."""
+        ...
+
+    async def dispose(self) -> None:
+        """Close every connection."""
+        ...
+
+
+def open_database(url: URL, sqlite_synchronous: str) -> Database:
+    """The database for a URL from `parse_url`, tuned for its backend."""
     if url.get_backend_name() == "sqlite":
-        mode = sqlite_synchronous.upper()
+        return SqliteDatabase(url, sqlite_synchronous)
+    return PostgresDatabase(url)
+
+
+# SQLite readers run beside the one writer (WAL lets them); two keep a slow read from
+# queueing the others without piling up connections on a 2-core machine.
+SQLITE_READER_THREADS: Final = 2
+
+
+class SqliteDatabase:
+    """A SQLite file through stdlib sqlite3, each transaction run whole in a thread.
+
+    One writer thread: this process's writers queue there rather than contend for the file
+    lock; BEGIN IMMEDIATE covers other processes. Readers use threads of their own.
+    """
+
+    def __init__(self, url: URL, synchronous: str) -> None:
+        mode = synchronous.upper()
         if mode not in SQLITE_SYNCHRONOUS_MODES:
             raise ValueError(
                 f"sqlite_synchronous must be one of {sorted(SQLITE_SYNCHRONOUS_MODES)}, "
-                f"got {sqlite_synchronous!r}"
+                f"got {synchronous!r}"
             )
-        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        _install_sqlite_hooks(engine, mode)
-        return engine
-    return create_async_engine(
-        url,
-        pool_size=10,
-        max_overflow=10,
-        pool_timeout=30,
-        # Connections a restarted server dropped are replaced before use, not failed.
-        pool_pre_ping=True,
-        pool_recycle=1800,
-        connect_args={"timeout": 10},
-    )
+        self._engine: Engine = create_engine(
+            url.set(drivername="sqlite+pysqlite"),
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            pool_size=SQLITE_READER_THREADS + 1,
+            max_overflow=0,
+        )
+        _install_sqlite_hooks(self._engine, mode)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="agio-sqlite-writer")
+        self._readers = ThreadPoolExecutor(
+            SQLITE_READER_THREADS, thread_name_prefix="agio-sqlite-reader"
+        )
+
+    @property
+    def backend(self) -> str:
+        return "sqlite"
+
+    async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        executor = self._writer if write else self._readers
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, self._transact, work, write
+        )
+
+    def _transact(self, work: Callable[[Connection], T], write: bool) -> T:
+        try:
+            try:
+                conn = self._engine.connect()
+            except DRIVER_ERRORS as error:
+                raise as_store_error(error, connecting=True) from error
+            with conn:
+                if write:
+                    conn.execution_options(**{WRITE_OPTION: True})
+                with conn.begin():
+                    return work(conn)
+        except StoreError:
+            raise
+        except DRIVER_ERRORS as error:
+            raise as_store_error(error) from error
+
+    async def dispose(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, self._engine.dispose)
+        self._writer.shutdown(wait=False)
+        self._readers.shutdown(wait=False)
 
 
-def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
+class PostgresDatabase:
+    """PostgreSQL through asyncpg; a transaction's statements run in one `run_sync`."""
+
+    def __init__(self, url: URL) -> None:
+        self._engine: AsyncEngine = create_async_engine(
+            url,
+            pool_size=10,
+            max_overflow=10,
+            pool_timeout=30,
+            # Connections a restarted server dropped are replaced before use, not failed.
+            pool_pre_ping=True,
+            pool_recycle=1800,
+            connect_args={"timeout": 10},
+        )
+
+    @property
+    def backend(self) -> str:
+        return "postgresql"
+
+    async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    conn = await stack.enter_async_context(self._engine.connect())
+                except DRIVER_ERRORS as error:
+                    raise as_store_error(error, connecting=True) from error
+                return await conn.run_sync(_in_transaction, work)
+        except StoreError:
+            raise
+        except DRIVER_ERRORS as error:
+            raise as_store_error(error) from error
+
+    async def dispose(self) -> None:
+        await self._engine.dispose()
+
+
+def _in_transaction(conn: Connection, work: Callable[[Connection], T]) -> T:
+    with conn.begin():
+        return work(conn)
+
+
+def _install_sqlite_hooks(engine: Engine, synchronous: str) -> None:
     """Per-connection pragmas, and BEGIN chosen by us (the SQLAlchemy docs' recipe)."""
 
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take BEGIN away from the driver so `on_begin` can choose DEFERRED or IMMEDIATE.
         dbapi_connection.isolation_level = None
@@ -115,7 +229,7 @@ def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
         finally:
             cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def on_begin(connection: Connection) -> None:
         # A writer takes the write lock at BEGIN, so it waits (busy_timeout) for another
         # process's writer instead of failing mid-transaction on a lock upgrade.

@@ -13,10 +13,23 @@ Invariants every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from agio_grpc.domain import ContextSummary, Run, Session, Step
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What `StepStore.start_run` stored, and the session's history after it."""
+
+    run: Run
+    """The run as stored: first/last sequence and step count cover `steps`."""
+    steps: list[Step]
+    """The run's first steps as stored (sequences and create times set)."""
+    history: list[Step]
+    """Every step of the session, in sequence order, ending with `steps`."""
 
 
 class StepStore(Protocol):
@@ -88,6 +101,17 @@ class StepStore(Protocol):
 
     async def create_run(self, run: Run) -> Run:
         """Store a new run. Raises NotFoundError for an unknown session."""
+        ...
+
+    async def start_run(
+        self, run: Run, steps: Sequence[Step], *, new_session: Session | None = None
+    ) -> RunStart:
+        """Start a run in ONE transaction: take the session (or create `new_session`,
+        already taken by the run), append `steps`, store the run, read the history.
+
+        All or nothing. Raises NotFoundError (unknown session), SessionBusyError (another
+        run is active; nothing is written), SequenceConflictError.
+        """
         ...
 
     async def update_run(self, run: Run) -> Run:

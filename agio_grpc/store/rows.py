@@ -26,6 +26,7 @@ from agio_grpc.domain import (
     ToolCall,
     Usage,
 )
+from agio_grpc.store.tables import steps as step_table
 
 
 def aware_utc(value: datetime, name: str) -> datetime:
@@ -95,27 +96,42 @@ def step_row(step: Step) -> dict[str, Any]:
     return row
 
 
+_STEP_COLUMN: Final = {column.name: index for index, column in enumerate(step_table.columns)}
+_METRIC_COLUMNS: Final = tuple(_STEP_COLUMN[name] for name in METRIC_FIELDS)
+_ROLE_OF: Final = {role.value: role for role in Role}
+_NO_TOOL_CALLS: Final = "[]"
+
+
 def step_from_row(row: Row[Any]) -> Step:
-    columns = row._mapping
+    """A Step from a row of `select(steps)` (columns in table order).
+
+    On the context-building path for every step of a session, so it reads columns by
+    position and skips parsing the (usual) empty tool call list: attribute access by name
+    and `json.loads("[]")` were most of the cost of reading 1,000 steps.
+    """
+    column = _STEP_COLUMN
+    tool_calls = row[column["tool_calls"]]
     return Step(
-        id=row.id,
-        session_id=row.session_id,
-        run_id=row.run_id,
-        sequence=row.sequence,
-        role=Role(row.role),
-        content=row.content,
-        reasoning_content=row.reasoning_content,
-        tool_calls=[
+        id=row[column["id"]],
+        session_id=row[column["session_id"]],
+        run_id=row[column["run_id"]],
+        sequence=row[column["sequence"]],
+        role=_ROLE_OF[row[column["role"]]],
+        content=row[column["content"]],
+        reasoning_content=row[column["reasoning_content"]],
+        tool_calls=[]
+        if not tool_calls or tool_calls == _NO_TOOL_CALLS
+        else [
             ToolCall(id=call["id"], name=call["name"], arguments=call["arguments"])
-            for call in json.loads(row.tool_calls)
+            for call in json.loads(tool_calls)
         ],
-        tool_call_id=row.tool_call_id,
-        name=row.name,
-        is_error=bool(row.is_error),
-        metrics=StepMetrics(**{name: columns[name] for name in METRIC_FIELDS}),
-        create_time=row.create_time,
-        trace_id=row.trace_id,
-        span_id=row.span_id,
+        tool_call_id=row[column["tool_call_id"]],
+        name=row[column["name"]],
+        is_error=bool(row[column["is_error"]]),
+        metrics=StepMetrics(*[row[index] for index in _METRIC_COLUMNS]),
+        create_time=row[column["create_time"]],
+        trace_id=row[column["trace_id"]],
+        span_id=row[column["span_id"]],
     )
 
 

@@ -1,10 +1,19 @@
-"""The StepStore on SQLAlchemy 2 async: a SQLite file (aiosqlite) or PostgreSQL (asyncpg).
+"""The StepStore on SQLAlchemy 2: a SQLite file or PostgreSQL (asyncpg).
 
 `open_store` creates the engine, migrates the schema to head and returns a `SqlStepStore`.
 A session's sequences are allocated by bumping its `sessions.last_sequence` counter in the
 same transaction that inserts the steps, so they stay gapless across tasks, processes and
-replicas. SQLite writes are funnelled through one writer per process (an asyncio lock) and
-take the database lock up front (`BEGIN IMMEDIATE`) against other processes.
+replicas.
+
+Every operation is one transaction written as a plain function of a sync `Connection`
+(`_work_*` below) and run in one go: on SQLite in a thread of the store's own (stdlib
+sqlite3: one thread hop per transaction instead of several per statement, which cost ~2 ms
+of CPU per transaction through aiosqlite), on PostgreSQL through asyncpg with
+`AsyncConnection.run_sync`. SQLite writes are funnelled through one writer thread per
+process and take the database lock up front (`BEGIN IMMEDIATE`) against other processes.
+
+A transaction that has started runs to its end even if the awaiting task is cancelled (the
+task sees the cancellation; the database sees a whole transaction or none of it).
 
 Every public method raises only `StoreError` subclasses, or `ValueError` for a caller's
 mistake; a driver exception never escapes. Never imports grpc or the engine.
@@ -12,32 +21,41 @@ mistake; a driver exception never escapes. Never imports grpc or the engine.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from sqlalchemy import and_, case, delete, func, insert, or_, select, text, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from agio_grpc.domain import ContextSummary, Role, Run, Session, Step, new_id, utc_now
 from agio_grpc.store.database import (
     DRIVER_ERRORS,
-    WRITE_OPTION,
-    as_store_error,
+    Database,
     check_sqlite_directory,
-    create_store_engine,
+    open_database,
     parse_url,
 )
 from agio_grpc.store.errors import (
     InvalidRangeError,
     NotFoundError,
     SessionBusyError,
-    StoreError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.protocol import RunStart, StepStore
 from agio_grpc.store.rows import (
     aware_utc,
     run_from_row,
@@ -55,6 +73,8 @@ from agio_grpc.store.tables import steps as step_table
 
 __all__ = ["SqlStepStore", "open_store"]
 
+T = TypeVar("T")
+
 # Key of the PostgreSQL advisory lock that lets one replica at a time run migrations.
 _MIGRATION_LOCK_KEY: Final = 0x6167696F  # "agio"
 
@@ -63,61 +83,58 @@ async def open_store(url: str, *, sqlite_synchronous: str = "NORMAL") -> SqlStep
     """Connect to `url`, migrate the schema to head and return the store.
 
     `url` is `sqlite+aiosqlite:///path` or `postgresql+asyncpg://user@host/db` (the plain
-    `sqlite://` and `postgresql://` forms pick those drivers). `sqlite_synchronous` is
-    SQLite's `PRAGMA synchronous`: NORMAL survives an application crash, FULL also a power
-    loss, at several times the cost per commit. Raises StoreUnavailableError when the
-    database cannot be reached, ValueError for an unsupported URL.
+    `sqlite://` and `postgresql://` forms work too). `sqlite_synchronous` is SQLite's
+    `PRAGMA synchronous`: NORMAL survives an application crash, FULL also a power loss, at
+    several times the cost per commit. Raises StoreUnavailableError when the database
+    cannot be reached, ValueError for an unsupported URL.
     """
     parsed = parse_url(url)
     check_sqlite_directory(parsed)
-    engine = create_store_engine(parsed, sqlite_synchronous)
-    store = SqlStepStore(engine)
+    database = open_database(parsed, sqlite_synchronous)
+    store = SqlStepStore(database)
     try:
         await store._migrate()
     except BaseException:
-        await engine.dispose()
+        await database.dispose()
         raise
     return store
 
 
 class SqlStepStore:
-    """A StepStore on one SQLAlchemy async engine. Build it with `open_store`."""
+    """A StepStore on one `Database`. Build it with `open_store`."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-        self._is_sqlite = engine.dialect.name == "sqlite"
-        # SQLite has one writer at a time: queue this process's writers here rather than
-        # have them contend for the file lock; BEGIN IMMEDIATE covers other processes.
-        self._write_lock = asyncio.Lock() if self._is_sqlite else None
+    def __init__(self, database: Database) -> None:
+        self._database = database
 
     @property
     def backend(self) -> str:
         """The database dialect name: `sqlite` or `postgresql`."""
-        return self._engine.dialect.name
+        return self._database.backend
+
+    async def _read(self, work: Callable[[Connection], T]) -> T:
+        return await self._database.run(work, write=False)
+
+    async def _write(self, work: Callable[[Connection], T]) -> T:
+        return await self._database.run(work, write=True)
 
     # -- sessions ------------------------------------------------------------------------
 
     async def create_session(self, session: Session | None = None) -> Session:
         stored = stored_session(session or Session())
-        async with self._transaction(write=True) as conn:
-            await conn.execute(
-                insert(session_table).values(
-                    id=stored.id,
-                    parent_session_id=stored.parent_session_id or None,
-                    fork_sequence=stored.fork_sequence,
-                    create_time=stored.create_time,
-                    update_time=stored.update_time,
-                    last_sequence=0,
-                    active_run_id=stored.active_run_id or None,
-                )
-            )
+
+        def work(conn: Connection) -> None:
+            _insert_session(conn, stored, last_sequence=0)
+
+        await self._write(work)
         return stored
 
     async def get_session(self, session_id: str) -> Session:
-        async with self._transaction(write=False) as conn:
-            row = (
-                await conn.execute(select(session_table).where(session_table.c.id == session_id))
+        def work(conn: Connection) -> Any:
+            return conn.execute(
+                select(session_table).where(session_table.c.id == session_id)
             ).first()
+
+        row = await self._read(work)
         if row is None:
             raise NotFoundError("session", session_id)
         return session_from_row(row)
@@ -130,20 +147,19 @@ class SqlStepStore:
         query = select(session_table).order_by(created.desc(), session_id.desc()).limit(limit)
         if after is not None:
             query = query.where(_older_than(created, session_id, after))
-        async with self._transaction(write=False) as conn:
-            rows = (await conn.execute(query)).all()
+        rows = await self._read(lambda conn: conn.execute(query).all())
         return [session_from_row(row) for row in rows]
 
     async def delete_session(self, session_id: str) -> int:
-        async with self._transaction(write=True) as conn:
+        def work(conn: Connection) -> Any:
             # Steps and runs go with the session by ON DELETE CASCADE.
-            deleted_steps = (
-                await conn.execute(
-                    delete(session_table)
-                    .where(session_table.c.id == session_id)
-                    .returning(session_table.c.last_sequence)
-                )
+            return conn.execute(
+                delete(session_table)
+                .where(session_table.c.id == session_id)
+                .returning(session_table.c.last_sequence)
             ).scalar_one_or_none()
+
+        deleted_steps = await self._write(work)
         if deleted_steps is None:
             raise NotFoundError("session", session_id)
         return int(deleted_steps)
@@ -156,19 +172,7 @@ class SqlStepStore:
         session_id = steps[0].session_id
         if any(step.session_id != session_id for step in steps):
             raise ValueError("append_steps takes steps of one session per call")
-        count = len(steps)
-        async with self._transaction(write=True) as conn:
-            last = await self._allocate_sequences(conn, session_id, count)
-            first = last - count + 1
-            # Read the clock only once the sequences are ours, so create_time follows
-            # sequence order even when writers queued for the session.
-            now = utc_now()
-            stored = [
-                stored_copy(step, sequence=first + offset, create_time=now)
-                for offset, step in enumerate(steps)
-            ]
-            await conn.execute(insert(step_table), [step_row(step) for step in stored])
-        return stored
+        return await self._write(lambda conn: _append(conn, session_id, steps))
 
     async def append_step(self, step: Step) -> Step:
         return (await self.append_steps([step]))[0]
@@ -186,50 +190,52 @@ class SqlStepStore:
         if limit is not None:
             _check_limit(limit)
             query = query.limit(limit)
-        async with self._transaction(write=False) as conn:
-            rows = (await conn.execute(query)).all()
+
+        def work(conn: Connection) -> list[Step]:
+            rows = conn.execute(query).all()
             if not rows:
-                await _require_session(conn, session_id)
-        return [step_from_row(row) for row in rows]
+                _require_session(conn, session_id)
+            return [step_from_row(row) for row in rows]
+
+        return await self._read(work)
 
     async def get_step(self, session_id: str, sequence: int) -> Step:
-        async with self._transaction(write=False) as conn:
-            row = (
-                await conn.execute(
-                    select(step_table).where(
-                        step_table.c.session_id == session_id, step_table.c.sequence == sequence
-                    )
+        def work(conn: Connection) -> Any:
+            row = conn.execute(
+                select(step_table).where(
+                    step_table.c.session_id == session_id, step_table.c.sequence == sequence
                 )
             ).first()
             if row is None:
-                await _require_session(conn, session_id)
+                _require_session(conn, session_id)
                 raise NotFoundError("step", f"{session_id}#{sequence}")
-        return step_from_row(row)
+            return row
+
+        return step_from_row(await self._read(work))
 
     async def get_last_step(self, session_id: str) -> Step | None:
-        async with self._transaction(write=False) as conn:
-            row = (
-                await conn.execute(
-                    select(step_table)
-                    .where(step_table.c.session_id == session_id)
-                    .order_by(step_table.c.sequence.desc())
-                    .limit(1)
-                )
+        def work(conn: Connection) -> Any:
+            row = conn.execute(
+                select(step_table)
+                .where(step_table.c.session_id == session_id)
+                .order_by(step_table.c.sequence.desc())
+                .limit(1)
             ).first()
             if row is None:
-                await _require_session(conn, session_id)
-                return None
-        return step_from_row(row)
+                _require_session(conn, session_id)
+            return row
+
+        row = await self._read(work)
+        return None if row is None else step_from_row(row)
 
     async def count_steps(self, session_id: str) -> int:
         # Sequences are exactly 1..N, so the counter is the count.
-        async with self._transaction(write=False) as conn:
-            return await _require_session(conn, session_id)
+        return await self._read(lambda conn: _require_session(conn, session_id))
 
     async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
-        async with self._transaction(write=True) as conn:
+        def work(conn: Connection) -> int:
             # The row lock keeps appends and forks out until the counter is reset.
-            last = await _require_session(conn, session_id, lock=True)
+            last = _require_session(conn, session_id, lock=True)
             if start_sequence < 1:
                 raise InvalidRangeError(
                     f"start_sequence must be at least 1, got {start_sequence}",
@@ -238,22 +244,24 @@ class SqlStepStore:
                 )
             if start_sequence > last:
                 return 0
-            result = await conn.execute(
+            result = conn.execute(
                 delete(step_table).where(
                     step_table.c.session_id == session_id, step_table.c.sequence >= start_sequence
                 )
             )
-            await conn.execute(
+            conn.execute(
                 update(session_table)
                 .where(session_table.c.id == session_id)
                 .values(last_sequence=start_sequence - 1, update_time=utc_now())
             )
             return int(result.rowcount)
 
+        return await self._write(work)
+
     async def fork_session(self, session_id: str, up_to_sequence: int) -> Session:
-        async with self._transaction(write=True) as conn:
+        def work(conn: Connection) -> Session:
             # A shared lock: other forks may read along, deletes and appends wait.
-            last = await _require_session(conn, session_id, lock=True, shared=True)
+            last = _require_session(conn, session_id, lock=True, shared=True)
             if not 0 <= up_to_sequence <= last:
                 raise InvalidRangeError(
                     f"cannot fork session {session_id!r} at sequence {up_to_sequence}: "
@@ -269,26 +277,14 @@ class SqlStepStore:
                 update_time=now,
                 step_count=up_to_sequence,
             )
-            await conn.execute(
-                insert(session_table).values(
-                    id=fork.id,
-                    parent_session_id=session_id,
-                    fork_sequence=up_to_sequence,
-                    create_time=now,
-                    update_time=now,
-                    last_sequence=up_to_sequence,
-                    active_run_id=None,
+            _insert_session(conn, fork, last_sequence=up_to_sequence)
+            parent_rows = conn.execute(
+                select(step_table)
+                .where(
+                    step_table.c.session_id == session_id,
+                    step_table.c.sequence <= up_to_sequence,
                 )
-            )
-            parent_rows = (
-                await conn.execute(
-                    select(step_table)
-                    .where(
-                        step_table.c.session_id == session_id,
-                        step_table.c.sequence <= up_to_sequence,
-                    )
-                    .order_by(step_table.c.sequence)
-                )
+                .order_by(step_table.c.sequence)
             ).all()
             if parent_rows:
                 # The copies keep run ids, create times and trace ids: a fork copies history.
@@ -296,8 +292,10 @@ class SqlStepStore:
                     {**row._mapping, "id": new_id("step"), "session_id": fork.id}
                     for row in parent_rows
                 ]
-                await conn.execute(insert(step_table), copies)
-        return fork
+                conn.execute(insert(step_table), copies)
+            return fork
+
+        return await self._write(work)
 
     async def context_summary(self, session_id: str) -> ContextSummary:
         def count_role(role: Role) -> Any:
@@ -321,10 +319,14 @@ class SqlStepStore:
             func.coalesce(func.max(step_table.c.sequence), 0),
             func.coalesce(func.sum(step_table.c.total_tokens), 0),
         ).where(step_table.c.session_id == session_id)
-        async with self._transaction(write=False) as conn:
-            row = (await conn.execute(query)).one()
+
+        def work(conn: Connection) -> Any:
+            row = conn.execute(query).one()
             if row[0] == 0:
-                await _require_session(conn, session_id)
+                _require_session(conn, session_id)
+            return row
+
+        row = await self._read(work)
         total, user, assistant, tool, tool_calls, min_seq, max_seq, tokens = (int(v) for v in row)
         return ContextSummary(
             total_steps=total,
@@ -341,38 +343,78 @@ class SqlStepStore:
 
     async def create_run(self, run: Run) -> Run:
         stored = stored_run(run)
-        async with self._transaction(write=True) as conn:
-            await _require_session(conn, run.session_id)
-            await conn.execute(
-                insert(run_table).values(
-                    id=stored.id,
-                    session_id=stored.session_id,
-                    agent=stored.agent,
-                    create_time=stored.create_time,
-                    request_id=stored.request_id,
-                    **run_mutable_values(stored),
+
+        def work(conn: Connection) -> None:
+            _require_session(conn, run.session_id)
+            _insert_run(conn, stored)
+
+        await self._write(work)
+        return stored
+
+    async def start_run(
+        self, run: Run, steps: Sequence[Step], *, new_session: Session | None = None
+    ) -> RunStart:
+        if not steps:
+            raise ValueError("start_run needs the run's first steps")
+        if new_session is not None and new_session.id != run.session_id:
+            raise ValueError("start_run: the new session must be the run's session")
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("start_run takes steps of the run's session")
+        if not run.id:
+            raise ValueError("start_run needs a run id")
+        fresh = stored_session(new_session) if new_session is not None else None
+
+        def work(conn: Connection) -> RunStart:
+            if fresh is not None:
+                _insert_session(conn, fresh, last_sequence=0, active_run_id=run.id)
+            else:
+                _acquire(conn, run.session_id, run.id)
+            stored_steps = _append(conn, run.session_id, steps)
+            started = stored_run(
+                replace(
+                    run,
+                    first_sequence=stored_steps[0].sequence,
+                    last_sequence=stored_steps[-1].sequence,
+                    step_count=len(stored_steps),
                 )
             )
-        return stored
+            _insert_run(conn, started)
+            first = stored_steps[0].sequence
+            if first == 1:
+                history = list(stored_steps)
+            else:
+                rows = conn.execute(
+                    select(step_table)
+                    .where(step_table.c.session_id == run.session_id)
+                    .where(step_table.c.sequence < first)
+                    .order_by(step_table.c.sequence)
+                ).all()
+                history = [step_from_row(row) for row in rows] + stored_steps
+            return RunStart(run=started, steps=stored_steps, history=history)
+
+        return await self._write(work)
 
     async def update_run(self, run: Run) -> Run:
         stored = stored_run(run)
-        async with self._transaction(write=True) as conn:
-            row = (
-                await conn.execute(
-                    update(run_table)
-                    .where(run_table.c.id == run.id)
-                    .values(**run_mutable_values(stored))
-                    .returning(*run_table.c)
-                )
+
+        def work(conn: Connection) -> Any:
+            return conn.execute(
+                update(run_table)
+                .where(run_table.c.id == run.id)
+                .values(**run_mutable_values(stored))
+                .returning(*run_table.c)
             ).first()
+
+        row = await self._write(work)
         if row is None:
             raise NotFoundError("run", run.id)
         return run_from_row(row)
 
     async def get_run(self, run_id: str) -> Run:
-        async with self._transaction(write=False) as conn:
-            row = (await conn.execute(select(run_table).where(run_table.c.id == run_id))).first()
+        def work(conn: Connection) -> Any:
+            return conn.execute(select(run_table).where(run_table.c.id == run_id)).first()
+
+        row = await self._read(work)
         if row is None:
             raise NotFoundError("run", run_id)
         return run_from_row(row)
@@ -390,119 +432,165 @@ class SqlStepStore:
         )
         if after is not None:
             query = query.where(_older_than(created, run_id, after))
-        async with self._transaction(write=False) as conn:
-            rows = (await conn.execute(query)).all()
+
+        def work(conn: Connection) -> list[Run]:
+            rows = conn.execute(query).all()
             if not rows:
-                await _require_session(conn, session_id)
-        return [run_from_row(row) for row in rows]
+                _require_session(conn, session_id)
+            return [run_from_row(row) for row in rows]
+
+        return await self._read(work)
 
     # -- the one active run per session --------------------------------------------------
 
     async def acquire_session(self, session_id: str, run_id: str) -> None:
         if not run_id:
             raise ValueError("acquire_session needs a run id")
-        async with self._transaction(write=True) as conn:
-            # Compare-and-set in the database, so it holds across processes and replicas.
-            # Not re-entrant: two continuations of one run (a submit and a cancel) exclude
-            # each other too.
-            taken = (
-                await conn.execute(
-                    update(session_table)
-                    .where(
-                        session_table.c.id == session_id,
-                        or_(
-                            session_table.c.active_run_id.is_(None),
-                            session_table.c.active_run_id == "",
-                        ),
-                    )
-                    .values(active_run_id=run_id)
-                    .returning(session_table.c.id)
-                )
-            ).first()
-            if taken is not None:
-                return
-            holder = (
-                await conn.execute(
-                    select(session_table.c.active_run_id).where(session_table.c.id == session_id)
-                )
-            ).first()
-        if holder is None:
-            raise NotFoundError("session", session_id)
-        raise SessionBusyError(session_id, str(holder.active_run_id or ""))
+        await self._write(lambda conn: _acquire(conn, session_id, run_id))
 
     async def release_session(self, session_id: str, run_id: str) -> None:
-        async with self._transaction(write=True) as conn:
-            await conn.execute(
-                update(session_table)
-                .where(session_table.c.id == session_id, session_table.c.active_run_id == run_id)
-                .values(active_run_id=None)
-            )
+        def work(conn: Connection) -> None:
+            conn.execute(_RELEASE_SESSION, {"session_id": session_id, "run_id": run_id})
+
+        await self._write(work)
 
     async def close(self) -> None:
         with contextlib.suppress(*DRIVER_ERRORS):
-            await self._engine.dispose()
+            await self._database.dispose()
 
     # -- plumbing ------------------------------------------------------------------------
 
     async def _migrate(self) -> None:
-        async with self._transaction(write=True) as conn:
-            if self._engine.dialect.name == "postgresql":
+        def work(conn: Connection) -> None:
+            if self.backend == "postgresql":
                 # Replicas starting together take turns; the later ones find head applied.
-                await conn.execute(
+                conn.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
                 )
-            await conn.run_sync(upgrade_to_head)
+            upgrade_to_head(conn)
 
-    async def _allocate_sequences(self, conn: AsyncConnection, session_id: str, count: int) -> int:
-        """Reserve `count` sequences in the session; returns the last one reserved.
-
-        The UPDATE row-locks the session on PostgreSQL until commit, so concurrent appends
-        queue here and each sees the counter the previous one committed.
-        """
-        last = (
-            await conn.execute(
-                update(session_table)
-                .where(session_table.c.id == session_id)
-                .values(last_sequence=session_table.c.last_sequence + count, update_time=utc_now())
-                .returning(session_table.c.last_sequence)
-            )
-        ).scalar_one_or_none()
-        if last is None:
-            raise NotFoundError("session", session_id)
-        return int(last)
-
-    @contextlib.asynccontextmanager
-    async def _transaction(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
-        """One transaction; driver errors leave it as StoreError subclasses."""
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                if write and self._write_lock is not None:
-                    await stack.enter_async_context(self._write_lock)
-                try:
-                    conn = await stack.enter_async_context(self._engine.connect())
-                except DRIVER_ERRORS as error:
-                    raise as_store_error(error, connecting=True) from error
-                if write and self._is_sqlite:
-                    await conn.execution_options(**{WRITE_OPTION: True})
-                await stack.enter_async_context(conn.begin())
-                yield conn
-        except StoreError:
-            raise
-        except DRIVER_ERRORS as error:
-            raise as_store_error(error) from error
+        await self._write(work)
 
 
-# -- queries shared by the methods ------------------------------------------------
+# -- the statements the operations share -------------------------------------------------
 
 
-async def _require_session(
-    conn: AsyncConnection, session_id: str, *, lock: bool = False, shared: bool = False
+# The hot statements are built once, values passed as parameters: building a statement
+# with `.values(...)` costs more CPU than running it (its cache key is rebuilt each time).
+_INSERT_SESSION: Final = insert(session_table)
+_INSERT_RUN: Final = insert(run_table)
+_INSERT_STEPS: Final = insert(step_table)
+_ALLOCATE_SEQUENCES: Final = (
+    update(session_table)
+    .where(session_table.c.id == bindparam("session_id"))
+    .values(
+        last_sequence=session_table.c.last_sequence + bindparam("count"),
+        update_time=bindparam("now"),
+    )
+    .returning(session_table.c.last_sequence)
+)
+_TAKE_SESSION: Final = (
+    update(session_table)
+    .where(
+        session_table.c.id == bindparam("session_id"),
+        or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
+    )
+    .values(active_run_id=bindparam("run_id"))
+    .returning(session_table.c.id)
+)
+_RELEASE_SESSION: Final = (
+    update(session_table)
+    .where(
+        session_table.c.id == bindparam("session_id"),
+        session_table.c.active_run_id == bindparam("run_id"),
+    )
+    .values(active_run_id=None)
+)
+
+
+def _insert_session(
+    conn: Connection, session: Session, *, last_sequence: int, active_run_id: str = ""
+) -> None:
+    conn.execute(
+        _INSERT_SESSION,
+        {
+            "id": session.id,
+            "parent_session_id": session.parent_session_id or None,
+            "fork_sequence": session.fork_sequence,
+            "create_time": session.create_time,
+            "update_time": session.update_time,
+            "last_sequence": last_sequence,
+            "active_run_id": active_run_id or session.active_run_id or None,
+        },
+    )
+
+
+def _insert_run(conn: Connection, run: Run) -> None:
+    conn.execute(
+        _INSERT_RUN,
+        {
+            "id": run.id,
+            "session_id": run.session_id,
+            "agent": run.agent,
+            "create_time": run.create_time,
+            "request_id": run.request_id,
+            **run_mutable_values(run),
+        },
+    )
+
+
+def _append(conn: Connection, session_id: str, steps: Sequence[Step]) -> list[Step]:
+    count = len(steps)
+    last = _allocate_sequences(conn, session_id, count)
+    first = last - count + 1
+    # Read the clock only once the sequences are ours, so create_time follows sequence
+    # order even when writers queued for the session.
+    now = utc_now()
+    stored = [
+        stored_copy(step, sequence=first + offset, create_time=now)
+        for offset, step in enumerate(steps)
+    ]
+    conn.execute(_INSERT_STEPS, [step_row(step) for step in stored])
+    return stored
+
+
+def _allocate_sequences(conn: Connection, session_id: str, count: int) -> int:
+    """Reserve `count` sequences in the session; returns the last one reserved.
+
+    The UPDATE row-locks the session on PostgreSQL until commit, so concurrent appends
+    queue here and each sees the counter the previous one committed.
+    """
+    last = conn.execute(
+        _ALLOCATE_SEQUENCES, {"session_id": session_id, "count": count, "now": utc_now()}
+    ).scalar_one_or_none()
+    if last is None:
+        raise NotFoundError("session", session_id)
+    return int(last)
+
+
+def _acquire(conn: Connection, session_id: str, run_id: str) -> None:
+    """Make `run_id` the session's active run. Raises NotFoundError, SessionBusyError."""
+    # Compare-and-set in the database, so it holds across processes and replicas. Not
+    # re-entrant: two continuations of one run (a submit and a cancel) exclude each other.
+    taken = conn.execute(_TAKE_SESSION, {"session_id": session_id, "run_id": run_id}).first()
+    if taken is not None:
+        return
+    holder = conn.execute(
+        select(session_table.c.active_run_id).where(session_table.c.id == session_id)
+    ).first()
+    if holder is None:
+        raise NotFoundError("session", session_id)
+    raise SessionBusyError(session_id, str(holder.active_run_id or ""))
+
+
+def _require_session(
+    conn: Connection, session_id: str, *, lock: bool = False, shared: bool = False
 ) -> int:
     """The session's last sequence; raises NotFoundError. `lock` row-locks it (PostgreSQL)."""
     query = select(session_table.c.last_sequence).where(session_table.c.id == session_id)
     if lock:
         query = query.with_for_update(read=shared)
-    last = (await conn.execute(query)).scalar_one_or_none()
+    last = conn.execute(query).scalar_one_or_none()
     if last is None:
         raise NotFoundError("session", session_id)
     return int(last)

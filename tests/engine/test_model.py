@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from openai.types.chat import ChatCompletionChunk
 
 from agio_grpc.domain import StopReason, ToolCall
 from agio_grpc.engine.events import ToolCallDelta
@@ -212,16 +211,15 @@ def test_provider_is_derived_from_the_base_url() -> None:
     assert provider_name("http://localhost:11434/v1") == "openai_compatible"
 
 
-def chunk(delta: dict[str, Any], finish: str | None = None) -> ChatCompletionChunk:
-    return ChatCompletionChunk.model_validate(
-        {
-            "id": "c",
-            "created": 0,
-            "model": "m",
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-    )
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    """A chunk as the driver parses it off the wire (JSON, not the client's typed model)."""
+    return {
+        "id": "c",
+        "created": 0,
+        "model": "m",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
 def test_calls_reusing_index_zero_with_new_ids_stay_separate() -> None:

@@ -795,6 +795,80 @@ async def test_acquire_on_a_missing_session_raises_not_found(store: SqlStepStore
         await store.acquire_session("sess_missing", "run_1")
 
 
+# -- starting a run in one transaction -----------------------------------------------------
+
+
+async def test_start_run_on_a_new_session_stores_session_step_and_run_together(
+    store: SqlStepStore,
+) -> None:
+    session = Session()
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(run, [user(session.id, run_id=run.id)], new_session=session)
+
+    assert [step.sequence for step in started.steps] == [1]
+    assert started.history == started.steps
+    assert (started.run.first_sequence, started.run.last_sequence) == (1, 1)
+    assert started.run.step_count == 1
+    assert (await store.get_session(session.id)).active_run_id == run.id
+    assert await store.get_steps(session.id) == started.steps
+    stored_run = await store.get_run(run.id)
+    assert (stored_run.first_sequence, stored_run.step_count) == (1, 1)
+
+
+async def test_start_run_on_an_existing_session_takes_it_and_returns_the_whole_history(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 3)
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(run, [user(session.id, "next", run_id=run.id)])
+
+    assert [step.sequence for step in started.history] == [1, 2, 3, 4]
+    assert started.history[-1] == started.steps[0]
+    assert started.run.first_sequence == started.run.last_sequence == 4
+    assert (await store.get_session(session.id)).active_run_id == run.id
+
+
+async def test_start_run_on_a_busy_session_writes_nothing(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 2)
+    await store.acquire_session(session.id, "run_holder")
+    run = Run(session_id=session.id, agent="helper")
+
+    with pytest.raises(SessionBusyError):
+        await store.start_run(run, [user(session.id, run_id=run.id)])
+
+    assert await sequences(store, session.id) == [1, 2]
+    with pytest.raises(NotFoundError):
+        await store.get_run(run.id)
+    assert (await store.get_session(session.id)).active_run_id == "run_holder"
+
+
+async def test_start_run_on_a_missing_session_raises_not_found_and_writes_nothing(
+    store: SqlStepStore,
+) -> None:
+    run = Run(session_id="sess_missing", agent="helper")
+
+    with pytest.raises(NotFoundError):
+        await store.start_run(run, [user("sess_missing", run_id=run.id)])
+
+    with pytest.raises(NotFoundError):
+        await store.get_run(run.id)
+
+
+async def test_start_run_with_a_taken_new_session_id_writes_nothing(store: SqlStepStore) -> None:
+    existing = await store.create_session()
+    run = Run(session_id=existing.id, agent="helper")
+
+    with pytest.raises(StoreError):
+        await store.start_run(
+            run, [user(existing.id, run_id=run.id)], new_session=Session(id=existing.id)
+        )
+
+    assert await sequences(store, existing.id) == []
+    assert (await store.get_session(existing.id)).active_run_id == ""
+
+
 # -- time, schema, connections -------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ async def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
     assert mode == "wal"
 
 
-async def test_plain_sqlite_url_uses_aiosqlite_and_full_sync_is_accepted(tmp_path: Path) -> None:
+async def test_plain_sqlite_url_and_full_sync_are_accepted(tmp_path: Path) -> None:
     store = await open_store(f"sqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="full")
     try:
         assert store.backend == "sqlite"
