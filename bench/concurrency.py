@@ -1,0 +1,125 @@
+"""B4: many concurrent runs, each one tool call then a reply the model paces.
+
+For each concurrency level: a fresh fake model (tool call first, then `tokens` one-word
+chunks at `rate` tokens/s) and a fresh server (so its peak memory is this level's), then
+load generator processes (`bench.loadgen`, up to 500 runs each) that start every run at
+once over lean `grpc.aio` stubs. Then the Agents SDK at the same concurrency, in one
+process of its own against its own fake model. Reported: errors, the p50/p99 gap between
+text deltas as the caller sees them (the model's own pace is 1000/rate ms), server CPU per
+run and peak memory (the SDK's process for the SDK).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import procs
+from bench.loadgen import LoadResult
+from bench.stats import percentile
+
+RUNS_PER_GENERATOR = 500
+
+
+@dataclass(slots=True)
+class LevelResult:
+    """One concurrency level of one system."""
+
+    system: str
+    concurrency: int
+    errors: int
+    error_samples: list[str]
+    gap_p50_ms: float
+    gap_p99_ms: float
+    ttft_p50_ms: float
+    cpu_ms_per_run: float
+    peak_rss_mb: float
+    wall_s: float
+
+
+async def _generate(kind: str, target: str, runs: int) -> LoadResult:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.loadgen",
+        kind,
+        target,
+        "--runs",
+        str(runs),
+        env=procs.clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed: {err.decode()[-2000:]}")
+    return LoadResult(**json.loads(out.decode().strip().splitlines()[-1]))
+
+
+def _merge(parts: list[LoadResult]) -> LoadResult:
+    merged = LoadResult()
+    for part in parts:
+        merged.runs += part.runs
+        merged.errors += part.errors
+        merged.error_samples += part.error_samples[: 5 - len(merged.error_samples)]
+        merged.gaps_ms += part.gaps_ms
+        merged.ttft_ms += part.ttft_ms
+        merged.wall_s = max(merged.wall_s, part.wall_s)
+        merged.cpu_s += part.cpu_s
+        merged.peak_rss_mb = max(merged.peak_rss_mb, part.peak_rss_mb)
+    return merged
+
+
+async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
+    async with procs.fake_model(tokens, rate, tool_first=True) as model:
+        with tempfile.TemporaryDirectory() as scratch:
+            database = f"sqlite+aiosqlite:///{Path(scratch) / 'load.db'}"
+            async with procs.agio_server(model.ready, database) as server:
+                generators = math.ceil(concurrency / RUNS_PER_GENERATOR)
+                shares = [concurrency // generators] * generators
+                shares[0] += concurrency - sum(shares)
+                cpu = server.cpu_s()
+                parts = await asyncio.gather(
+                    *(_generate("agio", server.ready, share) for share in shares)
+                )
+                server_cpu = server.cpu_s() - cpu
+                peak = server.peak_rss_mb()
+    load = _merge(list(parts))
+    return _level("agio-grpc", concurrency, load, server_cpu, peak)
+
+
+async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
+    async with procs.fake_model(tokens, rate, tool_first=True) as model:
+        load = await _generate("sdk", model.ready, concurrency)
+    return _level("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb)
+
+
+def _level(
+    system: str, concurrency: int, load: LoadResult, cpu_s: float, peak_mb: float
+) -> LevelResult:
+    return LevelResult(
+        system=system,
+        concurrency=concurrency,
+        errors=load.errors + max(0, concurrency - load.runs),
+        error_samples=load.error_samples,
+        gap_p50_ms=percentile(load.gaps_ms, 50),
+        gap_p99_ms=percentile(load.gaps_ms, 99),
+        ttft_p50_ms=percentile(load.ttft_ms, 50),
+        cpu_ms_per_run=cpu_s / concurrency * 1000,
+        peak_rss_mb=peak_mb,
+        wall_s=load.wall_s,
+    )
+
+
+async def measure(levels: list[int], tokens: int, rate: float, sdk: bool) -> list[LevelResult]:
+    results: list[LevelResult] = []
+    for level in levels:
+        results.append(await agio_level(level, tokens, rate))
+        if sdk:
+            results.append(await sdk_level(level, tokens, rate))
+    return results

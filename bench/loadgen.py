@@ -1,0 +1,128 @@
+"""A load generator process for B4: K concurrent runs, one JSON line of results on stdout.
+
+    python -m bench.loadgen agio ADDRESS --runs 500
+    python -m bench.loadgen sdk MODEL_URL --runs 500
+
+`agio` drives `AgentService.Run` over a lean `grpc.aio` stub (no client-side conversion);
+`sdk` runs the OpenAI Agents SDK in this process, the same agent shape (one tool, then the
+reply), so this process's CPU and memory are the SDK's cost. For each run it records the
+gaps between consecutive text deltas as the caller sees them, and whether it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+RUN_TIMEOUT_S = 120.0
+
+
+@dataclass(slots=True)
+class LoadResult:
+    runs: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    gaps_ms: list[float] = field(default_factory=list)
+    ttft_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    peak_rss_mb: float = 0.0
+
+    def failed(self, why: str) -> None:
+        self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(why[:300])
+
+
+async def agio_load(address: str, runs: int, result: LoadResult) -> None:
+    import grpc
+
+    from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
+
+    # Several channels: one HTTP/2 connection per ~100 streams, as a fleet of callers would.
+    channels = [grpc.aio.insecure_channel(address) for _ in range(max(1, runs // 100))]
+    stubs = [agent_service_pb2_grpc.AgentServiceStub(channel) for channel in channels]
+
+    async def one(index: int) -> None:
+        started = time.perf_counter()
+        last = 0.0
+        try:
+            call = stubs[index % len(stubs)].Run(
+                agent_service_pb2.RunRequest(input="what is 2 + 2?"), timeout=RUN_TIMEOUT_S
+            )
+            async for event in call:
+                kind = event.WhichOneof("event")
+                if kind == "step_delta" and event.step_delta.content:
+                    now = time.perf_counter()
+                    if last:
+                        result.gaps_ms.append(round((now - last) * 1000, 2))
+                    else:
+                        result.ttft_ms.append(round((now - started) * 1000, 2))
+                    last = now
+                elif kind == "run_failed":
+                    result.failed(event.run_failed.run.stop_signal.message)
+                    return
+                elif kind == "run_completed":
+                    return
+            result.failed("the stream ended without a terminal event")
+        except grpc.aio.AioRpcError as error:
+            result.failed(f"{error.code().name}: {error.details()}")
+
+    try:
+        await asyncio.gather(*(one(index) for index in range(runs)))
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+async def sdk_load(model_url: str, runs: int, result: LoadResult) -> None:
+    import openai
+
+    from bench import sdk
+
+    client = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
+    agent = sdk.make_agent(client, tools=True)
+
+    async def one() -> None:
+        try:
+            run = await asyncio.wait_for(sdk.sdk_run(agent, "what is 2 + 2?"), RUN_TIMEOUT_S)
+        except Exception as error:
+            result.failed(f"{type(error).__name__}: {error}")
+            return
+        if not run.text_deltas:
+            result.failed("no text streamed")
+            return
+        result.ttft_ms.append(round(run.ttft_s * 1000, 2))
+        result.gaps_ms.extend(round(gap * 1000, 2) for gap in run.gaps_s)
+
+    try:
+        await asyncio.gather(*(one() for _ in range(runs)))
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.loadgen")
+    parser.add_argument("kind", choices=["agio", "sdk"])
+    parser.add_argument("target", help="agio: host:port of the server; sdk: the model URL")
+    parser.add_argument("--runs", type=int, required=True)
+    args = parser.parse_args(argv)
+    result = LoadResult(runs=args.runs)
+    cpu = time.process_time()
+    started = time.perf_counter()
+    load = agio_load if args.kind == "agio" else sdk_load
+    asyncio.run(load(args.target, args.runs, result))
+    result.wall_s = time.perf_counter() - started
+    result.cpu_s = time.process_time() - cpu
+    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sys.stdout.write(json.dumps(asdict(result)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The processes a benchmark runs: the fake model, the service, load generators; and their cost.
+
+Every benchmark keeps the fake model and the service in processes of their own, on
+127.0.0.1, so one side's CPU never hides in another's figure. CPU time and peak memory are
+read from /proc (Linux), which needs nothing installed and sees a child's threads too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+URL_LINE = re.compile(r"(http://\S+/v1)")
+LISTEN_LINE = re.compile(r"agio-grpc listening on (\S+)")
+START_TIMEOUT_S = 60.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CLI = [sys.executable, "-m", "agio_grpc.cli"]
+
+
+@dataclass(slots=True)
+class Child:
+    """A started child process and what it printed when it was ready."""
+
+    pid: int
+    ready: str
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the process has used so far (all its threads)."""
+        return process_cpu_s(self.pid)
+
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident memory (VmHWM) in MB."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without AGIO_*, OPENAI_* and OTEL_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AGIO_", "OPENAI_", "OTEL_"))}
+
+
+@asynccontextmanager
+async def child(
+    args: list[str], pattern: re.Pattern[str], env: dict[str, str], stream: str
+) -> AsyncIterator[Child]:
+    """Start a child, wait for `pattern` on its stdout/stderr, yield it, then stop it."""
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE if stream == "stdout" else asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE if stream == "stderr" else asyncio.subprocess.DEVNULL,
+    )
+    reader = proc.stdout if stream == "stdout" else proc.stderr
+    assert reader is not None
+    drain: asyncio.Task[None] | None = None
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while True:
+                line = (await reader.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"{' '.join(args[2:4])} exited before it was ready")
+                found = pattern.search(line)
+                if found:
+                    break
+        drain = asyncio.create_task(_drain(reader))
+        yield Child(proc.pid, found.group(1))
+    finally:
+        if drain is not None:
+            drain.cancel()
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def _drain(reader: asyncio.StreamReader) -> None:
+    while await reader.readline():
+        pass
+
+
+@asynccontextmanager
+async def fake_model(
+    tokens: int, tokens_per_second: float = 0.0, *, tool_first: bool = False
+) -> AsyncIterator[Child]:
+    """`agio-grpc fake-model` answering every request with `tokens` one-word chunks."""
+    args = [*CLI, "fake-model", "--port", "0", "--tokens", str(tokens)]
+    args += ["--tokens-per-second", str(tokens_per_second)]
+    if not tool_first:
+        args.append("--no-tool-first")
+    async with child(args, URL_LINE, clean_env(), "stdout") as started:
+        yield started
+
+
+@asynccontextmanager
+async def agio_server(
+    model_url: str, database_url: str, extra_env: dict[str, str] | None = None
+) -> AsyncIterator[Child]:
+    """`agio-grpc serve` on 127.0.0.1:0 against `model_url`; `ready` is its address."""
+    env = clean_env() | {
+        "OPENAI_BASE_URL": model_url,
+        "OPENAI_API_KEY": "bench",
+        "AGIO_LISTEN_ADDRESS": "127.0.0.1:0",
+        "AGIO_DATABASE_URL": database_url,
+        "AGIO_LOG_LEVEL": "INFO",
+    }
+    async with child([*CLI, "serve"], LISTEN_LINE, env | (extra_env or {}), "stderr") as started:
+        yield started

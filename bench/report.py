@@ -1,0 +1,348 @@
+"""The benchmark tables (printed and written as markdown), PNG plots, machine and versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.concurrency import LevelResult
+from bench.stats import median, percentile
+from bench.store import StoreResult
+from bench.streaming import StreamingResult
+
+PACKAGES = ("grpcio", "protobuf", "openai", "openai-agents", "SQLAlchemy", "asyncpg")
+
+
+@dataclass(slots=True)
+class Report:
+    command: str
+    streaming: StreamingResult | None = None
+    concurrency: list[LevelResult] = field(default_factory=list)
+    concurrency_settings: tuple[int, float] = (100, 10.0)
+    store: list[StoreResult] = field(default_factory=list)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _machine_lines(report: Report) -> list[str]:
+    versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
+    return [
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; command: `{report.command}`",
+        f"- machine: {os.cpu_count()} x {_cpu_model()}, {_memory_gb():.0f} GB RAM, "
+        f"{platform.system()} {platform.release()}",
+        f"- Python {platform.python_version()}; SQLite {sqlite3.sqlite_version}; {versions}",
+        "- everything on 127.0.0.1; fake model, server and clients in separate processes "
+        "sharing the same cores",
+    ]
+
+
+def machine_markdown(report: Report) -> str:
+    return "\n".join(_machine_lines(report))
+
+
+def _streaming_rows(result: StreamingResult) -> tuple[list[list[str]], list[list[str]]]:
+    paths = result.paths
+    direct, agio = paths["direct"], paths["agio-grpc"]
+    ttft_rows = []
+    for name, samples in paths.items():
+        ttft_rows.append(
+            [
+                name,
+                f"{percentile(samples.ttft_ms, 50):.2f}",
+                f"{percentile(samples.ttft_ms, 99):.2f}",
+                f"{median(samples.tokens_per_s):.0f}",
+                f"{median(samples.tokens_per_s) / median(direct.tokens_per_s):.2f}x",
+                f"{samples.cpu_us_per_token:.1f}" if samples.tokens else "-",
+            ]
+        )
+    added_p50 = percentile(agio.ttft_ms, 50) - percentile(direct.ttft_ms, 50)
+    added_p99 = percentile(agio.ttft_ms, 99) - percentile(direct.ttft_ms, 99)
+    sdk = paths["agents-sdk"].cpu_us_per_token
+    traced = paths["agio-grpc traced"]
+    cpu_ratio_on = traced.cpu_us_per_token / sdk if sdk else 0.0
+    cpu_ratio_off = agio.cpu_us_per_token / sdk if sdk else 0.0
+    tps_ratio = median(agio.tokens_per_s) / median(direct.tokens_per_s)
+    spans = "no OTLP receiver" if result.spans_exported is None else f"{result.spans_exported}"
+    target_rows = [
+        ["B1 added TTFT p50", f"{added_p50:+.2f} ms", "<= 2 ms", _verdict(added_p50 <= 2)],
+        ["B1 added TTFT p99", f"{added_p99:+.2f} ms", "<= 10 ms", _verdict(added_p99 <= 10)],
+        [
+            "B2 CPU/token agio-grpc traced / agents-sdk",
+            f"{cpu_ratio_on:.2f} (spans exported: {spans})",
+            "<= 1.0",
+            _verdict(0 < cpu_ratio_on <= 1.0),
+        ],
+        ["B2 CPU/token agio-grpc untraced / agents-sdk", f"{cpu_ratio_off:.2f}", "-", "-"],
+        [
+            "B3 tokens/s agio-grpc / direct",
+            f"{tps_ratio:.2f}",
+            ">= 0.9",
+            _verdict(tps_ratio >= 0.9),
+        ],
+    ]
+    return ttft_rows, target_rows
+
+
+def _streaming_markdown(result: StreamingResult) -> str:
+    rows, targets = _streaming_rows(result)
+    return "\n\n".join(
+        [
+            f"## B1-B3: one run at a time ({result.runs} runs x {result.tokens} tokens, "
+            "fake model as fast as it can, SQLite)",
+            _table(
+                ["path", "TTFT p50 ms", "TTFT p99 ms", "tokens/s", "vs direct", "CPU µs/token"],
+                rows,
+            ),
+            "CPU per token: the client process's for direct and agents-sdk (both run in "
+            "process), the server process's for agio-grpc (relaying over gRPC and storing "
+            "every step).",
+            _table(["target", "measured", "target", "verdict"], targets),
+        ]
+    )
+
+
+def _concurrency_markdown(report: Report) -> str:
+    tokens, rate = report.concurrency_settings
+    pace = 1000 / rate if rate else 0.0
+    rows = []
+    targets = []
+    for level in report.concurrency:
+        rows.append(
+            [
+                level.system,
+                str(level.concurrency),
+                str(level.errors),
+                f"{level.gap_p50_ms:.1f}",
+                f"{level.gap_p99_ms:.1f}",
+                f"{level.gap_p99_ms - pace:+.1f}",
+                f"{level.ttft_p50_ms:.0f}",
+                f"{level.cpu_ms_per_run:.1f}",
+                f"{level.peak_rss_mb:.0f}",
+                f"{level.wall_s:.1f}",
+            ]
+        )
+        if level.system == "agio-grpc" and level.concurrency >= 1000:
+            ok = level.errors == 0 and level.gap_p99_ms - pace <= 50
+            targets.append(
+                [
+                    f"B4 {level.concurrency} runs: errors, p99 gap over pace",
+                    f"{level.errors}, {level.gap_p99_ms - pace:+.1f} ms",
+                    "0, <= 50 ms",
+                    _verdict(ok),
+                ]
+            )
+    errors = [
+        f"- {level.system} x{level.concurrency}: {sample}"
+        for level in report.concurrency
+        for sample in level.error_samples[:2]
+    ]
+    parts = [
+        f"## B4: concurrent runs (one tool call, then {tokens} tokens at {rate:g} tokens/s; "
+        f"model pace {pace:.0f} ms)",
+        _table(
+            [
+                "system",
+                "runs",
+                "errors",
+                "gap p50 ms",
+                "gap p99 ms",
+                "p99 over pace",
+                "TTFT p50 ms",
+                "CPU ms/run",
+                "peak MB",
+                "wall s",
+            ],
+            rows,
+        ),
+        "CPU and memory: the server process for agio-grpc (load generators excluded); the "
+        "one process running the SDK for agents-sdk (its callers included, as they share it).",
+    ]
+    if targets:
+        parts.append(_table(["target", "measured", "target", "verdict"], targets))
+    if errors:
+        parts.append("Error samples:\n\n" + "\n".join(errors))
+    return "\n\n".join(parts)
+
+
+def _store_markdown(results: list[StoreResult]) -> str:
+    rows = []
+    writes = []
+    targets = []
+    for result in results:
+        if result.skipped:
+            rows.append([result.backend, f"skipped: {result.skipped}", "", ""])
+            continue
+        for size, (mid, p99) in result.context_ms.items():
+            rows.append([result.backend, str(size), f"{mid:.2f}", f"{p99:.2f}"])
+            if result.backend == "sqlite" and size == 1000:
+                targets.append(
+                    [
+                        "B5 context build, 1,000 steps, SQLite",
+                        f"{mid:.2f} ms",
+                        "<= 10 ms",
+                        _verdict(mid <= 10),
+                    ]
+                )
+        for writers, rate in result.writes_per_s.items():
+            writes.append([result.backend, str(writers), f"{rate:.0f}"])
+    parts = [
+        "## B5: store",
+        "Context build (read every step + build the messages):",
+        _table(["backend", "steps", "median ms", "p99 ms"], rows),
+        "Step writes, one step per transaction, each writer on its own session:",
+        _table(["backend", "concurrent writers", "steps/s"], writes),
+    ]
+    if targets:
+        parts.append(_table(["target", "measured", "target", "verdict"], targets))
+    return "\n\n".join(parts)
+
+
+def to_markdown(report: Report) -> str:
+    parts = [
+        "# agio-grpc benchmarks",
+        "Written by `make bench` (`python -m bench`); what was changed to get here, with "
+        "before/after figures and profiles, is in [NOTES.md](NOTES.md).",
+        machine_markdown(report),
+    ]
+    if report.streaming is not None:
+        parts.append(_streaming_markdown(report.streaming))
+    if report.concurrency:
+        parts.append(_concurrency_markdown(report))
+    if report.store:
+        parts.append(_store_markdown(report.store))
+    plots = [name for name in PLOTS if (report_has(report, name))]
+    if plots:
+        parts.append("## Plots\n\n" + "\n\n".join(f"![{name}]({name}.png)" for name in plots))
+    return "\n\n".join(parts) + "\n"
+
+
+PLOTS = ("ttft", "cpu_per_token", "concurrency_gaps", "context_build")
+
+
+def report_has(report: Report, plot: str) -> bool:
+    return {
+        "ttft": report.streaming is not None,
+        "cpu_per_token": report.streaming is not None,
+        "concurrency_gaps": bool(report.concurrency),
+        "context_build": any(not r.skipped for r in report.store),
+    }[plot]
+
+
+def write_plots(report: Report, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+
+    def save(figure: object, name: str) -> None:
+        path = out / f"{name}.png"
+        figure.savefig(path, dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
+        plt.close(figure)  # type: ignore[arg-type]
+        written.append(path)
+
+    if report.streaming is not None:
+        paths = report.streaming.paths
+        names = list(paths)
+        figure, axis = plt.subplots(figsize=(7, 3.5))
+        p50 = [percentile(paths[n].ttft_ms, 50) for n in names]
+        p99 = [percentile(paths[n].ttft_ms, 99) for n in names]
+        xs = range(len(names))
+        axis.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
+        axis.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
+        axis.set_xticks(list(xs), names)
+        axis.set_ylabel("time to first token (ms)")
+        axis.set_title("B1: time to first token")
+        axis.legend()
+        save(figure, "ttft")
+
+        figure, axis = plt.subplots(figsize=(7, 3.5))
+        axis.bar(names, [paths[n].cpu_us_per_token for n in names])
+        axis.set_ylabel("CPU µs per token")
+        axis.set_title("B2: CPU per streamed token")
+        save(figure, "cpu_per_token")
+
+    if report.concurrency:
+        figure, axis = plt.subplots(figsize=(7, 3.5))
+        for system in sorted({level.system for level in report.concurrency}):
+            levels = [lv for lv in report.concurrency if lv.system == system]
+            axis.plot(
+                [lv.concurrency for lv in levels],
+                [lv.gap_p99_ms for lv in levels],
+                marker="o",
+                label=f"{system} p99",
+            )
+            axis.plot(
+                [lv.concurrency for lv in levels],
+                [lv.gap_p50_ms for lv in levels],
+                marker="x",
+                linestyle="--",
+                label=f"{system} p50",
+            )
+        _, rate = report.concurrency_settings
+        if rate:
+            axis.axhline(1000 / rate, color="grey", linewidth=0.8, label="model pace")
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent runs")
+        axis.set_ylabel("gap between tokens (ms, log)")
+        axis.set_title("B4: token gaps under concurrency")
+        axis.legend()
+        save(figure, "concurrency_gaps")
+
+    measured = [r for r in report.store if not r.skipped]
+    if measured:
+        figure, axis = plt.subplots(figsize=(7, 3.5))
+        for result in measured:
+            sizes = list(result.context_ms)
+            axis.plot(
+                sizes, [result.context_ms[s][0] for s in sizes], marker="o", label=result.backend
+            )
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("steps in the session")
+        axis.set_ylabel("context build, median (ms)")
+        axis.set_title("B5: context build time")
+        axis.legend()
+        save(figure, "context_build")
+    return written
