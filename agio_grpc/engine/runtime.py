@@ -30,6 +30,7 @@ from agio_grpc.domain import (
     Role,
     Run,
     RunStatus,
+    Session,
     Step,
     StopReason,
     StopSignal,
@@ -187,13 +188,53 @@ class Runtime:
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
         settings = resolve_settings(agent, request.overrides, request.client_tools)
-        if request.session_id:
-            session_id = (await self.store.get_session(request.session_id)).id
-        else:
-            session_id = (await self.store.create_session()).id
+        if request.request_id and request.session_id:
+            # A reused request_id must be checked while holding the session: the slow path.
+            return await self._start_run_checking_request_id(request, agent.name, settings)
+        new_session = None if request.session_id else Session()
+        run = Run(
+            session_id=new_session.id if new_session else request.session_id,
+            agent=agent.name,
+            request_id=request.request_id,
+            metadata=dict(request.metadata),
+            options=settings.to_options(),
+        )
+        trace = self._tracer.start_run(run, settings, "run")
+        run.trace_id = trace.trace_id
+        user = Step(
+            run.session_id,
+            run.id,
+            Role.USER,
+            content=request.input,
+            trace_id=trace.trace_id,
+            span_id=trace.span_id,
+        )
+        try:
+            # One transaction: take (or create) the session, store the input and the run,
+            # read the history back. The model call needs nothing else from the store.
+            started = await self.store.start_run(run, [user], new_session=new_session)
+        except BaseException:
+            trace.end(run)  # no stop signal: the run never started
+            raise
+        for step in started.steps:
+            trace.step_stored(step.id, step.sequence)
+        return self._spawn(
+            started.run,
+            settings,
+            _RunPlan(started.history),
+            started.steps,
+            request.deadline_s,
+            trace,
+        )
+
+    async def _start_run_checking_request_id(
+        self, request: RunInput, agent: str, settings: RunSettings
+    ) -> RunHandle:
+        """`start_run` for a request_id on an existing session: checked under the lease."""
+        session_id = (await self.store.get_session(request.session_id)).id
         run = Run(
             session_id=session_id,
-            agent=agent.name,
+            agent=agent,
             request_id=request.request_id,
             metadata=dict(request.metadata),
             options=settings.to_options(),
@@ -202,8 +243,7 @@ class Runtime:
         trace = self._tracer.start_run(run, settings, "run")
         run.trace_id = trace.trace_id
         try:
-            if request.request_id and request.session_id:
-                await self._check_request_id(session_id, request.request_id)
+            await self._check_request_id(session_id, request.request_id)
             user = await self.store.append_step(
                 Step(
                     session_id,
