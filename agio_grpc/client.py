@@ -43,6 +43,8 @@ class AgioError(Exception):
     code: grpc.StatusCode
     message: str
     reason: str = ""
+    domain: str = ""
+    """The ErrorInfo domain (`agio-grpc` for errors raised by the service)."""
     metadata: dict[str, str] = field(default_factory=dict)
     field_violations: list[tuple[str, str]] = field(default_factory=list)
 
@@ -63,6 +65,7 @@ def decode_error(error: grpc.aio.AioRpcError) -> AgioError:
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
                 decoded.reason = info.reason
+                decoded.domain = info.domain
                 decoded.metadata = dict(info.metadata)
             elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
                 bad = error_details_pb2.BadRequest()

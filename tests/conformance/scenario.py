@@ -122,6 +122,7 @@ class Scenario:
             except AgioError as error:
                 expect(error.code == grpc.StatusCode.NOT_FOUND, f"code {error.code.name}")
                 expect(error.reason == "SESSION_NOT_FOUND", f"reason {error.reason!r}")
+                expect(error.domain == "agio-grpc", f"domain {error.domain!r}")
                 return
         raise CheckFailedError("the run on an unknown session did not fail")
 
