@@ -27,10 +27,10 @@ from agio_grpc.service.validation import (
     check_non_negative,
     check_positive,
     decode_page_token,
-    encode_page_token,
     page_size,
     raise_if_any,
     time_key,
+    trim_time_keyed_page,
 )
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import agent_service_pb2 as pb
@@ -201,11 +201,9 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         query: dict[str, object] = {"rpc": "ListRuns", "session": request.session_id}
         after = time_key(decode_page_token(request.page_token, query))
         await self._store.get_session(request.session_id)
-        runs = await self._store.list_runs(request.session_id, limit + 1, after)
-        token = ""
-        if len(runs) > limit:
-            runs = runs[:limit]
-            token = encode_page_token(query, [runs[-1].create_time.isoformat(), runs[-1].id])
+        runs, token = trim_time_keyed_page(
+            await self._store.list_runs(request.session_id, limit + 1, after), limit, query
+        )
         return pb.ListRunsResponse(
             runs=[convert.run_to_proto(r) for r in runs], next_page_token=token
         )

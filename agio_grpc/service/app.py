@@ -1,8 +1,10 @@
 """The running service: store, engine runtime and gRPC server wired together.
 
-`AgioApp.start(settings)` opens the store (applying migrations), starts the built-in fake
-model when no endpoint is configured, builds the runtime from the configured agents, tools
-and hooks, and binds the server. `serve` adds signal handling for `agio-grpc serve`.
+`AgioApp.start(settings)` opens the store (applying migrations), finalises runs a crashed
+server left RUNNING (those whose session lease expired), starts the built-in fake model when
+no endpoint is configured, builds the runtime from the configured agents, tools and hooks
+(the runtime renews the session leases of its runs), and binds the server. `serve` adds
+signal handling for `agio-grpc serve`.
 """
 
 from __future__ import annotations
@@ -97,10 +99,20 @@ class AgioApp:
         telemetry = telemetry or telemetry_from_environment()
         tracer_interceptor = TracingInterceptor(telemetry.tracer_provider)
         sql_store = await open_store(
-            settings.database_url, sqlite_synchronous=settings.sqlite_synchronous
+            settings.database_url,
+            sqlite_synchronous=settings.sqlite_synchronous,
+            session_lease_s=settings.server.session_lease_s,
         )
         fake_model: FakeModelServer | None = None
         try:
+            # Only expired leases are touched, so this is safe beside live replicas.
+            recovered = await sql_store.recover_expired_runs()
+            if recovered:
+                log.warning(
+                    "interrupted %d run(s) left running by a stopped server: %s",
+                    len(recovered),
+                    ", ".join(recovered),
+                )
             base_url = settings.openai_base_url
             api_key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
             if base_url is None:
@@ -119,6 +131,7 @@ class AgioApp:
                 model=model,
                 hooks=hooks,
                 tracer=tracer,
+                leases=sql_store,
             )
             bound = await start_grpc_server(
                 settings,

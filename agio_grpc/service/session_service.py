@@ -25,6 +25,7 @@ from agio_grpc.service.validation import (
     page_size,
     raise_if_any,
     time_key,
+    trim_time_keyed_page,
 )
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import session_service_pb2 as pb
@@ -73,12 +74,9 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         limit = page_size(request.page_size, DEFAULT_SESSION_PAGE)
         query: dict[str, object] = {"rpc": "ListSessions"}
         after = time_key(decode_page_token(request.page_token, query))
-        sessions = await self._store.list_sessions(limit + 1, after)
-        token = ""
-        if len(sessions) > limit:
-            sessions = sessions[:limit]
-            last = sessions[-1]
-            token = encode_page_token(query, [last.create_time.isoformat(), last.id])
+        sessions, token = trim_time_keyed_page(
+            await self._store.list_sessions(limit + 1, after), limit, query
+        )
         return pb.ListSessionsResponse(
             sessions=[convert.session_to_proto(s) for s in sessions], next_page_token=token
         )

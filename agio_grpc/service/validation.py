@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from agio_grpc.service.errors import FieldViolation, ServiceError, invalid_argument
 
@@ -87,6 +87,29 @@ def decode_page_token(token: str, query: dict[str, Any]) -> list[Any] | None:
     if fingerprint != _fingerprint(query) or not isinstance(position, list):
         raise invalid_argument([FieldViolation("page_token", "was issued for a different request")])
     return position
+
+
+class TimeKeyed(Protocol):
+    """A resource listed newest first by `(create_time, id)`."""
+
+    @property
+    def create_time(self) -> datetime: ...
+
+    @property
+    def id(self) -> str: ...
+
+
+Keyed = TypeVar("Keyed", bound=TimeKeyed)
+
+
+def trim_time_keyed_page(
+    items: list[Keyed], limit: int, query: dict[str, Any]
+) -> tuple[list[Keyed], str]:
+    """Items fetched with `limit + 1` -> (the page, the next page token or "")."""
+    if len(items) <= limit:
+        return items, ""
+    page = items[:limit]
+    return page, encode_page_token(query, [page[-1].create_time.isoformat(), page[-1].id])
 
 
 def time_key(position: list[Any] | None) -> tuple[datetime, str] | None:
