@@ -95,6 +95,9 @@ class ServerConfig(_Strict):
     """Clients pinging more often than this are told off (GOAWAY too_many_pings)."""
     max_connection_idle_s: float = Field(3600.0, gt=0)
     """Close connections idle this long."""
+    session_lease_s: float = Field(30.0, gt=0)
+    """How long a run holds its session without renewal (renewed every third of it): after a
+    crash, the session is taken over by the next run this long after the last renewal."""
 
 
 class Settings(BaseSettings):

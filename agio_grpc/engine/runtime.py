@@ -6,6 +6,11 @@ publishes `RunStarted`, and spawns the run loop as an asyncio task the runtime o
 caller streams `RunHandle.events()`; leaving the stream does not stop the run — the service
 calls `cancel(run_id, "client disconnected")` for that.
 
+The store holds each session for its run under a lease (store/protocol.py); one background
+task renews the leases of every run live in this process every third of the lease, so a
+session outlives a crashed process by at most one lease. A run whose lease was found taken
+over (this process stalled past it) is stopped as INTERRUPTED.
+
 Live channels are kept for a while after their run ends (`retention_s`, `retention_count`),
 so a late `watch` replays the real event stream; older runs are replayed from the store.
 
@@ -69,8 +74,8 @@ from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
 from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
-from agio_grpc.store.errors import NotFoundError, SessionBusyError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreError
+from agio_grpc.store.protocol import SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +107,7 @@ class RunHandle:
 class _Segment:
     """A run segment this process runs or ran recently."""
 
+    session_id: str
     channel: RunChannel
     control: RunControl
     settings: RunSettings
@@ -133,10 +139,13 @@ class Runtime:
         retention_count: int = 1000,
         cancel_wait_s: float = 10.0,
         tracer: RunTracer | None = None,
+        leases: SessionLeases | None = None,
     ) -> None:
         """`retention_*` bound how long and how many ended runs stay replayable from memory;
         `cancel_wait_s` bounds how long `cancel` waits for a run to record its end; `tracer`
-        traces each run segment (nothing by default).
+        traces each run segment (nothing by default); `leases` renews the session leases of
+        this process's live runs (the store's takes set them; its `session_lease_s` is the
+        duration). Without `leases` nothing renews them: only for runs shorter than a lease.
         """
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not among the agents")
@@ -155,6 +164,8 @@ class Runtime:
         self._cancel_wait_s = cancel_wait_s
         self._closing = False
         self._tracer = tracer or NO_TRACER
+        self._leases = leases
+        self._renewal: asyncio.Task[None] | None = None
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -423,6 +434,13 @@ class Runtime:
         rest (INTERRUPTED, retryable) and wait for their rows to be finalised.
         """
         self._closing = True
+        try:
+            await self._drain(grace_s)
+        finally:
+            # Last: the leases of runs still finishing are kept until they have released.
+            await self._stop_renewal()
+
+    async def _drain(self, grace_s: float) -> None:
         tasks = {s.task for s in self._segments.values() if s.task is not None}
         running = {task for task in tasks if not task.done()}
         if running and grace_s > 0:
@@ -436,6 +454,61 @@ class Runtime:
             if segment.task in running:
                 segment.control.request_stop(copy.deepcopy(signal))
         await asyncio.wait(running, timeout=self._cancel_wait_s)
+
+    # -- session leases ---------------------------------------------------------------------
+
+    def _start_renewal(self) -> None:
+        """Start the lease renewal task, once, on the first run (it needs a running loop)."""
+        if self._leases is None or self._renewal is not None:
+            return
+        self._renewal = asyncio.create_task(
+            self._renew_forever(self._leases), name="agio session lease renewal"
+        )
+
+    async def _stop_renewal(self) -> None:
+        renewal, self._renewal = self._renewal, None
+        if renewal is None:
+            return
+        renewal.cancel()
+        await asyncio.gather(renewal, return_exceptions=True)
+
+    async def _renew_forever(self, leases: SessionLeases) -> None:
+        # A third of the lease: a renewal may fail (or be slow) twice before the lease ends.
+        interval = leases.session_lease_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._renew_leases(leases)
+            except StoreError as error:
+                logger.warning("could not renew session leases (will retry): %s", error)
+            except Exception:
+                logger.exception("could not renew session leases (will retry)")
+
+    async def _renew_leases(self, leases: SessionLeases) -> None:
+        live = {
+            run_id: segment
+            for run_id, segment in self._segments.items()
+            if segment.task is not None and not segment.task.done()
+        }
+        if not live:
+            return
+        renewed = await leases.renew_leases(
+            {segment.session_id: run_id for run_id, segment in live.items()}
+        )
+        for run_id, segment in live.items():
+            if segment.session_id in renewed or segment.task is None or segment.task.done():
+                continue
+            # Released meanwhile (its loop is finishing: the stop is ignored) or taken over
+            # after this process stalled past the lease: the session is no longer ours.
+            logger.warning("run %s lost its lease on session %s", run_id, segment.session_id)
+            segment.control.request_stop(
+                StopSignal(
+                    StopReason.INTERRUPTED,
+                    "this run lost its session lease (the server stalled past it)",
+                    "server",
+                    retryable=True,
+                )
+            )
 
     # -- internals --------------------------------------------------------------------------
 
@@ -457,7 +530,7 @@ class Runtime:
         channel.publish(RunStarted(started))
         for step in first_steps:
             channel.publish(StepCompleted(step))
-        segment = _Segment(channel, control, settings)
+        segment = _Segment(run.session_id, channel, control, settings)
         loop = RunLoop(
             self._services,
             RunSegment(
@@ -479,6 +552,7 @@ class Runtime:
         self._segments.pop(run.id, None)
         self._segments[run.id] = segment
         self._prune()
+        self._start_renewal()
         return RunHandle(started, channel)
 
     def _segment_ended(self, segment: _Segment, task: asyncio.Task[Run]) -> None:

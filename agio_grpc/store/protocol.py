@@ -8,11 +8,27 @@ Invariants every implementation keeps:
   gap, whatever mix of appends, deletes and forks happened; a collision raises
   `SequenceConflictError` and writes nothing.
 - Each operation is atomic: on any error nothing is written.
+- A session has at most one active run, held under a LEASE (see below).
+
+Session leases (one active run per session that survives a crashed server):
+- Taking a session (`acquire_session`, `start_run`) makes the run its holder until
+  `now + session_lease_s` (the store's setting). The take succeeds when the session is free
+  OR its holder's lease has expired; otherwise SessionBusyError.
+- The process running a run keeps its lease alive with `SessionLeases.renew_leases` (well
+  before it expires: the runtime renews every third of the lease); `release_session` clears
+  holder and lease when the run ends.
+- A lease only expires when its process stopped renewing, i.e. is presumed dead. A take over
+  an expired lease finalises the previous holder's run in the same transaction if it is
+  still RUNNING: INTERRUPTED, retryable, source `server`, resume_from_sequence = the
+  session's last sequence + 1 (steps are stored whole, so everything before it is complete;
+  `Retry` from there continues, running any tool call left without a result).
+- `now` is the store process's UTC wall clock (as for every other time the store writes):
+  replicas sharing a database need clocks in sync well within the lease (NTP is plenty).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -129,13 +145,45 @@ class StepStore(Protocol):
         ...
 
     async def acquire_session(self, session_id: str, run_id: str) -> None:
-        """Mark `run_id` as the session's one active run. Raises SessionBusyError."""
+        """Make `run_id` the session's one active run, under a fresh lease.
+
+        Succeeds over a free session or an expired lease (interrupting the previous holder's
+        run, see the module docstring). Raises NotFoundError, SessionBusyError.
+        """
         ...
 
     async def release_session(self, session_id: str, run_id: str) -> None:
-        """Clear the active run if it is still `run_id` (a no-op otherwise)."""
+        """Clear the active run and its lease if it is still `run_id` (a no-op otherwise)."""
         ...
 
     async def close(self) -> None:
         """Release connections."""
+        ...
+
+
+class SessionLeases(Protocol):
+    """Keeping session leases alive, and cleaning up after the holders that died.
+
+    Separate from StepStore because only the process running runs needs it (the runtime
+    renews; the app recovers at start-up); see the module docstring for the semantics.
+    """
+
+    @property
+    def session_lease_s(self) -> float:
+        """How long a take or a renewal holds a session, in seconds."""
+        ...
+
+    async def renew_leases(self, holders: Mapping[str, str]) -> set[str]:
+        """Extend to `now + session_lease_s` the lease of each session (key) still held by
+        its run (value), in one transaction; returns the session ids renewed. A session not
+        returned was released or taken over: its run no longer holds it.
+        """
+        ...
+
+    async def recover_expired_runs(self) -> list[str]:
+        """Release every session whose holder's lease expired, finalising the holder's run
+        as a take-over would (INTERRUPTED if still RUNNING). Returns the run ids finalised.
+
+        Safe to call from any replica at any time: live leases are never touched.
+        """
         ...

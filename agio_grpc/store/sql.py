@@ -12,6 +12,11 @@ of CPU per transaction through aiosqlite), on PostgreSQL through asyncpg with
 `AsyncConnection.run_sync`. SQLite writes are funnelled through one writer thread per
 process and take the database lock up front (`BEGIN IMMEDIATE`) against other processes.
 
+The one active run per session is held under a lease (`sessions.lease_expires_at`, see the
+protocol's docstring): taking a free session is one compare-and-set UPDATE; only when that
+fails is the holder read (row-locked) to see whether its lease expired, and then taken over
+with its run finalised in the same transaction.
+
 A transaction that has started runs to its end even if the awaiting task is cancelled (the
 task sees the cancellation; the database sees a whole transaction or none of it).
 
@@ -22,9 +27,9 @@ mistake; a driver exception never escapes. Never imports grpc or the engine.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy import (
@@ -38,10 +43,22 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 
-from agio_grpc.domain import ContextSummary, Role, Run, Session, Step, new_id, utc_now
+from agio_grpc.domain import (
+    ContextSummary,
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StopReason,
+    StopSignal,
+    new_id,
+    utc_now,
+)
 from agio_grpc.store.database import (
     DRIVER_ERRORS,
     Database,
@@ -55,7 +72,7 @@ from agio_grpc.store.errors import (
     SessionBusyError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
-from agio_grpc.store.protocol import RunStart, StepStore
+from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
 from agio_grpc.store.rows import (
     aware_utc,
     run_from_row,
@@ -63,6 +80,7 @@ from agio_grpc.store.rows import (
     session_from_row,
     step_from_row,
     step_row,
+    stop_signal_json,
     stored_copy,
     stored_run,
     stored_session,
@@ -78,20 +96,31 @@ T = TypeVar("T")
 # Key of the PostgreSQL advisory lock that lets one replica at a time run migrations.
 _MIGRATION_LOCK_KEY: Final = 0x6167696F  # "agio"
 
+DEFAULT_SESSION_LEASE_S: Final = 30.0
+LEASE_EXPIRED_MESSAGE: Final = "the server running this run stopped (its lease expired)"
 
-async def open_store(url: str, *, sqlite_synchronous: str = "NORMAL") -> SqlStepStore:
+
+async def open_store(
+    url: str,
+    *,
+    sqlite_synchronous: str = "NORMAL",
+    session_lease_s: float = DEFAULT_SESSION_LEASE_S,
+) -> SqlStepStore:
     """Connect to `url`, migrate the schema to head and return the store.
 
     `url` is `sqlite+aiosqlite:///path` or `postgresql+asyncpg://user@host/db` (the plain
     `sqlite://` and `postgresql://` forms work too). `sqlite_synchronous` is SQLite's
     `PRAGMA synchronous`: NORMAL survives an application crash, FULL also a power loss, at
-    several times the cost per commit. Raises StoreUnavailableError when the database
-    cannot be reached, ValueError for an unsupported URL.
+    several times the cost per commit. `session_lease_s` is how long a take or renewal holds
+    a session (see the protocol). Raises StoreUnavailableError when the database cannot be
+    reached, ValueError for an unsupported URL or a lease that is not positive.
     """
+    if not session_lease_s > 0:
+        raise ValueError(f"session_lease_s must be positive, got {session_lease_s}")
     parsed = parse_url(url)
     check_sqlite_directory(parsed)
     database = open_database(parsed, sqlite_synchronous)
-    store = SqlStepStore(database)
+    store = SqlStepStore(database, session_lease_s=session_lease_s)
     try:
         await store._migrate()
     except BaseException:
@@ -101,10 +130,17 @@ async def open_store(url: str, *, sqlite_synchronous: str = "NORMAL") -> SqlStep
 
 
 class SqlStepStore:
-    """A StepStore on one `Database`. Build it with `open_store`."""
+    """A StepStore (and SessionLeases) on one `Database`. Build it with `open_store`."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(
+        self, database: Database, *, session_lease_s: float = DEFAULT_SESSION_LEASE_S
+    ) -> None:
         self._database = database
+        self._lease = timedelta(seconds=session_lease_s)
+
+    @property
+    def session_lease_s(self) -> float:
+        return self._lease.total_seconds()
 
     @property
     def backend(self) -> str:
@@ -123,7 +159,7 @@ class SqlStepStore:
         stored = stored_session(session or Session())
 
         def work(conn: Connection) -> None:
-            _insert_session(conn, stored, last_sequence=0)
+            _insert_session(conn, stored, last_sequence=0, lease=self._lease)
 
         await self._write(work)
         return stored
@@ -277,7 +313,7 @@ class SqlStepStore:
                 update_time=now,
                 step_count=up_to_sequence,
             )
-            _insert_session(conn, fork, last_sequence=up_to_sequence)
+            _insert_session(conn, fork, last_sequence=up_to_sequence, lease=self._lease)
             parent_rows = conn.execute(
                 select(step_table)
                 .where(
@@ -366,9 +402,11 @@ class SqlStepStore:
 
         def work(conn: Connection) -> RunStart:
             if fresh is not None:
-                _insert_session(conn, fresh, last_sequence=0, active_run_id=run.id)
+                _insert_session(
+                    conn, fresh, last_sequence=0, lease=self._lease, active_run_id=run.id
+                )
             else:
-                _acquire(conn, run.session_id, run.id)
+                _acquire(conn, run.session_id, run.id, self._lease)
             stored_steps = _append(conn, run.session_id, steps)
             started = stored_run(
                 replace(
@@ -446,13 +484,58 @@ class SqlStepStore:
     async def acquire_session(self, session_id: str, run_id: str) -> None:
         if not run_id:
             raise ValueError("acquire_session needs a run id")
-        await self._write(lambda conn: _acquire(conn, session_id, run_id))
+        await self._write(lambda conn: _acquire(conn, session_id, run_id, self._lease))
 
     async def release_session(self, session_id: str, run_id: str) -> None:
         def work(conn: Connection) -> None:
             conn.execute(_RELEASE_SESSION, {"session_id": session_id, "run_id": run_id})
 
         await self._write(work)
+
+    async def renew_leases(self, holders: Mapping[str, str]) -> set[str]:
+        if not holders:
+            return set()
+        pairs = list(holders.items())
+
+        def work(conn: Connection) -> set[str]:
+            expires = utc_now() + self._lease
+            renewed = conn.execute(
+                update(session_table)
+                .where(tuple_(session_table.c.id, session_table.c.active_run_id).in_(pairs))
+                .values(lease_expires_at=expires)
+                .returning(session_table.c.id)
+            ).scalars()
+            return {str(session_id) for session_id in renewed}
+
+        return await self._write(work)
+
+    async def recover_expired_runs(self) -> list[str]:
+        def work(conn: Connection) -> list[str]:
+            now = utc_now()
+            # SKIP LOCKED: a session another transaction is taking over is its business.
+            expired = conn.execute(
+                select(
+                    session_table.c.id,
+                    session_table.c.active_run_id,
+                    session_table.c.last_sequence,
+                )
+                .where(_HELD, _lease_expired(now))
+                .with_for_update(skip_locked=True)
+            ).all()
+            interrupted = [
+                row.active_run_id
+                for row in expired
+                if _interrupt_run(conn, row.id, row.active_run_id, row.last_sequence, now)
+            ]
+            if expired:
+                conn.execute(
+                    update(session_table)
+                    .where(session_table.c.id.in_([row.id for row in expired]))
+                    .values(active_run_id=None, lease_expires_at=None)
+                )
+            return interrupted
+
+        return await self._write(work)
 
     async def close(self) -> None:
         with contextlib.suppress(*DRIVER_ERRORS):
@@ -489,14 +572,21 @@ _ALLOCATE_SEQUENCES: Final = (
     )
     .returning(session_table.c.last_sequence)
 )
-_TAKE_SESSION: Final = (
+_HELD: Final = and_(session_table.c.active_run_id.is_not(None), session_table.c.active_run_id != "")
+_TAKE_FREE_SESSION: Final = (
     update(session_table)
     .where(
         session_table.c.id == bindparam("session_id"),
         or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
     )
-    .values(active_run_id=bindparam("run_id"))
+    .values(active_run_id=bindparam("run_id"), lease_expires_at=bindparam("expires"))
     .returning(session_table.c.id)
+)
+# Only after the holder was read under a row lock and found free or expired.
+_TAKE_LOCKED_SESSION: Final = (
+    update(session_table)
+    .where(session_table.c.id == bindparam("session_id"))
+    .values(active_run_id=bindparam("run_id"), lease_expires_at=bindparam("expires"))
 )
 _RELEASE_SESSION: Final = (
     update(session_table)
@@ -504,13 +594,26 @@ _RELEASE_SESSION: Final = (
         session_table.c.id == bindparam("session_id"),
         session_table.c.active_run_id == bindparam("run_id"),
     )
-    .values(active_run_id=None)
+    .values(active_run_id=None, lease_expires_at=None)
 )
 
 
+def _lease_expired(now: datetime) -> Any:
+    """The holder's lease ran out; a holder with no lease was taken before leases existed
+    (revision 0002) and outlived its server, so it counts as expired too."""
+    lease = session_table.c.lease_expires_at
+    return or_(lease.is_(None), lease <= now)
+
+
 def _insert_session(
-    conn: Connection, session: Session, *, last_sequence: int, active_run_id: str = ""
+    conn: Connection,
+    session: Session,
+    *,
+    last_sequence: int,
+    lease: timedelta,
+    active_run_id: str = "",
 ) -> None:
+    holder = active_run_id or session.active_run_id or None
     conn.execute(
         _INSERT_SESSION,
         {
@@ -520,7 +623,8 @@ def _insert_session(
             "create_time": session.create_time,
             "update_time": session.update_time,
             "last_sequence": last_sequence,
-            "active_run_id": active_run_id or session.active_run_id or None,
+            "active_run_id": holder,
+            "lease_expires_at": utc_now() + lease if holder else None,
         },
     )
 
@@ -568,19 +672,70 @@ def _allocate_sequences(conn: Connection, session_id: str, count: int) -> int:
     return int(last)
 
 
-def _acquire(conn: Connection, session_id: str, run_id: str) -> None:
-    """Make `run_id` the session's active run. Raises NotFoundError, SessionBusyError."""
+def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -> None:
+    """Make `run_id` the session's active run under a lease of `lease` from now; over an
+    expired lease, the previous holder's run is interrupted. Raises NotFoundError,
+    SessionBusyError.
+    """
     # Compare-and-set in the database, so it holds across processes and replicas. Not
     # re-entrant: two continuations of one run (a submit and a cancel) exclude each other.
-    taken = conn.execute(_TAKE_SESSION, {"session_id": session_id, "run_id": run_id}).first()
-    if taken is not None:
+    now = utc_now()
+    values = {"session_id": session_id, "run_id": run_id, "expires": now + lease}
+    if conn.execute(_TAKE_FREE_SESSION, values).first() is not None:
         return
+    # Held (or unknown): read the holder under a row lock, so a renewal or another take
+    # waits for this transaction and then sees its outcome.
     holder = conn.execute(
-        select(session_table.c.active_run_id).where(session_table.c.id == session_id)
+        select(
+            session_table.c.active_run_id,
+            session_table.c.lease_expires_at,
+            session_table.c.last_sequence,
+        )
+        .where(session_table.c.id == session_id)
+        .with_for_update()
     ).first()
     if holder is None:
         raise NotFoundError("session", session_id)
-    raise SessionBusyError(session_id, str(holder.active_run_id or ""))
+    previous = str(holder.active_run_id or "")
+    expires_at: datetime | None = holder.lease_expires_at
+    if previous and expires_at is not None and expires_at > now:
+        raise SessionBusyError(session_id, previous)
+    conn.execute(_TAKE_LOCKED_SESSION, values)
+    if previous and previous != run_id:
+        _interrupt_run(conn, session_id, previous, int(holder.last_sequence), now)
+
+
+def _interrupt_run(
+    conn: Connection, session_id: str, run_id: str, last_sequence: int, now: datetime
+) -> bool:
+    """Finalise a run whose lease expired, if it is still RUNNING: INTERRUPTED, retryable
+    from the session's next sequence. Returns whether it was RUNNING."""
+    signal = StopSignal(
+        StopReason.INTERRUPTED,
+        LEASE_EXPIRED_MESSAGE,
+        "server",
+        retryable=True,
+        resume_from_sequence=last_sequence + 1,
+    )
+    # The run row was last written when its segment started; its steps tell how far it got.
+    count, last = conn.execute(
+        select(func.count(), func.max(step_table.c.sequence)).where(
+            step_table.c.session_id == session_id, step_table.c.run_id == run_id
+        )
+    ).one()
+    values: dict[str, Any] = {
+        "status": RunStatus.INTERRUPTED.value,
+        "stop_signal": stop_signal_json(signal),
+        "end_time": now,
+    }
+    if count:
+        values |= {"step_count": int(count), "last_sequence": int(last)}
+    result = conn.execute(
+        update(run_table)
+        .where(run_table.c.id == run_id, run_table.c.status == RunStatus.RUNNING.value)
+        .values(**values)
+    )
+    return bool(result.rowcount)
 
 
 def _require_session(
@@ -610,3 +765,4 @@ def _check_limit(limit: int) -> None:
 if TYPE_CHECKING:
     # The type checker proves the class implements every StepStore method, signature and all.
     _implements_protocol: type[StepStore] = SqlStepStore
+    _implements_leases: type[SessionLeases] = SqlStepStore

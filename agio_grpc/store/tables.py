@@ -71,6 +71,9 @@ sessions = Table(
     Column("last_sequence", Integer, nullable=False, server_default="0"),
     # The one running run holding the session (NULL when idle); compare-and-set only.
     Column("active_run_id", String, nullable=True),
+    # When the holder's lease runs out unless renewed (app clock, UTC); NULL when idle.
+    # A holder whose lease expired may be displaced: its process is presumed dead.
+    Column("lease_expires_at", UTCDateTime, nullable=True),
     Index("ix_sessions_create_time_id", "create_time", "id"),
 )
 

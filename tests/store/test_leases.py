@@ -1,0 +1,301 @@
+"""Session leases (store/protocol.py), run unchanged on a SQLite file and on PostgreSQL.
+
+A crashed server is a holder that stops renewing. Each test plays it with a second store on
+the same database, opened with a tiny lease the way another process would open it, and waits
+for that lease to run out by reading its expiry from the database and watching the clock in
+a bounded loop. No test depends on a fixed sleep being long enough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+
+import pytest
+from alembic import command
+from sqlalchemy import Connection, insert, select
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopReason, utc_now
+from agio_grpc.store import SessionBusyError
+from agio_grpc.store.migrations import alembic_config, head_revision
+from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
+from agio_grpc.store.tables import runs, sessions
+
+TINY_LEASE_S = 0.2
+
+
+@pytest.fixture
+async def crashing(store_url: str) -> AsyncIterator[SqlStepStore]:
+    """A second store on the same database with a tiny lease: its takes expire unless
+    renewed, as those of a server that died right after taking a session."""
+    opened = await open_store(store_url, session_lease_s=TINY_LEASE_S)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def user(session_id: str, run_id: str, text: str = "hi") -> Step:
+    return Step(session_id=session_id, run_id=run_id, role=Role.USER, content=text)
+
+
+async def start(store: SqlStepStore, session: Session | None = None, text: str = "hi") -> Run:
+    """Start a run (on a new session when `session` is None) and return it as stored."""
+    fresh = Session() if session is None else None
+    run = Run(session_id=(fresh or session or Session()).id, agent="a")
+    started = await store.start_run(run, [user(run.session_id, run.id, text)], new_session=fresh)
+    return started.run
+
+
+async def lease_of(store_url: str, session_id: str) -> tuple[str | None, datetime | None]:
+    """The session's holder and lease expiry, read past the store."""
+    engine = create_async_engine(store_url)
+    try:
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(sessions.c.active_run_id, sessions.c.lease_expires_at).where(
+                        sessions.c.id == session_id
+                    )
+                )
+            ).one()
+    finally:
+        await engine.dispose()
+    return row.active_run_id, row.lease_expires_at
+
+
+async def wait_until_past(moment: datetime) -> None:
+    """Return once the clock the store uses has passed `moment`."""
+    await asyncio.sleep(max((moment - utc_now()).total_seconds(), 0) + 0.01)
+    assert utc_now() > moment
+
+
+async def wait_for_expiry(store_url: str, session_id: str) -> None:
+    _, expires = await lease_of(store_url, session_id)
+    assert expires is not None
+    await wait_until_past(expires)
+
+
+async def test_a_take_sets_a_lease_of_the_configured_length(
+    crashing: SqlStepStore, store_url: str
+) -> None:
+    before = utc_now()
+    run = await start(crashing)
+
+    holder, expires = await lease_of(store_url, run.session_id)
+
+    assert holder == run.id
+    assert expires is not None
+    assert before + timedelta(seconds=TINY_LEASE_S) <= expires
+    assert expires <= utc_now() + timedelta(seconds=TINY_LEASE_S)
+
+
+async def test_a_take_over_an_expired_lease_interrupts_the_previous_run(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)
+    reply = Step(
+        session_id=crashed.session_id,
+        run_id=crashed.id,
+        role=Role.ASSISTANT,
+        content="",
+        tool_calls=[],
+    )
+    await crashing.append_step(reply)  # the crashed run got one step further than its row
+    await wait_for_expiry(store_url, crashed.session_id)
+
+    taker = await start(store, await store.get_session(crashed.session_id), "again")
+
+    interrupted = await store.get_run(crashed.id)
+    assert interrupted.status is RunStatus.INTERRUPTED
+    signal = interrupted.stop_signal
+    assert signal is not None
+    assert signal.reason is StopReason.INTERRUPTED
+    assert signal.source == "server"
+    assert signal.message == LEASE_EXPIRED_MESSAGE
+    assert signal.retryable
+    assert signal.resume_from_sequence == 3  # after the user step and the reply
+    assert interrupted.end_time is not None
+    assert (interrupted.last_sequence, interrupted.step_count) == (2, 2)
+    assert taker.first_sequence == 3
+    holder, expires = await lease_of(store_url, crashed.session_id)
+    assert holder == taker.id
+    assert expires is not None
+    assert expires > utc_now() + timedelta(seconds=store.session_lease_s / 2)
+
+
+async def test_acquire_over_an_expired_lease_interrupts_the_previous_run(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)
+    await wait_for_expiry(store_url, crashed.session_id)
+
+    await store.acquire_session(crashed.session_id, "run_next")
+
+    assert (await store.get_run(crashed.id)).status is RunStatus.INTERRUPTED
+    assert (await store.get_session(crashed.session_id)).active_run_id == "run_next"
+
+
+async def test_a_take_over_an_expired_lease_leaves_an_ended_run_as_it_was(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    # The holder wrote its final state, then died before releasing the session.
+    ended = await start(crashing)
+    ended.status = RunStatus.COMPLETED
+    ended.end_time = utc_now()
+    await crashing.update_run(ended)
+    await wait_for_expiry(store_url, ended.session_id)
+
+    await store.acquire_session(ended.session_id, "run_next")
+
+    assert (await store.get_run(ended.id)).status is RunStatus.COMPLETED
+
+
+async def test_a_live_lease_is_not_taken(store: SqlStepStore) -> None:
+    holder = await start(store)
+
+    with pytest.raises(SessionBusyError) as busy:
+        await store.acquire_session(holder.session_id, "run_other")
+    with pytest.raises(SessionBusyError):
+        await start(store, await store.get_session(holder.session_id))
+
+    assert busy.value.active_run_id == holder.id
+    assert (await store.get_run(holder.id)).status is RunStatus.RUNNING
+    assert (await store.get_session(holder.session_id)).active_run_id == holder.id
+
+
+async def test_renewing_keeps_a_lease_alive_past_its_first_expiry(
+    store_url: str, store: SqlStepStore
+) -> None:
+    renewing = await open_store(store_url, session_lease_s=2.0)
+    try:
+        run = await start(renewing)
+        _, first_expiry = await lease_of(store_url, run.session_id)
+        assert first_expiry is not None
+        await wait_until_past(first_expiry - timedelta(seconds=1.0))
+
+        renewed = await renewing.renew_leases({run.session_id: run.id})
+
+        assert renewed == {run.session_id}
+        _, second_expiry = await lease_of(store_url, run.session_id)
+        assert second_expiry is not None
+        assert second_expiry > first_expiry
+        await wait_until_past(first_expiry)
+        with pytest.raises(SessionBusyError):
+            await store.acquire_session(run.session_id, "run_other")
+        assert (await store.get_run(run.id)).status is RunStatus.RUNNING
+    finally:
+        await renewing.close()
+
+
+async def test_renew_extends_only_sessions_still_held_by_the_named_run(
+    store: SqlStepStore, store_url: str
+) -> None:
+    held = await start(store)
+    released = await start(store)
+    await store.release_session(released.session_id, released.id)
+    _, before = await lease_of(store_url, held.session_id)
+
+    renewed = await store.renew_leases(
+        {
+            held.session_id: held.id,
+            released.session_id: released.id,
+            "sess_missing": "run_missing",
+        }
+    )
+    not_renewed = await store.renew_leases({held.session_id: "run_impostor"})
+
+    assert renewed == {held.session_id}
+    assert not_renewed == set()
+    assert await store.renew_leases({}) == set()
+    _, after = await lease_of(store_url, held.session_id)
+    assert before is not None
+    assert after is not None
+    assert after >= before
+    assert await lease_of(store_url, released.session_id) == (None, None)
+
+
+async def test_release_clears_the_holder_and_the_lease(store: SqlStepStore, store_url: str) -> None:
+    run = await start(store)
+
+    await store.release_session(run.session_id, run.id)
+
+    assert await lease_of(store_url, run.session_id) == (None, None)
+    await store.acquire_session(run.session_id, "run_next")
+
+
+async def test_recover_expired_runs_finalises_only_expired_holders(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)
+    live = await start(store)
+    await wait_for_expiry(store_url, crashed.session_id)
+
+    recovered = await store.recover_expired_runs()
+
+    assert recovered == [crashed.id]
+    interrupted = await store.get_run(crashed.id)
+    assert interrupted.status is RunStatus.INTERRUPTED
+    assert interrupted.stop_signal is not None
+    assert interrupted.stop_signal.resume_from_sequence == 2
+    assert await lease_of(store_url, crashed.session_id) == (None, None)
+    assert (await store.get_run(live.id)).status is RunStatus.RUNNING
+    assert (await lease_of(store_url, live.session_id))[0] == live.id
+    assert await store.recover_expired_runs() == []
+
+
+async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
+    store_url: str,
+) -> None:
+    """A database at 0001 (no leases) with a session held by a run its server never ended:
+    the upgrade keeps it, and the next take treats the lease-less holder as expired."""
+    await (await open_store(store_url)).close()
+    now = utc_now()
+
+    def downgrade_and_crash(conn: Connection) -> None:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0001")
+        conn.execute(
+            insert(sessions).values(
+                id="sess_stuck",
+                create_time=now,
+                update_time=now,
+                last_sequence=0,
+                active_run_id="run_stuck",
+            )
+        )
+        conn.execute(
+            insert(runs).values(
+                id="run_stuck",
+                session_id="sess_stuck",
+                agent="a",
+                status=RunStatus.RUNNING.value,
+                create_time=now,
+            )
+        )
+
+    engine = create_async_engine(store_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(downgrade_and_crash)
+    finally:
+        await engine.dispose()
+
+    upgraded = await open_store(store_url)
+    try:
+        assert await lease_of(store_url, "sess_stuck") == ("run_stuck", None)
+        await upgraded.acquire_session("sess_stuck", "run_next")
+        stuck = await upgraded.get_run("run_stuck")
+    finally:
+        await upgraded.close()
+
+    assert stuck.status is RunStatus.INTERRUPTED
+    assert stuck.stop_signal is not None
+    assert stuck.stop_signal.resume_from_sequence == 1
+    holder, expires = await lease_of(store_url, "sess_stuck")
+    assert holder == "run_next"
+    assert expires is not None
+    assert head_revision() == "0002"
