@@ -82,6 +82,9 @@ class RunStatus(enum.StrEnum):
         return self not in (RunStatus.RUNNING, RunStatus.REQUIRES_ACTION)
 
 
+_ROLE_VALUES: dict[Role, str] = {role: role.value for role in Role}
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One function call requested by the model; `arguments` is JSON text, maybe invalid."""
@@ -140,13 +143,16 @@ class Step:
 
     def to_message(self) -> dict[str, Any]:
         """The OpenAI chat message this step is, with no other conversion."""
-        message: dict[str, Any] = {"role": self.role.value, "content": self.content}
-        if self.role is Role.ASSISTANT and self.tool_calls:
+        # Called for every step of a session before every model call, so the role's value
+        # comes from a dict rather than the (slower) enum `value` property.
+        role = self.role
+        message: dict[str, Any] = {"role": _ROLE_VALUES[role], "content": self.content}
+        if role is Role.TOOL:
+            message["tool_call_id"] = self.tool_call_id
+        elif role is Role.ASSISTANT and self.tool_calls:
             message["tool_calls"] = [call.to_openai() for call in self.tool_calls]
             if not self.content:
                 message["content"] = None
-        if self.role is Role.TOOL:
-            message["tool_call_id"] = self.tool_call_id
         return message
 
 

@@ -14,22 +14,13 @@ Pure functions over steps: never reads the store, never mutates a step.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from agio_grpc.domain import Role, Step, ToolCall
 
 INTERRUPTED_RESULT = "Error: this tool call was interrupted before it returned a result."
-
-
-@dataclass(slots=True)
-class _Block:
-    """Messages that must stay together: one step, or a tool-calling step with its results."""
-
-    steps: list[Step]
-    can_start_history: bool
-    results: dict[str, Step] = field(default_factory=dict)
 
 
 def build_context(
@@ -43,48 +34,54 @@ def context_steps(
     instructions: str, steps: Sequence[Step], max_history_messages: int | None = None
 ) -> list[Step]:
     """`build_context` as steps: the system prompt and synthetic results have sequence 0."""
-    blocks = _cap(_blocks(steps), max_history_messages)
+    history, starts = _repaired(steps)
+    del history[: _first_kept(len(history), starts, max_history_messages)]
+    if not instructions:
+        return history
     session_id = steps[0].session_id if steps else ""
-    system = (
-        [Step(session_id, "", Role.SYSTEM, content=instructions, id="")] if instructions else []
-    )
-    return system + [step for block in blocks for step in block.steps]
+    history.insert(0, Step(session_id, "", Role.SYSTEM, content=instructions, id=""))
+    return history
 
 
-def _blocks(steps: Sequence[Step]) -> list[_Block]:
-    blocks: list[_Block] = []
-    open_block: _Block | None = None
+def _repaired(steps: Sequence[Step]) -> tuple[list[Step], list[int]]:
+    """The steps with tool results laid out after their calls, and where history may start.
+
+    One pass that allocates nothing per plain step: this runs over the whole session before
+    every model call. The second list holds the indexes (ascending) of the user and final
+    assistant steps, the only places a cut may fall.
+    """
+    history: list[Step] = []
+    starts: list[int] = []
+    caller: Step | None = None  # the assistant step whose results are being collected
+    call_ids: set[str] = set()
+    results: dict[str, Step] = {}
     for step in steps:
-        if step.role is Role.TOOL:
-            if open_block is not None and _answers(open_block, step):
-                open_block.results[step.tool_call_id] = step
-            continue  # an orphan result: no call to attach it to
-        if open_block is not None:
-            _close(open_block)
-            open_block = None
-        if step.role is Role.ASSISTANT and step.tool_calls:
-            open_block = _Block([step], can_start_history=False)
-            blocks.append(open_block)
-        else:
-            starts = step.role is Role.USER or step.role is Role.ASSISTANT
-            blocks.append(_Block([step], can_start_history=starts))
-    if open_block is not None:
-        _close(open_block)
-    return blocks
+        role = step.role
+        if role is Role.TOOL:
+            # The first result of each of the caller's calls counts; orphans are dropped.
+            call_id = step.tool_call_id
+            if caller is not None and call_id in call_ids and call_id not in results:
+                results[call_id] = step
+            continue
+        if caller is not None:
+            _lay_out_results(history, caller, results)
+            caller = None
+        if role is Role.ASSISTANT and step.tool_calls:
+            caller = step
+            call_ids = {call.id for call in step.tool_calls}
+            results = {}
+        elif role is Role.USER or role is Role.ASSISTANT:
+            starts.append(len(history))
+        history.append(step)
+    if caller is not None:
+        _lay_out_results(history, caller, results)
+    return history, starts
 
 
-def _answers(block: _Block, step: Step) -> bool:
-    call_ids = {call.id for call in block.steps[0].tool_calls}
-    return step.tool_call_id in call_ids and step.tool_call_id not in block.results
-
-
-def _close(block: _Block) -> None:
-    """Lay out the block's results in call order, inventing the missing ones."""
-    assistant = block.steps[0]
-    block.steps = [assistant] + [
-        block.results.get(call.id) or _interrupted_result(assistant, call)
-        for call in assistant.tool_calls
-    ]
+def _lay_out_results(history: list[Step], caller: Step, results: dict[str, Step]) -> None:
+    """Append the caller's results in call order, inventing the missing ones."""
+    for call in caller.tool_calls:
+        history.append(results.get(call.id) or _interrupted_result(caller, call))
 
 
 def _interrupted_result(assistant: Step, call: ToolCall) -> Step:
@@ -101,20 +98,15 @@ def _interrupted_result(assistant: Step, call: ToolCall) -> Step:
     )
 
 
-def _cap(blocks: list[_Block], max_messages: int | None) -> list[_Block]:
-    if max_messages is None or sum(len(block.steps) for block in blocks) <= max_messages:
-        return blocks
-    start = len(blocks)
-    kept = 0
-    for index in range(len(blocks) - 1, -1, -1):
-        kept += len(blocks[index].steps)
-        if kept > max_messages:
-            break
-        if blocks[index].can_start_history:
-            start = index
-    if start == len(blocks):  # even the latest exchange is over the cap: keep it whole
-        start = next((i for i in range(len(blocks) - 1, -1, -1) if blocks[i].can_start_history), 0)
-    return blocks[start:]
+def _first_kept(length: int, starts: list[int], max_messages: int | None) -> int:
+    """Where the capped history begins: the oldest start that leaves at most `max_messages`
+    after it; when none does, the latest start (the newest exchange, kept whole)."""
+    if max_messages is None or length <= max_messages:
+        return 0
+    index = bisect_left(starts, length - max_messages)
+    if index < len(starts):
+        return starts[index]
+    return starts[-1] if starts else 0
 
 
 def open_tool_calls(steps: Sequence[Step]) -> tuple[Step | None, list[ToolCall]]:

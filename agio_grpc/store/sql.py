@@ -27,13 +27,15 @@ mistake; a driver exception never escapes. Never imports grpc or the engine.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from sqlalchemy import (
     Connection,
+    Select,
     and_,
     bindparam,
     case,
@@ -74,12 +76,13 @@ from agio_grpc.store.errors import (
 from agio_grpc.store.migrations import upgrade_to_head
 from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
 from agio_grpc.store.rows import (
+    STEP_READ_COLUMNS,
     aware_utc,
     run_from_row,
     run_mutable_values,
     session_from_row,
-    step_from_row,
     step_row,
+    steps_from_rows,
     stop_signal_json,
     stored_copy,
     stored_run,
@@ -216,53 +219,40 @@ class SqlStepStore:
     async def get_steps(
         self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
     ) -> list[Step]:
-        query = (
-            select(step_table)
-            .where(step_table.c.session_id == session_id, step_table.c.sequence >= start)
-            .order_by(step_table.c.sequence)
-        )
-        if end is not None:
-            query = query.where(step_table.c.sequence <= end)
         if limit is not None:
             _check_limit(limit)
-            query = query.limit(limit)
+        query = _select_steps(bounded=end is not None, limited=limit is not None)
+        params = {"session_id": session_id, "start": start, "end": end, "limit": limit}
 
         def work(conn: Connection) -> list[Step]:
-            rows = conn.execute(query).all()
-            if not rows:
+            steps = _read_steps(conn, session_id, query, params)
+            if not steps:
                 _require_session(conn, session_id)
-            return [step_from_row(row) for row in rows]
+            return steps
 
         return await self._read(work)
 
     async def get_step(self, session_id: str, sequence: int) -> Step:
-        def work(conn: Connection) -> Any:
-            row = conn.execute(
-                select(step_table).where(
-                    step_table.c.session_id == session_id, step_table.c.sequence == sequence
-                )
-            ).first()
-            if row is None:
+        def work(conn: Connection) -> Step:
+            steps = _read_steps(
+                conn, session_id, _SELECT_STEP, {"session_id": session_id, "sequence": sequence}
+            )
+            if not steps:
                 _require_session(conn, session_id)
                 raise NotFoundError("step", f"{session_id}#{sequence}")
-            return row
+            return steps[0]
 
-        return step_from_row(await self._read(work))
+        return await self._read(work)
 
     async def get_last_step(self, session_id: str) -> Step | None:
-        def work(conn: Connection) -> Any:
-            row = conn.execute(
-                select(step_table)
-                .where(step_table.c.session_id == session_id)
-                .order_by(step_table.c.sequence.desc())
-                .limit(1)
-            ).first()
-            if row is None:
+        def work(conn: Connection) -> Step | None:
+            steps = _read_steps(conn, session_id, _SELECT_LAST_STEP, {"session_id": session_id})
+            if not steps:
                 _require_session(conn, session_id)
-            return row
+                return None
+            return steps[0]
 
-        row = await self._read(work)
-        return None if row is None else step_from_row(row)
+        return await self._read(work)
 
     async def count_steps(self, session_id: str) -> int:
         # Sequences are exactly 1..N, so the counter is the count.
@@ -421,13 +411,9 @@ class SqlStepStore:
             if first == 1:
                 history = list(stored_steps)
             else:
-                rows = conn.execute(
-                    select(step_table)
-                    .where(step_table.c.session_id == run.session_id)
-                    .where(step_table.c.sequence < first)
-                    .order_by(step_table.c.sequence)
-                ).all()
-                history = [step_from_row(row) for row in rows] + stored_steps
+                params = {"session_id": run.session_id, "end": first - 1, "start": 1}
+                query = _select_steps(bounded=True, limited=False)
+                history = _read_steps(conn, run.session_id, query, params) + stored_steps
             return RunStart(run=started, steps=stored_steps, history=history)
 
         return await self._write(work)
@@ -572,6 +558,44 @@ _ALLOCATE_SEQUENCES: Final = (
     )
     .returning(session_table.c.last_sequence)
 )
+# A session's steps as `steps_from_rows` reads them.
+_SELECT_SESSION_STEPS: Final = select(*STEP_READ_COLUMNS).where(
+    step_table.c.session_id == bindparam("session_id")
+)
+_SELECT_STEP: Final = _SELECT_SESSION_STEPS.where(step_table.c.sequence == bindparam("sequence"))
+_SELECT_LAST_STEP: Final = _SELECT_SESSION_STEPS.order_by(step_table.c.sequence.desc()).limit(1)
+
+
+@functools.cache
+def _select_steps(*, bounded: bool, limited: bool) -> Select[Any]:
+    """Steps from `:start`, up to `:end` when `bounded`, at most `:limit` when `limited`."""
+    query = _SELECT_SESSION_STEPS.where(step_table.c.sequence >= bindparam("start"))
+    if bounded:
+        query = query.where(step_table.c.sequence <= bindparam("end"))
+    query = query.order_by(step_table.c.sequence)
+    return query.limit(bindparam("limit")) if limited else query
+
+
+def _read_steps(
+    conn: Connection, session_id: str, query: Select[Any], params: Mapping[str, Any]
+) -> list[Step]:
+    """The steps `query` selects, decoded from the driver's rows.
+
+    The rows come straight off the DBAPI cursor, not as SQLAlchemy `Row`s: its result
+    processing (a regex per datetime, an object per row) was most of the cost of reading a
+    long session. Iterated rather than fetched whole, so each row tuple is freed as soon as
+    its step is built instead of all of them piling up for the garbage collector.
+    """
+    result = conn.execute(query, params)
+    try:
+        # Both drivers' cursors iterate (PEP 249's optional extension; asyncpg's adapter
+        # has the rows in memory already), which SQLAlchemy's cursor protocol leaves out.
+        rows = cast("Iterable[Sequence[Any]]", result.cursor)
+        return steps_from_rows(session_id, rows)
+    finally:
+        result.close()
+
+
 _HELD: Final = and_(session_table.c.active_run_id.is_not(None), session_table.c.active_run_id != "")
 _TAKE_FREE_SESSION: Final = (
     update(session_table)

@@ -307,6 +307,53 @@ async def test_step_round_trips_every_field(store: SqlStepStore) -> None:
     assert loaded.metrics == draft.metrics
 
 
+async def test_every_read_returns_steps_exactly_as_appended(store: SqlStepStore) -> None:
+    # Every field distinct from its neighbours, so a column read into the wrong field shows.
+    session = await store.create_session()
+    metrics = StepMetrics(1, 2, 3, 4, 5, 6, 7, "model", "provider", 8, 9)
+    drafts = [
+        Step(session.id, "run_a", Role.SYSTEM, content="be brief"),
+        Step(session.id, "run_a", Role.USER, content="question", trace_id="t1", span_id="s1"),
+        Step(
+            session.id,
+            "run_b",
+            Role.ASSISTANT,
+            content="",
+            reasoning_content="thinking",
+            tool_calls=[ToolCall("call_1", "lookup", '{"q": "é ☃"}')],
+            metrics=metrics,
+        ),
+        Step(
+            session.id,
+            "run_b",
+            Role.TOOL,
+            content="result",
+            tool_call_id="call_1",
+            name="lookup",
+            is_error=True,
+            trace_id="t2",
+            span_id="s2",
+        ),
+    ]
+    first = await store.append_steps(drafts[:2])
+    second = [await store.append_step(step) for step in drafts[2:]]
+    appended = first + second
+
+    assert await store.get_steps(session.id) == appended
+    assert await store.get_steps(session.id, 2, 3) == appended[1:3]
+    assert [await store.get_step(session.id, n) for n in (1, 2, 3, 4)] == appended
+    assert await store.get_last_step(session.id) == appended[-1]
+    for step in await store.get_steps(session.id):
+        assert step.create_time is not None
+        assert step.create_time.tzinfo is UTC
+        assert type(step.is_error) is bool
+        assert type(step.role) is Role
+    start = await store.start_run(
+        Run(session_id=session.id, agent="a"), [user(session.id, "next", run_id="run_c")]
+    )
+    assert start.history == appended + start.steps
+
+
 async def test_get_steps_by_range_and_limit(store: SqlStepStore) -> None:
     session = await session_with_steps(store, 6)
 
