@@ -31,6 +31,10 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, handlers=[trace_log_handler(logging.StreamHandler(sys.stderr))]
     )
+    if level == "INFO":
+        # The HTTP client logs every model request at INFO: one line per model call, in a
+        # service that makes thousands of them; its warnings and errors still show.
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -3,10 +3,13 @@
 For each concurrency level: a fresh fake model (tool call first, then `tokens` one-word
 chunks at `rate` tokens/s) and a fresh server (so its peak memory is this level's), then
 load generator processes (`bench.loadgen`, up to 500 runs each) that start every run at
-once over lean `grpc.aio` stubs. Then the Agents SDK at the same concurrency, in one
-process of its own against its own fake model. Reported: errors, the p50/p99 gap between
-text deltas as the caller sees them (the model's own pace is 1000/rate ms), server CPU per
-run and peak memory (the SDK's process for the SDK).
+once over lean `grpc.aio` stubs. Then the gRPC floor (`bench.floor`: a bare grpc.aio server
+streaming the same paced deltas, nothing behind them) under the same load generators, and
+the Agents SDK at the same concurrency, in one process of its own against its own fake
+model. Reported: errors, the p50/p99 gap between text deltas as the caller sees them (the
+model's own pace is 1000/rate ms), server CPU per run and peak memory (the SDK's process
+for the SDK), and the CPU every process of the level used together (server, fake model,
+load generators) over the wall time, in cores: all of them share this machine's cores.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class LevelResult:
     cpu_ms_per_run: float
     peak_rss_mb: float
     wall_s: float
+    machine_cores: float
+    """CPU seconds of every process of the level (server, model, load) per wall second."""
 
 
 async def _generate(kind: str, target: str, runs: int) -> LoadResult:
@@ -80,27 +85,47 @@ async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
         with tempfile.TemporaryDirectory() as scratch:
             database = f"sqlite+aiosqlite:///{Path(scratch) / 'load.db'}"
             async with procs.agio_server(model.ready, database) as server:
-                generators = math.ceil(concurrency / RUNS_PER_GENERATOR)
-                shares = [concurrency // generators] * generators
-                shares[0] += concurrency - sum(shares)
-                cpu = server.cpu_s()
-                parts = await asyncio.gather(
-                    *(_generate("agio", server.ready, share) for share in shares)
-                )
+                cpu, model_cpu = server.cpu_s(), model.cpu_s()
+                load = await _load("agio", server.ready, concurrency)
                 server_cpu = server.cpu_s() - cpu
+                others_cpu = model.cpu_s() - model_cpu + load.cpu_s
                 peak = server.peak_rss_mb()
-    load = _merge(list(parts))
-    return _level("agio-grpc", concurrency, load, server_cpu, peak)
+    return _level("agio-grpc", concurrency, load, server_cpu, peak, others_cpu)
+
+
+async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
+    async with procs.grpc_floor(tokens, rate) as server:
+        cpu = server.cpu_s()
+        load = await _load("agio", server.ready, concurrency)
+        server_cpu = server.cpu_s() - cpu
+        peak = server.peak_rss_mb()
+    return _level("grpc floor", concurrency, load, server_cpu, peak, load.cpu_s)
 
 
 async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     async with procs.fake_model(tokens, rate, tool_first=True) as model:
+        model_cpu = model.cpu_s()
         load = await _generate("sdk", model.ready, concurrency)
-    return _level("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb)
+        model_cpu = model.cpu_s() - model_cpu
+    return _level("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb, model_cpu)
+
+
+async def _load(kind: str, target: str, concurrency: int) -> LoadResult:
+    """`concurrency` runs at once, over as many load generator processes as it takes."""
+    generators = math.ceil(concurrency / RUNS_PER_GENERATOR)
+    shares = [concurrency // generators] * generators
+    shares[0] += concurrency - sum(shares)
+    parts = await asyncio.gather(*(_generate(kind, target, share) for share in shares))
+    return _merge(list(parts))
 
 
 def _level(
-    system: str, concurrency: int, load: LoadResult, cpu_s: float, peak_mb: float
+    system: str,
+    concurrency: int,
+    load: LoadResult,
+    cpu_s: float,
+    peak_mb: float,
+    others_cpu_s: float,
 ) -> LevelResult:
     return LevelResult(
         system=system,
@@ -113,6 +138,7 @@ def _level(
         cpu_ms_per_run=cpu_s / concurrency * 1000,
         peak_rss_mb=peak_mb,
         wall_s=load.wall_s,
+        machine_cores=(cpu_s + others_cpu_s) / load.wall_s if load.wall_s else 0.0,
     )
 
 
@@ -120,6 +146,7 @@ async def measure(levels: list[int], tokens: int, rate: float, sdk: bool) -> lis
     results: list[LevelResult] = []
     for level in levels:
         results.append(await agio_level(level, tokens, rate))
+        results.append(await floor_level(level, tokens, rate))
         if sdk:
             results.append(await sdk_level(level, tokens, rate))
     return results

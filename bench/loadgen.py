@@ -71,7 +71,7 @@ async def agio_load(address: str, runs: int, result: LoadResult) -> None:
                     return
             result.failed("the stream ended without a terminal event")
         except grpc.aio.AioRpcError as error:
-            result.failed(f"{error.code().name}: {error.details()}")
+            result.failed(f"{error.code().name}: {error.details()} ({error.debug_error_string()})")
 
     try:
         await asyncio.gather(*(one(index) for index in range(runs)))

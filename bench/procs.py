@@ -123,3 +123,12 @@ async def agio_server(
     }
     async with child([*CLI, "serve"], LISTEN_LINE, env | (extra_env or {}), "stderr") as started:
         yield started
+
+
+@asynccontextmanager
+async def grpc_floor(tokens: int, tokens_per_second: float) -> AsyncIterator[Child]:
+    """`bench.floor`: bare gRPC streaming the same paced deltas; `ready` is its address."""
+    args = [sys.executable, "-m", "bench.floor", "--tokens", str(tokens)]
+    args += ["--tokens-per-second", str(tokens_per_second)]
+    async with child(args, LISTEN_LINE, clean_env(), "stderr") as started:
+        yield started

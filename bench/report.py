@@ -159,6 +159,7 @@ def _concurrency_markdown(report: Report) -> str:
                 f"{level.cpu_ms_per_run:.1f}",
                 f"{level.peak_rss_mb:.0f}",
                 f"{level.wall_s:.1f}",
+                f"{level.machine_cores:.2f}",
             ]
         )
         if level.system == "agio-grpc" and level.concurrency >= 1000:
@@ -191,11 +192,16 @@ def _concurrency_markdown(report: Report) -> str:
                 "CPU ms/run",
                 "peak MB",
                 "wall s",
+                "machine cores",
             ],
             rows,
         ),
-        "CPU and memory: the server process for agio-grpc (load generators excluded); the "
-        "one process running the SDK for agents-sdk (its callers included, as they share it).",
+        "CPU and memory: the server process for agio-grpc and the grpc floor (load generators "
+        "excluded); the one process running the SDK for agents-sdk (its callers included, as "
+        "they share it). grpc floor: a bare grpc.aio server streaming the same paced deltas "
+        "with nothing behind them (bench/floor.py), what Python gRPC alone costs here. "
+        "Machine cores: CPU of every process of the level (server, fake model, load "
+        f"generators) per wall second; this machine has {os.cpu_count()}.",
     ]
     if targets:
         parts.append(_table(["target", "measured", "target", "verdict"], targets))

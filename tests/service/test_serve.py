@@ -63,12 +63,16 @@ async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> Non
             assert [s.sequence for s in steps] == [1, 2, 3, 4]
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
+            rest = (await process.stderr.read()).decode()
             assert await process.wait() == 0
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
     assert (tmp_path / "agio.db").exists()
+    # Model calls are not logged one line each at INFO (the HTTP client would).
+    assert "HTTP Request" not in log + rest
+    assert "stopped" in rest
 
 
 async def test_serve_refuses_an_invalid_configuration(tmp_path: Path) -> None:
