@@ -95,6 +95,11 @@ class ServerConfig(_Strict):
     """Clients pinging more often than this are told off (GOAWAY too_many_pings)."""
     max_connection_idle_s: float = Field(3600.0, gt=0)
     """Close connections idle this long."""
+    max_call_queue_time_s: int = Field(3600, ge=1)
+    """How long an arrived call may wait for the server to pick it up before gRPC cancels it.
+    gRPC's own default is 30 s, after which a call queued behind a busy event loop ends with
+    a bare CANCELLED; this long, the caller's deadline decides instead. To shed load
+    explicitly, set `max_concurrent_rpcs` (RESOURCE_EXHAUSTED)."""
     session_lease_s: float = Field(30.0, gt=0)
     """How long a run holds its session without renewal (renewed every third of it): after a
     crash, the session is taken over by the next run this long after the last renewal."""

@@ -46,6 +46,7 @@ def server_options(config: ServerConfig) -> list[tuple[str, int]]:
             int(config.min_client_ping_interval_s * 1000),
         ),
         ("grpc.max_connection_idle_ms", int(config.max_connection_idle_s * 1000)),
+        ("grpc.server_max_unrequested_time_in_server", config.max_call_queue_time_s),
     ]
 
 
