@@ -100,7 +100,8 @@ def _interrupted_result(assistant: Step, call: ToolCall) -> Step:
 
 def _first_kept(length: int, starts: list[int], max_messages: int | None) -> int:
     """Where the capped history begins: the oldest start that leaves at most `max_messages`
-    after it; when none does, the latest start (the newest exchange, kept whole)."""
+    from it on; when none does, the latest start (the newest exchange, kept whole); with no
+    start at all, the beginning."""
     if max_messages is None or length <= max_messages:
         return 0
     index = bisect_left(starts, length - max_messages)
