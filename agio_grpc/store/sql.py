@@ -219,10 +219,13 @@ class SqlStepStore:
     async def get_steps(
         self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
     ) -> list[Step]:
+        params: dict[str, Any] = {"session_id": session_id, "start": start}
+        if end is not None:
+            params["end"] = end
         if limit is not None:
             _check_limit(limit)
+            params["limit"] = limit
         query = _select_steps(bounded=end is not None, limited=limit is not None)
-        params = {"session_id": session_id, "start": start, "end": end, "limit": limit}
 
         def work(conn: Connection) -> list[Step]:
             steps = _read_steps(conn, session_id, query, params)
@@ -411,9 +414,9 @@ class SqlStepStore:
             if first == 1:
                 history = list(stored_steps)
             else:
-                params = {"session_id": run.session_id, "end": first - 1, "start": 1}
+                earlier = {"session_id": run.session_id, "start": 1, "end": first - 1}
                 query = _select_steps(bounded=True, limited=False)
-                history = _read_steps(conn, run.session_id, query, params) + stored_steps
+                history = _read_steps(conn, run.session_id, query, earlier) + stored_steps
             return RunStart(run=started, steps=stored_steps, history=history)
 
         return await self._write(work)
