@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 
 def new_id(prefix: str) -> str:
@@ -82,7 +82,7 @@ class RunStatus(enum.StrEnum):
         return self not in (RunStatus.RUNNING, RunStatus.REQUIRES_ACTION)
 
 
-_ROLE_VALUES: dict[Role, str] = {role: role.value for role in Role}
+_ROLE_VALUES: Final[dict[Role, str]] = {role: role.value for role in Role}
 
 
 @dataclass(frozen=True, slots=True)
