@@ -45,7 +45,12 @@ async def agio_load(address: str, runs: int, result: LoadResult) -> None:
     from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
 
     # Several channels: one HTTP/2 connection per ~100 streams, as a fleet of callers would.
-    channels = [grpc.aio.insecure_channel(address) for _ in range(max(1, runs // 100))]
+    # A local subchannel pool per channel: otherwise channels to one target share a single
+    # connection in this process.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [
+        grpc.aio.insecure_channel(address, options=options) for _ in range(max(1, runs // 100))
+    ]
     stubs = [agent_service_pb2_grpc.AgentServiceStub(channel) for channel in channels]
 
     async def one(index: int) -> None:

@@ -216,10 +216,11 @@ def _store_markdown(results: list[StoreResult]) -> str:
     targets = []
     for result in results:
         if result.skipped:
-            rows.append([result.backend, f"skipped: {result.skipped}", "", ""])
+            rows.append([result.backend, f"skipped: {result.skipped}", "", "", ""])
             continue
         for size, (mid, p99) in result.context_ms.items():
-            rows.append([result.backend, str(size), f"{mid:.2f}", f"{p99:.2f}"])
+            full = f"{result.full_read_ms[size]:.2f}"
+            rows.append([result.backend, str(size), f"{mid:.2f}", f"{p99:.2f}", full])
             if result.backend == "sqlite" and size == 1000:
                 targets.append(
                     [
@@ -233,8 +234,10 @@ def _store_markdown(results: list[StoreResult]) -> str:
             writes.append([result.backend, str(writers), f"{rate:.0f}"])
     parts = [
         "## B5: store",
-        "Context build (read every step + build the messages):",
-        _table(["backend", "steps", "median ms", "p99 ms"], rows),
+        "Context build: read the conversation (`get_history`, what a run reads before its "
+        "first model call) + build the messages. Full read: `get_steps` of the same steps, "
+        "every column (what ListSteps serves).",
+        _table(["backend", "steps", "median ms", "p99 ms", "full read median ms"], rows),
         "Step writes, one step per transaction, each writer on its own session:",
         _table(["backend", "concurrent writers", "steps/s"], writes),
     ]

@@ -1,7 +1,9 @@
 """B5: context build time by session length, and step write throughput under concurrency.
 
-Context build = what a model call does before it can start: read the session's steps
-(`StepStore.get_steps`) and turn them into messages (`build_context`). Sessions of 100,
+Context build = what a run does before its first model call can start: read the session's
+conversation (`StepStore.get_history`, the engine's read: message fields only) and turn it
+into messages (`build_context`). Alongside, the full read of the same steps
+(`StepStore.get_steps`: every column, what ListSteps serves). Sessions of 100,
 1,000 and 10,000 steps (a user / assistant-with-tool-call / tool / assistant pattern);
 median and p99 of repeated builds. Write throughput = steps/s when C tasks each append one
 step per transaction to their own session, as C concurrent runs do.
@@ -31,6 +33,8 @@ class StoreResult:
     backend: str
     context_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Steps in the session -> (median, p99) ms of one context build."""
+    full_read_ms: dict[int, float] = field(default_factory=dict)
+    """Steps in the session -> median ms of one `get_steps` of all of them."""
     writes_per_s: dict[int, float] = field(default_factory=dict)
     """Concurrent writers -> steps stored per second."""
     skipped: str = ""
@@ -61,19 +65,26 @@ def _steps(session_id: str, count: int) -> list[Step]:
     return steps
 
 
-async def _context_build(store: SqlStepStore, count: int, repeats: int) -> tuple[float, float]:
+async def _context_build(
+    store: SqlStepStore, count: int, repeats: int
+) -> tuple[tuple[float, float], float]:
+    """((median, p99) ms of a context build, median ms of a full read) for `count` steps."""
     session = await store.create_session()
     steps = _steps(session.id, count)
     for start in range(0, count, 1000):
         await store.append_steps(steps[start : start + 1000])
     timings: list[float] = []
+    full_reads: list[float] = []
     for _ in range(repeats + 2):
         started = time.perf_counter()
-        history = await store.get_steps(session.id)
+        history = await store.get_history(session.id)
         build_context("You are a helpful assistant.", history, None)
         timings.append((time.perf_counter() - started) * 1000)
-    timings = timings[2:]  # warm caches first
-    return median(timings), percentile(timings, 99)
+        started = time.perf_counter()
+        await store.get_steps(session.id)
+        full_reads.append((time.perf_counter() - started) * 1000)
+    timings, full_reads = timings[2:], full_reads[2:]  # warm caches first
+    return (median(timings), percentile(timings, 99)), median(full_reads)
 
 
 async def _write_throughput(store: SqlStepStore, writers: int, duration_s: float) -> float:
@@ -99,7 +110,9 @@ async def measure_store(
     store = await open_store(url)
     try:
         for size in sizes:
-            result.context_ms[size] = await _context_build(store, size, repeats)
+            result.context_ms[size], result.full_read_ms[size] = await _context_build(
+                store, size, repeats
+            )
         for count in writers:
             result.writes_per_s[count] = await _write_throughput(store, count, write_s)
     finally:

@@ -269,7 +269,7 @@ class Runtime:
             run.first_sequence = run.last_sequence = user.sequence
             run.step_count = 1
             await self.store.create_run(run)
-            history = await self.store.get_steps(session_id)
+            history = await self.store.get_history(session_id)
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
             await self._release_quietly(session_id, run.id)
@@ -288,7 +288,7 @@ class Runtime:
         """
         self._check_open()
         run = await self._run_requiring_action(run_id)
-        history = await self.store.get_steps(run.session_id)
+        history = await self.store.get_history(run.session_id)
         _, pending = open_tool_calls(history)
         by_id = _check_outputs(outputs, pending)
         await self.store.acquire_session(run.session_id, run.id)
@@ -363,7 +363,7 @@ class Runtime:
                 f"must be between 2 and {last.sequence + 1} "
                 "(at least one step must remain to regenerate from)",
             )
-        history = await self.store.get_steps(session_id, 1, sequence - 1)
+        history = await self.store.get_history(session_id, 1, sequence - 1)
         plan = _retry_plan(history, sequence)
         agent, settings = await self._settings_of_step(history[-1])
         run = Run(session_id=session_id, agent=agent, options=settings.to_options())
@@ -623,7 +623,7 @@ class Runtime:
         run = await self.store.get_run(run_id)
         if run.status is not RunStatus.REQUIRES_ACTION:
             return run
-        history = await self.store.get_steps(run.session_id, run.first_sequence or 1)
+        history = await self.store.get_history(run.session_id, run.first_sequence or 1)
         assistant, pending = open_tool_calls(history)
         if assistant is not None and pending:
             why = f"the run was cancelled ({signal.message})"

@@ -45,7 +45,8 @@ class RunStart:
     steps: list[Step]
     """The run's first steps as stored (sequences and create times set)."""
     history: list[Step]
-    """Every step of the session, in sequence order, ending with `steps`."""
+    """Every step of the session, in sequence order, ending with `steps`; the earlier ones
+    as `get_history` reads them (message fields only)."""
 
 
 class StepStore(Protocol):
@@ -85,6 +86,16 @@ class StepStore(Protocol):
         self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
     ) -> list[Step]:
         """Steps with start <= sequence <= end (end None = to the last), in sequence order."""
+        ...
+
+    async def get_history(
+        self, session_id: str, start: int = 1, end: int | None = None
+    ) -> list[Step]:
+        """Steps as `get_steps` returns them, with only what a conversation needs: id, run_id,
+        sequence and the message fields (role, content, reasoning_content, tool_calls,
+        tool_call_id, name, is_error). Metrics, create_time and trace ids keep their
+        defaults. What the engine reads to build a model's context: about half the columns,
+        so about half the cost of reading a long session. Raises NotFoundError."""
         ...
 
     async def get_step(self, session_id: str, sequence: int) -> Step:

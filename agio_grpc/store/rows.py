@@ -117,6 +117,8 @@ STEP_READ_COLUMNS: Final = tuple(
         *METRIC_FIELDS,
     )
 )
+HISTORY_READ_COLUMNS: Final = STEP_READ_COLUMNS[:10]
+"""The message columns: `STEP_READ_COLUMNS` up to `is_error`."""
 _ROLE_OF: Final = {role.value: role for role in Role}
 _NO_TOOL_CALLS: Final = "[]"
 
@@ -192,6 +194,41 @@ def steps_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step
             )
         )
     return steps
+
+
+def history_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step]:
+    """Steps of `session_id` from driver rows of `HISTORY_READ_COLUMNS` (as `steps_from_rows`,
+    for the message fields only: metrics, create_time and trace ids keep their defaults)."""
+    return [
+        Step(
+            session_id,
+            run_id,
+            _ROLE_OF[role],
+            content,
+            reasoning_content,
+            [] if not tool_calls or tool_calls == _NO_TOOL_CALLS else _tool_calls(tool_calls),
+            tool_call_id,
+            name,
+            bool(is_error),
+            StepMetrics(),
+            step_id,
+            sequence,
+        )
+        # Positional in `Step` field order (keywords cost ~40% more); tests/store compare
+        # every field with what get_steps reads.
+        for (
+            step_id,
+            run_id,
+            sequence,
+            role,
+            content,
+            reasoning_content,
+            tool_calls,
+            tool_call_id,
+            name,
+            is_error,
+        ) in rows
+    ]
 
 
 # `raw_decode` skips the whitespace scans of `json.loads`: the text is what `step_row` wrote.

@@ -76,8 +76,10 @@ from agio_grpc.store.errors import (
 from agio_grpc.store.migrations import upgrade_to_head
 from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
 from agio_grpc.store.rows import (
+    HISTORY_READ_COLUMNS,
     STEP_READ_COLUMNS,
     aware_utc,
+    history_from_rows,
     run_from_row,
     run_mutable_values,
     session_from_row,
@@ -229,6 +231,22 @@ class SqlStepStore:
 
         def work(conn: Connection) -> list[Step]:
             steps = _read_steps(conn, session_id, query, params)
+            if not steps:
+                _require_session(conn, session_id)
+            return steps
+
+        return await self._read(work)
+
+    async def get_history(
+        self, session_id: str, start: int = 1, end: int | None = None
+    ) -> list[Step]:
+        params: dict[str, Any] = {"session_id": session_id, "start": start}
+        if end is not None:
+            params["end"] = end
+        query = _select_steps(bounded=end is not None, limited=False, history=True)
+
+        def work(conn: Connection) -> list[Step]:
+            steps = _read_steps(conn, session_id, query, params, history_from_rows)
             if not steps:
                 _require_session(conn, session_id)
             return steps
@@ -415,8 +433,9 @@ class SqlStepStore:
                 history = list(stored_steps)
             else:
                 earlier = {"session_id": run.session_id, "start": 1, "end": first - 1}
-                query = _select_steps(bounded=True, limited=False)
-                history = _read_steps(conn, run.session_id, query, earlier) + stored_steps
+                query = _select_steps(bounded=True, limited=False, history=True)
+                before = _read_steps(conn, run.session_id, query, earlier, history_from_rows)
+                history = before + stored_steps
             return RunStart(run=started, steps=stored_steps, history=history)
 
         return await self._write(work)
@@ -565,14 +584,20 @@ _ALLOCATE_SEQUENCES: Final = (
 _SELECT_SESSION_STEPS: Final = select(*STEP_READ_COLUMNS).where(
     step_table.c.session_id == bindparam("session_id")
 )
+# Its conversation only, as `history_from_rows` reads it.
+_SELECT_SESSION_HISTORY: Final = select(*HISTORY_READ_COLUMNS).where(
+    step_table.c.session_id == bindparam("session_id")
+)
 _SELECT_STEP: Final = _SELECT_SESSION_STEPS.where(step_table.c.sequence == bindparam("sequence"))
 _SELECT_LAST_STEP: Final = _SELECT_SESSION_STEPS.order_by(step_table.c.sequence.desc()).limit(1)
 
 
 @functools.cache
-def _select_steps(*, bounded: bool, limited: bool) -> Select[Any]:
-    """Steps from `:start`, up to `:end` when `bounded`, at most `:limit` when `limited`."""
-    query = _SELECT_SESSION_STEPS.where(step_table.c.sequence >= bindparam("start"))
+def _select_steps(*, bounded: bool, limited: bool, history: bool = False) -> Select[Any]:
+    """Steps from `:start`, up to `:end` when `bounded`, at most `:limit` when `limited`;
+    with `history`, only the columns `history_from_rows` reads."""
+    base = _SELECT_SESSION_HISTORY if history else _SELECT_SESSION_STEPS
+    query = base.where(step_table.c.sequence >= bindparam("start"))
     if bounded:
         query = query.where(step_table.c.sequence <= bindparam("end"))
     query = query.order_by(step_table.c.sequence)
@@ -580,7 +605,11 @@ def _select_steps(*, bounded: bool, limited: bool) -> Select[Any]:
 
 
 def _read_steps(
-    conn: Connection, session_id: str, query: Select[Any], params: Mapping[str, Any]
+    conn: Connection,
+    session_id: str,
+    query: Select[Any],
+    params: Mapping[str, Any],
+    decode: Callable[[str, Iterable[Sequence[Any]]], list[Step]] = steps_from_rows,
 ) -> list[Step]:
     """The steps `query` selects, decoded from the driver's rows.
 
@@ -594,7 +623,7 @@ def _read_steps(
         # Both drivers' cursors iterate (PEP 249's optional extension; asyncpg's adapter
         # has the rows in memory already), which SQLAlchemy's cursor protocol leaves out.
         rows = cast("Iterable[Sequence[Any]]", result.cursor)
-        return steps_from_rows(session_id, rows)
+        return decode(session_id, rows)
     finally:
         result.close()
 

@@ -70,6 +70,11 @@ class InstrumentedStepStore:
     ) -> list[Step]:
         return await self._timed("get_steps", self.inner.get_steps(session_id, start, end, limit))
 
+    async def get_history(
+        self, session_id: str, start: int = 1, end: int | None = None
+    ) -> list[Step]:
+        return await self._timed("get_history", self.inner.get_history(session_id, start, end))
+
     async def get_step(self, session_id: str, sequence: int) -> Step:
         return await self._timed("get_step", self.inner.get_step(session_id, sequence))
 

@@ -348,10 +348,31 @@ async def test_every_read_returns_steps_exactly_as_appended(store: SqlStepStore)
         assert step.create_time.tzinfo is UTC
         assert type(step.is_error) is bool
         assert type(step.role) is Role
+    assert await store.get_history(session.id) == [conversation_of(s) for s in appended]
+    assert await store.get_history(session.id, 2, 3) == [conversation_of(s) for s in appended[1:3]]
     start = await store.start_run(
         Run(session_id=session.id, agent="a"), [user(session.id, "next", run_id="run_c")]
     )
-    assert start.history == appended + start.steps
+    assert start.history == [conversation_of(s) for s in appended] + start.steps
+
+
+def conversation_of(step: Step) -> Step:
+    """`step` as `get_history` reads it: the message fields, ids and sequence only."""
+    return dataclasses.replace(
+        step, metrics=StepMetrics(), create_time=None, trace_id="", span_id=""
+    )
+
+
+async def test_get_history_reads_the_conversation_by_range(store: SqlStepStore) -> None:
+    session = await session_with_steps(store, 6)
+
+    history = await store.get_history(session.id)
+    assert history == [conversation_of(step) for step in await store.get_steps(session.id)]
+    assert [s.sequence for s in await store.get_history(session.id, start=3)] == [3, 4, 5, 6]
+    assert [s.sequence for s in await store.get_history(session.id, 2, 4)] == [2, 3, 4]
+    assert await store.get_history(session.id, start=7) == []
+    with pytest.raises(NotFoundError):
+        await store.get_history("sess_missing")
 
 
 async def test_get_steps_by_range_and_limit(store: SqlStepStore) -> None:
