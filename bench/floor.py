@@ -1,6 +1,7 @@
-"""The gRPC floor for B4: a bare `grpc.aio` AgentService that only streams paced deltas.
+"""The gRPC floors: bare `grpc.aio` AgentServices with nothing behind them.
 
-    python -m bench.floor --tokens 100 --tokens-per-second 10
+    python -m bench.floor --tokens 100 --tokens-per-second 10     # B4: paced deltas
+    python -m bench.floor --relay MODEL_URL                       # B1-B3: relay the model
 
 `Run` answers with `run_started`, then `tokens` one-word `step_delta` events at the model's
 pace, then `run_completed`: the messages an agio-grpc run streams to its caller, with no
@@ -8,6 +9,11 @@ model call, no tools, no store and no tracing behind them. Driven by the same lo
 at the same concurrency, it shows what Python gRPC alone costs on this machine, so the
 service's figures can be read against it. Each call starts at a random phase of the pace, as
 independent runs would, and keeps a fixed schedule from there (no drift under load).
+
+With `--relay`, `Run` instead streams a chat completion from the model with the plain openai
+client (as B1's direct path does) and relays each content delta as a `step_delta`: what
+putting a Python gRPC hop between a caller and the model costs, with no store, engine or
+tracing. B1 reads agio-grpc's added time to first token against it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import random
 import sys
 
 import grpc
+import openai
 
 from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc, events_pb2, resources_pb2
 
@@ -45,10 +52,35 @@ class FloorServicer(agent_service_pb2_grpc.AgentServiceServicer):
         await context.write(events_pb2.StepEvent(seq=self._tokens + 2, run_completed=completed))
 
 
-async def serve(tokens: int, tokens_per_second: float) -> None:
+class RelayServicer(agent_service_pb2_grpc.AgentServiceServicer):
+    def __init__(self, model_url: str) -> None:
+        self._model = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
+
+    async def Run(  # type: ignore[override]
+        self, request: agent_service_pb2.RunRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        run = resources_pb2.Run(id="run_relay", status="RUN_STATUS_RUNNING")
+        started = events_pb2.RunStartedEvent(run=run)
+        await context.write(events_pb2.StepEvent(seq=1, run_started=started))
+        seq = 1
+        stream = await self._model.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": request.input}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                seq += 1
+                delta = events_pb2.StepDeltaEvent(content=chunk.choices[0].delta.content)
+                await context.write(events_pb2.StepEvent(seq=seq, step_delta=delta))
+        run.status = resources_pb2.RUN_STATUS_COMPLETED
+        completed = events_pb2.RunCompletedEvent(run=run)
+        await context.write(events_pb2.StepEvent(seq=seq + 1, run_completed=completed))
+
+
+async def serve(servicer: agent_service_pb2_grpc.AgentServiceServicer) -> None:
     server = grpc.aio.server()
-    # Only Run is served; the other methods keep the generated UNIMPLEMENTED answers.
-    servicer = FloorServicer(tokens, tokens_per_second)  # type: ignore[abstract]
     agent_service_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -59,10 +91,17 @@ async def serve(tokens: int, tokens_per_second: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.floor")
-    parser.add_argument("--tokens", type=int, required=True)
-    parser.add_argument("--tokens-per-second", type=float, required=True)
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--tokens-per-second", type=float, default=10.0)
+    parser.add_argument("--relay", metavar="MODEL_URL", help="relay this model instead")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.tokens, args.tokens_per_second))
+    # Only Run is served; the other methods keep the generated UNIMPLEMENTED answers.
+    servicer = (
+        RelayServicer(args.relay)  # type: ignore[abstract]
+        if args.relay
+        else FloorServicer(args.tokens, args.tokens_per_second)  # type: ignore[abstract]
+    )
+    asyncio.run(serve(servicer))
     return 0
 
 

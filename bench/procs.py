@@ -126,9 +126,14 @@ async def agio_server(
 
 
 @asynccontextmanager
-async def grpc_floor(tokens: int, tokens_per_second: float) -> AsyncIterator[Child]:
-    """`bench.floor`: bare gRPC streaming the same paced deltas; `ready` is its address."""
+async def grpc_floor(
+    tokens: int = 100, tokens_per_second: float = 10.0, *, relay: str = ""
+) -> AsyncIterator[Child]:
+    """`bench.floor`: bare gRPC streaming paced deltas, or relaying the model at `relay`;
+    `ready` is its address."""
     args = [sys.executable, "-m", "bench.floor", "--tokens", str(tokens)]
     args += ["--tokens-per-second", str(tokens_per_second)]
+    if relay:
+        args += ["--relay", relay]
     async with child(args, LISTEN_LINE, clean_env(), "stderr") as started:
         yield started

@@ -106,6 +106,18 @@ def _streaming_rows(result: StreamingResult) -> tuple[list[list[str]], list[list
     target_rows = [
         ["B1 added TTFT p50", f"{added_p50:+.2f} ms", "<= 2 ms", _verdict(added_p50 <= 2)],
         ["B1 added TTFT p99", f"{added_p99:+.2f} ms", "<= 10 ms", _verdict(added_p99 <= 10)],
+    ]
+    floor = paths.get("grpc relay floor")
+    if floor is not None:
+        hop_p50 = percentile(floor.ttft_ms, 50) - percentile(direct.ttft_ms, 50)
+        over_p50 = percentile(agio.ttft_ms, 50) - percentile(floor.ttft_ms, 50)
+        hop = "B1 TTFT p50 the gRPC hop alone adds (relay floor - direct)"
+        over = "B1 TTFT p50 agio-grpc adds over the relay floor"
+        target_rows += [
+            [hop, f"{hop_p50:+.2f} ms", "-", "-"],
+            [over, f"{over_p50:+.2f} ms", "-", "-"],
+        ]
+    target_rows += [
         [
             "B2 CPU/token agio-grpc traced / agents-sdk",
             f"{cpu_ratio_on:.2f} (spans exported: {spans})",
@@ -135,7 +147,8 @@ def _streaming_markdown(result: StreamingResult) -> str:
             ),
             "CPU per token: the client process's for direct and agents-sdk (both run in "
             "process), the server process's for agio-grpc (relaying over gRPC and storing "
-            "every step).",
+            "every step) and for the grpc relay floor (a bare grpc.aio server relaying the plain "
+            "openai client's stream: no store, no engine; bench/floor.py).",
             _table(["target", "measured", "target", "verdict"], targets),
         ]
     )

@@ -7,11 +7,14 @@ service (`agio-grpc serve` on a fresh SQLite file), and this process, the client
 - agents-sdk: `Runner.run_streamed` of the OpenAI Agents SDK, in this process;
 - agio-grpc: a `Run` over gRPC; first token = the first `step_delta` with content, done at
   the terminal event (every step stored). Measured with tracing off, and with tracing on
-  (a second server exporting OTLP to an in-memory receiver in this process).
+  (a second server exporting OTLP to an in-memory receiver in this process);
+- grpc relay floor: a `Run` on `bench.floor --relay`, a bare grpc.aio server relaying the
+  plain openai client's stream (no store, no engine): the cost of the gRPC hop alone.
 
-B1 and B3 alternate direct and agio-grpc runs so drift in the machine's load hits both.
-B2 is CPU time over the tokens streamed: this process's for direct and the SDK (both run
-here), the server process's for agio-grpc; the fake model's CPU is in none of them.
+B1 and B3 alternate direct, agio-grpc and relay floor runs so drift in the machine's load
+hits all three. B2 is CPU time over the tokens streamed: this process's for direct and the
+SDK (both run here), the server process's for agio-grpc and the relay floor; the fake
+model's CPU is in none of them.
 """
 
 from __future__ import annotations
@@ -116,20 +119,28 @@ async def measure(runs: int, tokens: int, warmup: int) -> StreamingResult:
         model_url = model_proc.ready
         with tempfile.TemporaryDirectory() as scratch:
             database = f"sqlite+aiosqlite:///{Path(scratch) / 'off.db'}"
-            async with procs.agio_server(model_url, database) as server:
+            async with (
+                procs.agio_server(model_url, database) as server,
+                procs.grpc_floor(relay=model_url) as floor,
+            ):
                 model = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
-                direct, service = Samples(), Samples()
-                async with AgioClient(server.ready) as client:
+                direct, service, relay = Samples(), Samples(), Samples()
+                async with AgioClient(server.ready) as client, AgioClient(floor.ready) as bare:
                     for _ in range(warmup):
                         await direct_run(model, Samples())
                         await service_run(client, Samples(), tokens)
-                    cpu = server.cpu_s()
+                        await service_run(bare, Samples(), tokens)
+                    # Each server idles while the others run: its CPU over the loop is its own.
+                    cpu, floor_cpu = server.cpu_s(), floor.cpu_s()
                     for _ in range(runs):
                         await direct_run(model, direct)
                         await service_run(client, service, tokens)
+                        await service_run(bare, relay, tokens)
                     service.cpu_s = server.cpu_s() - cpu
+                    relay.cpu_s = floor.cpu_s() - floor_cpu
                 await model.close()
             paths["direct"] = direct
+            paths["grpc relay floor"] = relay
             paths["agio-grpc"] = service
         paths["agents-sdk"] = await sdk_runs(model_url, runs, warmup)
         traced, spans = await traced_runs(model_url, runs, tokens, warmup)
