@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import random
 import sys
+from collections.abc import AsyncIterator
 
 import grpc
 import openai
@@ -29,10 +30,12 @@ import openai
 from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc, events_pb2, resources_pb2
 
 
-class FloorServicer(agent_service_pb2_grpc.AgentServiceServicer):
-    def __init__(self, tokens: int, tokens_per_second: float) -> None:
-        self._tokens = tokens
-        self._pace_s = 1 / tokens_per_second
+class _BareRun(agent_service_pb2_grpc.AgentServiceServicer):
+    """`Run` as the minimum a caller sees: `run_started`, a `step_delta` per piece of text from
+    `deltas`, then `run_completed`."""
+
+    def deltas(self, request: agent_service_pb2.RunRequest) -> AsyncIterator[str]:
+        raise NotImplementedError
 
     async def Run(  # type: ignore[override]
         self, request: agent_service_pb2.RunRequest, context: grpc.aio.ServicerContext
@@ -40,29 +43,35 @@ class FloorServicer(agent_service_pb2_grpc.AgentServiceServicer):
         run = resources_pb2.Run(id="run_floor", status="RUN_STATUS_RUNNING")
         started = events_pb2.RunStartedEvent(run=run)
         await context.write(events_pb2.StepEvent(seq=1, run_started=started))
-        loop = asyncio.get_running_loop()
-        due = loop.time() + random.random() * self._pace_s
-        for index in range(self._tokens):
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            delta = events_pb2.StepDeltaEvent(step_id="step_floor", content="word ")
-            await context.write(events_pb2.StepEvent(seq=index + 2, step_delta=delta))
-            due += self._pace_s
+        seq = 1
+        async for text in self.deltas(request):
+            seq += 1
+            delta = events_pb2.StepDeltaEvent(step_id="step_floor", content=text)
+            await context.write(events_pb2.StepEvent(seq=seq, step_delta=delta))
         run.status = resources_pb2.RUN_STATUS_COMPLETED
         completed = events_pb2.RunCompletedEvent(run=run)
-        await context.write(events_pb2.StepEvent(seq=self._tokens + 2, run_completed=completed))
+        await context.write(events_pb2.StepEvent(seq=seq + 1, run_completed=completed))
 
 
-class RelayServicer(agent_service_pb2_grpc.AgentServiceServicer):
+class FloorServicer(_BareRun):
+    def __init__(self, tokens: int, tokens_per_second: float) -> None:
+        self._tokens = tokens
+        self._pace_s = 1 / tokens_per_second
+
+    async def deltas(self, request: agent_service_pb2.RunRequest) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + random.random() * self._pace_s
+        for _ in range(self._tokens):
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            yield "word "
+            due += self._pace_s
+
+
+class RelayServicer(_BareRun):
     def __init__(self, model_url: str) -> None:
         self._model = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
 
-    async def Run(  # type: ignore[override]
-        self, request: agent_service_pb2.RunRequest, context: grpc.aio.ServicerContext
-    ) -> None:
-        run = resources_pb2.Run(id="run_relay", status="RUN_STATUS_RUNNING")
-        started = events_pb2.RunStartedEvent(run=run)
-        await context.write(events_pb2.StepEvent(seq=1, run_started=started))
-        seq = 1
+    async def deltas(self, request: agent_service_pb2.RunRequest) -> AsyncIterator[str]:
         stream = await self._model.chat.completions.create(
             model="fake-model",
             messages=[{"role": "user", "content": request.input}],
@@ -71,12 +80,7 @@ class RelayServicer(agent_service_pb2_grpc.AgentServiceServicer):
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
-                seq += 1
-                delta = events_pb2.StepDeltaEvent(content=chunk.choices[0].delta.content)
-                await context.write(events_pb2.StepEvent(seq=seq, step_delta=delta))
-        run.status = resources_pb2.RUN_STATUS_COMPLETED
-        completed = events_pb2.RunCompletedEvent(run=run)
-        await context.write(events_pb2.StepEvent(seq=seq + 1, run_completed=completed))
+                yield chunk.choices[0].delta.content
 
 
 async def serve(servicer: agent_service_pb2_grpc.AgentServiceServicer) -> None:
