@@ -1,0 +1,88 @@
+"""The benchmark report's verdicts follow from its figures (a missed target never reads met)."""
+
+from __future__ import annotations
+
+from bench.concurrency import LevelResult
+from bench.report import Report, to_markdown
+from bench.store import StoreResult
+from bench.streaming import Samples, StreamingResult
+
+
+def samples(ttft_ms: float, tokens_per_s: float, cpu_us_per_token: float) -> Samples:
+    return Samples(
+        ttft_ms=[ttft_ms] * 5,
+        tokens_per_s=[tokens_per_s] * 5,
+        cpu_s=cpu_us_per_token * 1000 / 1e6,
+        tokens=1000,
+    )
+
+
+def level(system: str, runs: int, gap_p99_ms: float, errors: int = 0) -> LevelResult:
+    return LevelResult(
+        system=system,
+        concurrency=runs,
+        errors=errors,
+        error_samples=["CANCELLED"] * min(errors, 1),
+        gap_p50_ms=100.0,
+        gap_p99_ms=gap_p99_ms,
+        ttft_p50_ms=500.0,
+        cpu_ms_per_run=40.0,
+        peak_rss_mb=100.0,
+        wall_s=12.0,
+        machine_cores=1.2,
+    )
+
+
+def report(*, agio_ttft_ms: float, gap_p99_ms: float, errors: int, context_ms: float) -> Report:
+    paths = {
+        "direct": samples(6.0, 3000, 300),
+        "grpc relay floor": samples(8.0, 2000, 500),
+        "agio-grpc": samples(agio_ttft_ms, 2800, 150),
+        "agents-sdk": samples(90.0, 2000, 450),
+        "agio-grpc traced": samples(agio_ttft_ms, 2700, 160),
+    }
+    store = StoreResult(
+        "sqlite",
+        context_ms={1000: (context_ms, context_ms * 2)},
+        full_read_ms={1000: context_ms},
+        writes_per_s={1: 1000.0},
+    )
+    return Report(
+        command="python -m bench",
+        streaming=StreamingResult(runs=5, tokens=200, paths=paths, spans_exported=10),
+        concurrency=[
+            level("agio-grpc", 1000, gap_p99_ms, errors),
+            level("grpc floor", 1000, 120.0),
+        ],
+        store=[store, StoreResult("postgresql", skipped="no server")],
+    )
+
+
+def verdicts(markdown: str) -> dict[str, str]:
+    """Target table rows: name -> last cell."""
+    rows = [line.strip("|").split("|") for line in markdown.splitlines() if line.startswith("| B")]
+    return {cells[0].strip(): cells[-1].strip() for cells in rows}
+
+
+def test_targets_met_read_met() -> None:
+    found = verdicts(to_markdown(report(agio_ttft_ms=7.5, gap_p99_ms=140, errors=0, context_ms=9)))
+    assert found["B1 added TTFT p50"] == "met"  # +1.5 ms
+    assert found["B1 TTFT p50 agio-grpc adds over the relay floor"] == "-"
+    assert found["B2 CPU/token agio-grpc traced / agents-sdk"] == "met"
+    assert found["B3 tokens/s agio-grpc / direct"] == "met"
+    assert found["B4 1000 runs: errors, p99 gap over pace"] == "met"
+    assert found["B5 context build, 1,000 steps, SQLite"] == "met"
+
+
+def test_targets_missed_read_missed() -> None:
+    markdown = to_markdown(report(agio_ttft_ms=8.5, gap_p99_ms=151, errors=0, context_ms=10.5))
+    found = verdicts(markdown)
+    assert found["B1 added TTFT p50"] == "**missed**"  # +2.5 ms
+    assert found["B4 1000 runs: errors, p99 gap over pace"] == "**missed**"  # +51 ms
+    assert found["B5 context build, 1,000 steps, SQLite"] == "**missed**"
+    assert "skipped: no server" in markdown
+
+
+def test_errors_alone_miss_b4() -> None:
+    found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
+    assert found["B4 1000 runs: errors, p99 gap over pace"] == "**missed**"
