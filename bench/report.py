@@ -212,7 +212,8 @@ def _concurrency_markdown(report: Report) -> str:
         "CPU and memory: the server process for agio-grpc and the grpc floor (load generators "
         "excluded); the one process running the SDK for agents-sdk (its callers included, as "
         "they share it). grpc floor: a bare grpc.aio server streaming the same paced deltas "
-        "with nothing behind them (bench/floor.py), what Python gRPC alone costs here. "
+        "with nothing behind them (bench/floor.py), what Python gRPC alone costs here; each of "
+        "its streams starts at a random phase of the pace, so its TTFT is not comparable. "
         "Machine cores: CPU of every process of the level (server, fake model, load "
         f"generators) per wall second; this machine has {os.cpu_count()}.",
     ]

@@ -130,7 +130,9 @@ class RunSegment:
     run: Run
     settings: RunSettings
     history: list[Step]
-    """The session's steps so far, including the ones this segment already stored."""
+    """The session's steps so far, including the ones this segment already stored. Steps
+    read back from the store carry the conversation only (`StepStore.get_history`): their
+    metrics, create_time and trace ids are defaults. Build messages from them, not totals."""
     channel: RunChannel
     control: RunControl
     model_calls: int = 0

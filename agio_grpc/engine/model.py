@@ -25,7 +25,14 @@ construction, about 20x the parse itself, and that was most of the service's CPU
 The client's HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default
 httpx2 one: reading a paced stream, httpx2's per-read machinery (anyio cancel scopes, h11
 events) cost ~380 µs of CPU per chunk here against ~170 µs, and with hundreds of concurrent
-runs that was the service's largest cost after gRPC itself.
+runs that was the service's largest cost after gRPC itself. Two consequences:
+- Transport errors arrive as httpx2 or openai errors for most failures, but as raw
+  `aiohttp.ClientError`s for some (a malformed status line or chunk header): all are
+  classified alike, as connection failures.
+- The wait for the model is bounded by the driver's own idle watchdog, not by a read timeout
+  in the transport: one timer per call, re-armed only when it fires, instead of one per chunk;
+  and it also ends a stream the transport stopped delivering without an error (aiohttp
+  stalls on a garbled chunk header after valid data).
 After each delta the driver yields to the event loop once, so a burst of chunks already
 buffered on the socket cannot starve the tasks relaying the deltas to clients.
 
@@ -43,9 +50,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+import aiohttp
 import httpx2
 import openai
 
@@ -192,14 +201,18 @@ class OpenAIModelDriver:
         retry: RetryPolicy | None = None,
         timeout_s: float = 120.0,
     ) -> None:
-        """`timeout_s` bounds connecting and each wait for the next chunk."""
+        """`timeout_s` bounds connecting, the wait for the response and each wait for the next
+        chunk (the idle watchdog: a model silent this long fails the attempt)."""
+        # No read timeout in the transport: `_IdleWatchdog` bounds every wait instead.
+        timeout = httpx2.Timeout(timeout_s, read=None)
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key,
             max_retries=0,
-            timeout=timeout_s,
-            http_client=openai.DefaultAioHttpClient(timeout=timeout_s),
+            timeout=timeout,
+            http_client=openai.DefaultAioHttpClient(timeout=timeout),
         )
+        self._idle_timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
         self.provider = provider_name(base_url)
 
@@ -242,24 +255,33 @@ class OpenAIModelDriver:
     ) -> ModelReply:
         reply = _ReplyBuilder(model_name=request.model)
         try:
-            # The body goes as `extra_body`, which the client sends as it is: passed as
-            # typed arguments, the client's TypedDict transform walks every message and tool
-            # first (~7 ms of CPU for a two-message call here, growing with the history),
-            # and they are plain JSON already. `messages` is required by the signature;
-            # `extra_body` replaces it.
-            async with self._client.chat.completions.with_streaming_response.create(
-                model=request.model,
-                messages=[],
-                stream=True,
-                extra_body=self._body(request),
-            ) as response:
+            # The body goes as `extra_body`, which the client sends as it is: passed as typed
+            # arguments, the client's TypedDict transform walks every message and tool first
+            # (~7 ms of CPU for a two-message call here, growing with the history), and they
+            # are plain JSON already. `messages` is required by the signature; `extra_body`
+            # replaces it.
+            async with (
+                _IdleWatchdog(self._idle_timeout_s) as watchdog,
+                self._client.chat.completions.with_streaming_response.create(
+                    model=request.model,
+                    messages=[],
+                    stream=True,
+                    extra_body=self._body(request),
+                ) as response,
+            ):
                 async for data in _sse_data(response.iter_lines()):
+                    watchdog.saw_data()
                     delta = reply.add(_chunk_of(data))
                     if delta is not None:
                         if reply.first_token_latency_ms is None:
                             reply.first_token_latency_ms = _ms_since(started)
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
+        except TimeoutError:  # the watchdog
+            message = f"the model sent nothing for {self._idle_timeout_s:g}s"
+            if reply.streamed:
+                raise _StreamBroken(message) from None
+            raise _Transient(message) from None
         except openai.APIStatusError as error:
             raise _classify_status(error) from None
         except (openai.APIError, _ErrorChunk) as error:  # connection errors, timeouts
@@ -267,7 +289,9 @@ class OpenAIModelDriver:
             if reply.streamed:
                 raise _StreamBroken(message) from None
             raise _Transient(message) from None
-        except (httpx2.TimeoutException, httpx2.RequestError) as error:  # mid-stream
+        except (httpx2.TimeoutException, httpx2.RequestError, aiohttp.ClientError) as error:
+            # Mid-stream (the client wraps only what happens before the response), and what
+            # the aiohttp transport does not translate.
             message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             if reply.streamed:
                 raise _StreamBroken(message) from None
@@ -401,6 +425,47 @@ def _reasoning_of(delta: dict[str, Any]) -> str:
 
 def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
+
+
+class _IdleWatchdog:
+    """Fails the task with TimeoutError once `saw_data` has not been called for `seconds`.
+
+    One timer per model call, moved on only when it fires (a chunk just records the time),
+    rather than a timer rescheduled for every chunk as a read timeout would be.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._timeout = asyncio.timeout(None)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def saw_data(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._seconds
+        now = self._loop.time()
+        if now >= due:
+            self._timeout.reschedule(now)  # expired: the task is cancelled, then TimeoutError
+        else:
+            self._timer = self._loop.call_at(due, self._check)
+
+    async def __aenter__(self) -> _IdleWatchdog:
+        await self._timeout.__aenter__()
+        self._timer = self._loop.call_later(self._seconds, self._check)
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        await self._timeout.__aexit__(kind, error, traceback)
 
 
 class _ErrorChunk(Exception):  # noqa: N818 - internal control flow

@@ -120,6 +120,7 @@ class _RunPlan:
     """Where a segment starts: the history, and tool calls to run before the model."""
 
     history: list[Step]
+    """As `StepStore.get_history` reads it: the conversation, not the metrics."""
     resume_calls: list[ToolCall] = field(default_factory=list)
 
 

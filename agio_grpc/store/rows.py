@@ -126,8 +126,9 @@ _NO_TOOL_CALLS: Final = "[]"
 def steps_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step]:
     """Steps of `session_id` from driver rows of `STEP_READ_COLUMNS`, undecoded.
 
-    This runs for every step of a session before every model call, so it takes the driver's
-    own values (no SQLAlchemy result processing), unpacks each row into names, builds the
+    Every full read goes through here (ListSteps, GetContext, event replays, whole sessions
+    of thousands of steps), so it takes the driver's own values (no SQLAlchemy result
+    processing), unpacks each row into names, builds the
     dataclasses with positional arguments (keywords cost ~40% more) and skips parsing the
     usual empty tool call list. Values come as each driver returns them: SQLite gives
     `is_error` as 0/1 and `create_time` as naive UTC text, asyncpg a bool and an aware

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -14,6 +15,7 @@ from agio_grpc.engine.model import (
     ModelError,
     ModelEvent,
     ModelRequest,
+    ModelRestart,
     ModelRetry,
     OpenAIModelDriver,
     RetryPolicy,
@@ -187,6 +189,100 @@ async def test_a_stream_without_finish_reason_is_never_a_success(
         await complete(fake_model)
     assert "without a finish_reason" in raised.value.message
     assert raised.value.retryable
+
+
+async def complete_within(
+    base_url: str, timeout_s: float, request: ModelRequest = HELLO
+) -> tuple[Any, Recorder]:
+    """`complete` with the driver's idle timeout set to `timeout_s`."""
+    driver = OpenAIModelDriver(
+        base_url=base_url, api_key="k", retry=FAST_RETRIES, timeout_s=timeout_s
+    )
+    recorder = Recorder()
+    try:
+        return await driver.complete(request, recorder), recorder
+    finally:
+        await driver.close()
+
+
+async def test_a_model_that_never_answers_is_retried_then_fails_retryable(
+    fake_model: FakeModelServer,
+) -> None:
+    attempts = FAST_RETRIES.max_retries + 1
+    fake_model.enqueue(*[Turn.hanging()] * attempts)
+    with pytest.raises(ModelError) as raised:
+        await complete_within(fake_model.base_url, 0.2)
+    assert raised.value.retryable
+    assert "sent nothing for 0.2s" in raised.value.message
+    assert len(fake_model.requests) == attempts
+
+
+async def test_a_stream_that_goes_silent_after_deltas_restarts(
+    fake_model: FakeModelServer,
+) -> None:
+    fake_model.enqueue(Turn.words("first then silence", chunk_delay=5.0), Turn.words("whole"))
+    reply, recorder = await complete_within(fake_model.base_url, 0.2)
+    assert reply.content == "whole"
+    (restart,) = recorder.of(ModelRestart)
+    assert "sent nothing" in restart.message
+
+
+class RawHttpServer:
+    """Answers every request on a socket with fixed bytes (in parts, 0.1 s apart), then holds
+    the connection open: what no well-behaved HTTP server sends."""
+
+    def __init__(self, *parts: bytes) -> None:
+        self.parts = parts
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        for index, part in enumerate(self.parts):
+            if index:
+                await asyncio.sleep(0.1)
+            writer.write(part)
+            await writer.drain()
+        await reader.read()  # until the client leaves
+
+
+async def test_a_malformed_response_is_a_connection_failure_and_retried() -> None:
+    garbage = RawHttpServer(b"NOT HTTP AT ALL\r\n\r\n")
+    async with garbage as base_url:
+        with pytest.raises(ModelError) as raised:
+            await complete_within(base_url, 5.0)
+    assert raised.value.retryable
+    assert garbage.connections == FAST_RETRIES.max_retries + 1
+
+
+async def test_a_garbled_chunk_after_deltas_restarts_then_fails_retryable() -> None:
+    chunk = json.dumps({"choices": [{"index": 0, "delta": {"content": "partial"}}]})
+    event = f"data: {chunk}\n\n".encode()
+    garbled = RawHttpServer(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + f"{len(event):x}\r\n".encode() + event,
+        b"\r\nZZZ not a chunk size\r\n",  # once the delta is out
+    )
+    async with garbled as base_url:
+        with pytest.raises(ModelError) as raised:
+            await complete_within(base_url, 0.3)
+    assert raised.value.retryable
+    assert "restart" in raised.value.message
+    assert garbled.connections == 2  # the call, then its one restart
 
 
 async def test_no_retries_when_the_policy_allows_none(fake_model: FakeModelServer) -> None:
