@@ -86,7 +86,7 @@ async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
             database = f"sqlite+aiosqlite:///{Path(scratch) / 'load.db'}"
             async with procs.agio_server(model.ready, database) as server:
                 cpu, model_cpu = server.cpu_s(), model.cpu_s()
-                load = await _load("agio", server.ready, concurrency)
+                load = await run_load("agio", server.ready, concurrency)
                 server_cpu = server.cpu_s() - cpu
                 others_cpu = model.cpu_s() - model_cpu + load.cpu_s
                 peak = server.peak_rss_mb()
@@ -96,7 +96,7 @@ async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
 async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     async with procs.grpc_floor(tokens, rate) as server:
         cpu = server.cpu_s()
-        load = await _load("agio", server.ready, concurrency)
+        load = await run_load("agio", server.ready, concurrency)
         server_cpu = server.cpu_s() - cpu
         peak = server.peak_rss_mb()
     return _level("grpc floor", concurrency, load, server_cpu, peak, load.cpu_s)
@@ -110,7 +110,7 @@ async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     return _level("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb, model_cpu)
 
 
-async def _load(kind: str, target: str, concurrency: int) -> LoadResult:
+async def run_load(kind: str, target: str, concurrency: int) -> LoadResult:
     """`concurrency` runs at once, over as many load generator processes as it takes."""
     generators = math.ceil(concurrency / RUNS_PER_GENERATOR)
     shares = [concurrency // generators] * generators
