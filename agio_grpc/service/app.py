@@ -4,12 +4,15 @@
 server left RUNNING (those whose session lease expired), starts the built-in fake model when
 no endpoint is configured, builds the runtime from the configured agents, tools and hooks
 (the runtime renews the session leases of its runs), and binds the server. `serve` adds
-signal handling for `agio-grpc serve`.
+signal handling for `agio-grpc serve`, and freezes the start-up heap out of the garbage
+collector's scans (the process is the service's; tests that start an app in process keep
+their collector untouched).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -182,6 +185,12 @@ async def serve(settings: Settings) -> None:
     if telemetry.tracing:
         log.info("tracing on: spans are exported as the OTEL_* variables configure")
     app = await AgioApp.start(settings, telemetry)
+    # Everything loaded so far (modules, classes, the wired app) lives as long as the process:
+    # moved out of the collector's reach, full collections stop walking it on every pass.
+    # B4 at 100 runs, 6-7 runs each way: p99 token gap over the pace +3 to +12 ms (median +7)
+    # against +10 to +84 ms (median +13): fewer and shorter collection pauses.
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     install_signal_handlers(stop)
     await stop.wait()
