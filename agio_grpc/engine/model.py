@@ -269,8 +269,7 @@ class OpenAIModelDriver:
                     extra_body=self._body(request),
                 ) as response,
             ):
-                async for data in _sse_data(response.iter_lines()):
-                    watchdog.saw_data()
+                async for data in _sse_data(response.iter_lines(), watchdog.saw_data):
                     delta = reply.add(_chunk_of(data))
                     if delta is not None:
                         if reply.first_token_latency_ms is None:
@@ -430,7 +429,7 @@ def _int(value: object) -> int:
 class _IdleWatchdog:
     """Fails the task with TimeoutError once `saw_data` has not been called for `seconds`.
 
-    One timer per model call, moved on only when it fires (a chunk just records the time),
+    One timer per model call, moved on only when it fires (a line just records the time),
     rather than a timer rescheduled for every chunk as a read timeout would be.
     """
 
@@ -476,10 +475,12 @@ class _ErrorChunk(Exception):  # noqa: N818 - internal control flow
         self.message = message
 
 
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The `data` of each server-sent event, until `[DONE]`."""
+async def _sse_data(lines: AsyncIterator[str], saw_line: Callable[[], None]) -> AsyncIterator[str]:
+    """The `data` of each server-sent event, until `[DONE]`; `saw_line` hears of every line,
+    keep-alive comments included (a provider thinking for long may send only those)."""
     data: list[str] = []
     async for line in lines:
+        saw_line()
         if line.startswith("data:"):
             value = line[5:]
             data.append(value[1:] if value.startswith(" ") else value)
@@ -490,7 +491,7 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         if event.startswith("[DONE]"):
             # Read to the end of the body, so HTTP/1.1 can reuse the connection.
             async for _ in lines:
-                pass
+                saw_line()
             return
         yield event
     if data and not data[0].startswith("[DONE]"):

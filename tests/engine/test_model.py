@@ -285,6 +285,28 @@ async def test_a_garbled_chunk_after_deltas_restarts_then_fails_retryable() -> N
     assert garbled.connections == 2  # the call, then its one restart
 
 
+def http_chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def test_keep_alive_comments_keep_a_slow_model_within_the_idle_timeout() -> None:
+    ping = http_chunk(b": still thinking\n\n")
+    answer = json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": "late"}, "finish_reason": "stop"}]}
+    )
+    slow = RawHttpServer(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + ping,
+        *[ping] * 4,  # 0.5 s in all, longer than the 0.3 s idle timeout
+        http_chunk(f"data: {answer}\n\n".encode()) + http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n",
+    )
+    async with slow as base_url:
+        reply, recorder = await complete_within(base_url, 0.3)
+    assert reply.content == "late"
+    assert recorder.of(ModelRestart) == []
+    assert slow.connections == 1
+
+
 async def test_no_retries_when_the_policy_allows_none(fake_model: FakeModelServer) -> None:
     driver = OpenAIModelDriver(
         base_url=fake_model.base_url, api_key="k", retry=RetryPolicy(max_retries=0)
