@@ -190,6 +190,11 @@ class _StreamBroken(Exception):  # noqa: N818 - internal control flow
         self.message = message
 
 
+def _failed(reply: _ReplyBuilder, message: str) -> _Transient | _StreamBroken:
+    """A failed attempt: retried while nothing streamed, else the stream restarts."""
+    return _StreamBroken(message) if reply.streamed else _Transient(message)
+
+
 class OpenAIModelDriver:
     """`ModelDriver` on `openai.AsyncOpenAI` (retries are ours: the client never retries)."""
 
@@ -277,29 +282,20 @@ class OpenAIModelDriver:
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
         except TimeoutError:  # the watchdog
-            message = f"the model sent nothing for {self._idle_timeout_s:g}s"
-            if reply.streamed:
-                raise _StreamBroken(message) from None
-            raise _Transient(message) from None
+            raise _failed(reply, f"the model sent nothing for {self._idle_timeout_s:g}s") from None
         except openai.APIStatusError as error:
             raise _classify_status(error) from None
         except (openai.APIError, _ErrorChunk) as error:  # connection errors, timeouts
             message = _describe(error) if isinstance(error, openai.APIError) else error.message
-            if reply.streamed:
-                raise _StreamBroken(message) from None
-            raise _Transient(message) from None
+            raise _failed(reply, message) from None
         except (httpx2.TimeoutException, httpx2.RequestError, aiohttp.ClientError) as error:
             # Mid-stream (the client wraps only what happens before the response), and what
             # the aiohttp transport does not translate.
             message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            if reply.streamed:
-                raise _StreamBroken(message) from None
-            raise _Transient(message) from None
+            raise _failed(reply, message) from None
         if reply.finish_reason is None:
             message = "the model stream ended without a finish_reason (truncated response)"
-            if reply.streamed:
-                raise _StreamBroken(message)
-            raise _Transient(message)
+            raise _failed(reply, message)
         return reply.build()
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
