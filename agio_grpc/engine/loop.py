@@ -72,6 +72,7 @@ from agio_grpc.engine.events import (
     StepStarted,
 )
 from agio_grpc.engine.executor import ToolResult, execute_tool_calls, unfinished_result
+from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
 from agio_grpc.engine.model import (
     ModelDelta,
@@ -115,12 +116,14 @@ def status_for(reason: StopReason) -> RunStatus:
 
 @dataclass(frozen=True, slots=True)
 class LoopServices:
-    """What every loop uses: storage, tools, the model and the hooks."""
+    """What every loop uses: storage, tools, the model, the hooks, and the histories kept
+    between runs (a loop hands its history over when it ends)."""
 
     store: StepStore
     registry: ToolRegistry
     model: ModelDriver
     hooks: Hooks
+    histories: HistoryCache
 
 
 @dataclass(slots=True)
@@ -528,6 +531,8 @@ class RunLoop:
             await self.services.store.update_run(run)
         except Exception:
             logger.exception("run %s: could not store its final state", run.id)
+        # Before the session is free: the next run on it, here, starts from this history.
+        self.services.histories.remember(run.session_id, self.history)
         try:
             await self.services.store.release_session(run.session_id, run.id)
         except Exception:

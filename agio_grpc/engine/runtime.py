@@ -69,6 +69,7 @@ from agio_grpc.engine.events import (
     StepCompleted,
 )
 from agio_grpc.engine.executor import unfinished_result
+from agio_grpc.engine.history import HeldHistory, HistoryCache
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
 from agio_grpc.engine.model import ModelDriver
@@ -141,12 +142,15 @@ class Runtime:
         cancel_wait_s: float = 10.0,
         tracer: RunTracer | None = None,
         leases: SessionLeases | None = None,
+        history_cache_steps: int = 50_000,
     ) -> None:
         """`retention_*` bound how long and how many ended runs stay replayable from memory;
         `cancel_wait_s` bounds how long `cancel` waits for a run to record its end; `tracer`
         traces each run segment (nothing by default); `leases` renews the session leases of
         this process's live runs (the store's takes set them; its `session_lease_s` is the
         duration). Without `leases` nothing renews them: only for runs shorter than a lease.
+        `history_cache_steps` bounds the histories kept between runs (engine/history.py;
+        0 keeps none).
         """
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not among the agents")
@@ -158,7 +162,8 @@ class Runtime:
         self.agents = agents
         self.default_agent = default_agent
         self.registry = registry
-        self._services = LoopServices(store, registry, model, hooks or Hooks())
+        self._histories = HistoryCache(history_cache_steps)
+        self._services = LoopServices(store, registry, model, hooks or Hooks(), self._histories)
         self._segments: OrderedDict[str, _Segment] = OrderedDict()
         self._retention_s = retention_s
         self._retention_count = retention_count
@@ -221,10 +226,14 @@ class Runtime:
             trace_id=trace.trace_id,
             span_id=trace.span_id,
         )
+        held = HeldHistory() if new_session else self._histories.held(run.session_id)
         try:
             # One transaction: take (or create) the session, store the input and the run,
-            # read the history back. The model call needs nothing else from the store.
-            started = await self.store.start_run(run, [user], new_session=new_session)
+            # read the history back (after what this process still holds of it). The model
+            # call needs nothing else from the store.
+            started = await self.store.start_run(
+                run, [user], new_session=new_session, since=held.mark
+            )
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
             raise
@@ -233,7 +242,7 @@ class Runtime:
         return self._spawn(
             started.run,
             settings,
-            _RunPlan(started.history),
+            _RunPlan(held.join(started)),
             started.steps,
             request.deadline_s,
             trace,

@@ -135,6 +135,7 @@ class AgioApp:
                 hooks=hooks,
                 tracer=tracer,
                 leases=sql_store,
+                history_cache_steps=settings.server.history_cache_steps,
             )
             bound = await start_grpc_server(
                 settings,
@@ -178,6 +179,18 @@ class AgioApp:
         await asyncio.to_thread(self.telemetry.shutdown)  # exporting blocks
 
 
+def freeze_startup_heap() -> None:
+    """Move everything loaded so far out of the garbage collector's reach.
+
+    Called once the service is up: its modules, classes and the wired app live as long as
+    the process, so full collections need not walk them on every pass. B4 at 100 runs, 6-7
+    runs each way: p99 token gap over the pace +3 to +12 ms (median +7) against +10 to +84
+    ms (median +13): fewer and shorter collection pauses.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then drain."""
     telemetry = telemetry_from_environment()
@@ -185,12 +198,7 @@ async def serve(settings: Settings) -> None:
     if telemetry.tracing:
         log.info("tracing on: spans are exported as the OTEL_* variables configure")
     app = await AgioApp.start(settings, telemetry)
-    # Everything loaded so far (modules, classes, the wired app) lives as long as the process:
-    # moved out of the collector's reach, full collections stop walking it on every pass.
-    # B4 at 100 runs, 6-7 runs each way: p99 token gap over the pace +3 to +12 ms (median +7)
-    # against +10 to +84 ms (median +13): fewer and shorter collection pauses.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()
     stop = asyncio.Event()
     install_signal_handlers(stop)
     await stop.wait()

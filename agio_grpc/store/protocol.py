@@ -37,6 +37,14 @@ from agio_grpc.domain import ContextSummary, Run, Session, Step
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryMark:
+    """The last step of a session's history a caller already holds."""
+
+    sequence: int
+    step_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunStart:
     """What `StepStore.start_run` stored, and the session's history after it."""
 
@@ -45,8 +53,11 @@ class RunStart:
     steps: list[Step]
     """The run's first steps as stored (sequences and create times set)."""
     history: list[Step]
-    """Every step of the session, in sequence order, ending with `steps`; the earlier ones
-    as `get_history` reads them (message fields only)."""
+    """The session's steps from `history_start` on, in sequence order, ending with `steps`;
+    the earlier ones as `get_history` reads them (message fields only)."""
+    history_start: int = 1
+    """The sequence `history` starts at: 1 (every step), or just after the caller's
+    `since` mark when that mark still holds."""
 
 
 class StepStore(Protocol):
@@ -131,10 +142,21 @@ class StepStore(Protocol):
         ...
 
     async def start_run(
-        self, run: Run, steps: Sequence[Step], *, new_session: Session | None = None
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        new_session: Session | None = None,
+        since: HistoryMark | None = None,
     ) -> RunStart:
         """Start a run in ONE transaction: take the session (or create `new_session`,
         already taken by the run), append `steps`, store the run, read the history.
+
+        `since` is the last step of the history the caller holds. When the session still
+        stores a step with that id at that sequence, only the steps after it are read
+        (`RunStart.history_start` says where the history starts): steps are never changed,
+        a delete only cuts the end of the log and a step id is never reused, so every
+        earlier step is still the one the caller holds. Otherwise the whole history is read.
 
         All or nothing. Raises NotFoundError (unknown session), SessionBusyError (another
         run is active; nothing is written), SequenceConflictError.

@@ -74,7 +74,7 @@ from agio_grpc.store.errors import (
     SessionBusyError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
-from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
+from agio_grpc.store.protocol import HistoryMark, RunStart, SessionLeases, StepStore
 from agio_grpc.store.rows import (
     HISTORY_READ_COLUMNS,
     STEP_READ_COLUMNS,
@@ -399,7 +399,12 @@ class SqlStepStore:
         return stored
 
     async def start_run(
-        self, run: Run, steps: Sequence[Step], *, new_session: Session | None = None
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        new_session: Session | None = None,
+        since: HistoryMark | None = None,
     ) -> RunStart:
         if not steps:
             raise ValueError("start_run needs the run's first steps")
@@ -429,14 +434,19 @@ class SqlStepStore:
             )
             _insert_run(conn, started)
             first = stored_steps[0].sequence
-            if first == 1:
+            start = 1
+            if since is not None and 0 < since.sequence < first:
+                held = {"session_id": run.session_id, "sequence": since.sequence}
+                if conn.execute(_SELECT_STEP_ID, held).scalar() == since.step_id:
+                    start = since.sequence + 1
+            if start == first:
                 history = list(stored_steps)
             else:
-                earlier = {"session_id": run.session_id, "start": 1, "end": first - 1}
+                earlier = {"session_id": run.session_id, "start": start, "end": first - 1}
                 query = _select_steps(bounded=True, limited=False, history=True)
                 before = _read_steps(conn, run.session_id, query, earlier, history_from_rows)
                 history = before + stored_steps
-            return RunStart(run=started, steps=stored_steps, history=history)
+            return RunStart(run=started, steps=stored_steps, history=history, history_start=start)
 
         return await self._write(work)
 
@@ -589,6 +599,10 @@ _SELECT_SESSION_HISTORY: Final = select(*HISTORY_READ_COLUMNS).where(
     step_table.c.session_id == bindparam("session_id")
 )
 _SELECT_STEP: Final = _SELECT_SESSION_STEPS.where(step_table.c.sequence == bindparam("sequence"))
+_SELECT_STEP_ID: Final = select(step_table.c.id).where(
+    step_table.c.session_id == bindparam("session_id"),
+    step_table.c.sequence == bindparam("sequence"),
+)
 _SELECT_LAST_STEP: Final = _SELECT_SESSION_STEPS.order_by(step_table.c.sequence.desc()).limit(1)
 
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 from opentelemetry.semconv.attributes import error_attributes
 
 from agio_grpc.domain import ContextSummary, Run, Session, Step
-from agio_grpc.store.protocol import RunStart, StepStore
+from agio_grpc.store.protocol import HistoryMark, RunStart, StepStore
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import Instruments
 
@@ -103,10 +103,15 @@ class InstrumentedStepStore:
         return await self._timed("create_run", self.inner.create_run(run))
 
     async def start_run(
-        self, run: Run, steps: Sequence[Step], *, new_session: Session | None = None
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        new_session: Session | None = None,
+        since: HistoryMark | None = None,
     ) -> RunStart:
         started = await self._timed(
-            "start_run", self.inner.start_run(run, steps, new_session=new_session)
+            "start_run", self.inner.start_run(run, steps, new_session=new_session, since=since)
         )
         self._written(started.steps)
         return started

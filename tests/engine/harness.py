@@ -202,10 +202,19 @@ def build_runtime(
     *,
     hooks: Hooks | None = None,
     retry: RetryPolicy = FAST_RETRIES,
+    history_cache_steps: int = 50_000,
     **limits: Any,
 ) -> Harness:
     driver = OpenAIModelDriver(base_url=model.base_url, api_key="test-key", retry=retry)
-    runtime = Runtime(store, make_agents(**limits), "assistant", make_registry(gate), driver, hooks)
+    runtime = Runtime(
+        store,
+        make_agents(**limits),
+        "assistant",
+        make_registry(gate),
+        driver,
+        hooks,
+        history_cache_steps=history_cache_steps,
+    )
     return Harness(runtime, store, model, gate, driver)
 
 

@@ -40,6 +40,7 @@ from agio_grpc.store import (
     StoreUnavailableError,
 )
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
+from agio_grpc.store.protocol import HistoryMark
 from agio_grpc.store.sql import SqlStepStore, open_store
 from agio_grpc.store.tables import metadata, runs, sessions, steps
 from tests.postgres import free_local_port
@@ -896,6 +897,71 @@ async def test_start_run_on_an_existing_session_takes_it_and_returns_the_whole_h
     assert started.history[-1] == started.steps[0]
     assert started.run.first_sequence == started.run.last_sequence == 4
     assert (await store.get_session(session.id)).active_run_id == run.id
+
+
+async def test_start_run_since_a_held_step_reads_only_the_steps_after_it(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 5)
+    stored = await store.get_steps(session.id)
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(
+        run, [user(session.id, "next", run_id=run.id)], since=HistoryMark(3, stored[2].id)
+    )
+
+    assert started.history_start == 4
+    assert [step.sequence for step in started.history] == [4, 5, 6]
+    assert started.history[:2] == [conversation_of(step) for step in stored[3:]]
+    assert started.history[-1] == started.steps[0]
+
+
+async def test_start_run_since_the_last_step_reads_nothing_before_its_own_steps(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 3)
+    last = (await store.get_steps(session.id))[-1]
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(
+        run, [user(session.id, run_id=run.id)], since=HistoryMark(3, last.id)
+    )
+
+    assert started.history_start == 4
+    assert started.history == started.steps
+
+
+async def test_start_run_since_a_step_that_was_cut_and_replaced_reads_the_whole_history(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 4)
+    held = (await store.get_steps(session.id))[3]
+    await store.delete_steps_from(session.id, 3)
+    await store.append_steps([user(session.id, "again"), user(session.id, "and again")])
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(
+        run, [user(session.id, run_id=run.id)], since=HistoryMark(4, held.id)
+    )
+
+    assert started.history_start == 1
+    assert [step.content for step in started.history[2:]] == ["again", "and again", "hi"]
+    assert [step.sequence for step in started.history] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    "mark", [HistoryMark(2, "step_unknown"), HistoryMark(7, "x"), HistoryMark(0, "")]
+)
+async def test_start_run_since_a_mark_that_does_not_hold_reads_the_whole_history(
+    store: SqlStepStore, mark: HistoryMark
+) -> None:
+    session = await session_with_steps(store, 3)
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(run, [user(session.id, run_id=run.id)], since=mark)
+
+    assert started.history_start == 1
+    assert [step.sequence for step in started.history] == [1, 2, 3, 4]
 
 
 async def test_start_run_on_a_busy_session_writes_nothing(store: SqlStepStore) -> None:

@@ -1,0 +1,209 @@
+"""Histories kept between runs (engine/history.py): a run on a session this runtime ran
+reads only the steps stored since, and still sends the model exactly the stored
+conversation — also when another runtime (another replica) ran, retried or deleted in
+between. Real SQLite store, real openai client, fake model over HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agio_grpc.domain import Role, Run, Step
+from agio_grpc.engine.context import build_context
+from agio_grpc.engine.history import HistoryCache
+from agio_grpc.store.protocol import HistoryMark, RunStart
+from agio_grpc.store.sql import SqlStepStore
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.engine.harness import INSTRUCTIONS, Gate, Harness, build_runtime
+
+
+@pytest.fixture
+def starts(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[RunStart]:
+    """Every `RunStart` the store returns, in order."""
+    recorded: list[RunStart] = []
+    real = sqlite_store.start_run
+
+    async def recording(*args: Any, **kwargs: Any) -> RunStart:
+        started = await real(*args, **kwargs)
+        recorded.append(started)
+        return started
+
+    monkeypatch.setattr(sqlite_store, "start_run", recording)
+    return recorded
+
+
+async def sent_context_is_the_stored_one(harness: Harness, session_id: str) -> None:
+    """The last run's two model calls carried the stored conversation: up to its input, then
+    up to its tool result (the run ends with a final answer)."""
+    stored = await harness.store.get_steps(session_id)
+    last_input = max(index for index, step in enumerate(stored) if step.role is Role.USER)
+    first_call, second_call = harness.model.requests[-2:]
+    assert first_call["messages"] == build_context(INSTRUCTIONS, stored[: last_input + 1])
+    assert second_call["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+
+
+async def tool_then_answer(harness: Harness, text: str, session_id: str = "") -> str:
+    """A run that calls a tool, then answers: four steps. Returns the session id."""
+    harness.model.enqueue(
+        Turn.tool_calls([ToolCallSpec("echo", '{"text": "x"}')]), Turn.text(f"answer to {text}")
+    )
+    return (await harness.run(text, session_id=session_id)).session_id
+
+
+async def test_a_second_run_reads_only_the_steps_after_the_first_runs_history(
+    harness: Harness, starts: list[RunStart]
+) -> None:
+    session_id = await tool_then_answer(harness, "one")
+    await tool_then_answer(harness, "two", session_id)
+
+    assert starts[-1].history_start == 5
+    assert [step.content for step in starts[-1].history] == ["two"]
+    await sent_context_is_the_stored_one(harness, session_id)
+
+
+async def test_a_run_by_another_runtime_in_between_is_in_the_next_context(
+    harness: Harness,
+    starts: list[RunStart],
+    sqlite_store: SqlStepStore,
+    fake_model: FakeModelServer,
+) -> None:
+    other = build_runtime(sqlite_store, fake_model, Gate())
+    try:
+        session_id = await tool_then_answer(harness, "one")
+        await tool_then_answer(other, "two", session_id)
+        await tool_then_answer(harness, "three", session_id)
+    finally:
+        await other.runtime.shutdown(grace_s=0)
+        await other.driver.close()
+
+    assert starts[-1].history_start == 5  # what this runtime held is still the log's start
+    assert starts[-1].history[0].content == "two"
+    await sent_context_is_the_stored_one(harness, session_id)
+
+
+async def test_a_retry_elsewhere_that_cut_the_held_history_is_read_whole(
+    harness: Harness,
+    starts: list[RunStart],
+    sqlite_store: SqlStepStore,
+    fake_model: FakeModelServer,
+) -> None:
+    other = build_runtime(sqlite_store, fake_model, Gate())
+    try:
+        session_id = await tool_then_answer(harness, "one")
+        await tool_then_answer(harness, "two", session_id)
+        # Regenerate run two's final answer from the other runtime: sequence 8 gets a new step.
+        fake_model.enqueue(Turn.text("a different answer"))
+        await other.collect(await other.runtime.retry(session_id, 8))
+        await tool_then_answer(harness, "three", session_id)
+    finally:
+        await other.runtime.shutdown(grace_s=0)
+        await other.driver.close()
+
+    assert starts[-1].history_start == 1
+    sent = fake_model.requests[-1]["messages"]
+    assert "a different answer" in [message["content"] for message in sent]
+    await sent_context_is_the_stored_one(harness, session_id)
+
+
+async def test_steps_deleted_since_the_last_run_are_not_sent(
+    harness: Harness, starts: list[RunStart]
+) -> None:
+    session_id = await tool_then_answer(harness, "one")
+    await tool_then_answer(harness, "two", session_id)
+    await harness.store.delete_steps_from(session_id, 5)
+
+    await tool_then_answer(harness, "three", session_id)
+
+    assert starts[-1].history_start == 1
+    assert "two" not in [message["content"] for message in harness.model.requests[-2]["messages"]]
+    await sent_context_is_the_stored_one(harness, session_id)
+
+
+async def test_with_the_cache_off_every_run_reads_its_whole_history(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, starts: list[RunStart]
+) -> None:
+    harness = build_runtime(sqlite_store, fake_model, Gate(), history_cache_steps=0)
+    try:
+        session_id = await tool_then_answer(harness, "one")
+        await tool_then_answer(harness, "two", session_id)
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+
+    assert [started.history_start for started in starts] == [1, 1]
+    await sent_context_is_the_stored_one(harness, session_id)
+
+
+# -- the cache on its own ------------------------------------------------------------------
+
+
+def history(session_id: str, count: int) -> list[Step]:
+    return [
+        Step(session_id, "run_1", Role.USER, content=f"m{sequence}", sequence=sequence)
+        for sequence in range(1, count + 1)
+    ]
+
+
+def test_the_cache_holds_whole_histories_only() -> None:
+    cache = HistoryCache(100)
+    cache.remember("a", history("a", 3)[1:])  # starts at 2
+    cache.remember("b", [])
+    gapped = history("c", 4)
+    del gapped[1]
+    cache.remember("c", gapped)
+
+    assert len(cache) == 0
+    assert cache.held("a").mark is None
+
+
+def test_the_least_recently_used_sessions_go_first_past_the_bound() -> None:
+    cache = HistoryCache(10)
+    cache.remember("a", history("a", 4))
+    cache.remember("b", history("b", 4))
+    cache.held("a")  # used: b is now the oldest
+    cache.remember("c", history("c", 4))
+
+    assert cache.held("b").mark is None
+    assert cache.held("a").mark == HistoryMark(4, history_last_id(cache, "a"))
+    assert len(cache) == 8
+    cache.remember("d", history("d", 11))  # larger than the bound: not held
+    assert cache.held("d").mark is None
+
+
+def test_what_a_run_holds_does_not_change_when_the_session_is_remembered_again() -> None:
+    cache = HistoryCache(100)
+    first = history("a", 3)
+    cache.remember("a", first)
+    held = cache.held("a")
+    cache.remember("a", history("a", 6))
+
+    assert held.steps == tuple(first)
+    assert len(cache) == 6
+
+
+def test_joining_a_read_that_does_not_follow_the_held_history_fails() -> None:
+    cache = HistoryCache(100)
+    steps = history("a", 5)
+    cache.remember("a", steps[:3])
+    held = cache.held("a")
+    after = RunStart(
+        run=Run(session_id="a", agent="assistant"),
+        steps=steps[4:],
+        history=steps[4:],
+        history_start=5,
+    )
+
+    with pytest.raises(ValueError, match="does not follow"):
+        held.join(after)
+    follows = RunStart(
+        run=Run(session_id="a", agent="assistant"),
+        steps=steps[4:],
+        history=steps[3:],
+        history_start=4,
+    )
+    assert held.join(follows) == steps
+
+
+def history_last_id(cache: HistoryCache, session_id: str) -> str:
+    return cache.held(session_id).steps[-1].id
