@@ -3,27 +3,43 @@
 Context build = what a run does before its first model call can start: read the session's
 conversation (`StepStore.get_history`, the engine's read: message fields only) and turn it
 into messages (`build_context`). Alongside, the full read of the same steps
-(`StepStore.get_steps`: every column, what ListSteps serves). Sessions of 100,
-1,000 and 10,000 steps (a user / assistant-with-tool-call / tool / assistant pattern);
-median and p99 of repeated builds. Write throughput = steps/s when C tasks each append one
-step per transaction to their own session, as C concurrent runs do.
+(`StepStore.get_steps`: every column, what ListSteps serves), and a whole run start
+(`StepStore.start_run`: take the session, store the input and the run, read the history,
+then build the context) two ways: reading the whole history, and with the history the
+server kept from the session's previous run (engine/history.py: only the steps after it
+are read). Sessions of 100, 1,000 and 10,000 steps (a user / assistant-with-tool-call /
+tool / assistant pattern); median and p99 of repeated builds. Write throughput = steps/s
+when C tasks each append one step per transaction to their own session, as C concurrent
+runs do.
+
+Each backend is measured in a process of its own shaped like `agio-grpc serve`: the
+service's modules loaded and its start-up heap frozen the way `serve` freezes it, not
+this process with the Agents SDK and the other benchmarks' leftovers, whose extra objects
+every garbage collection would walk.
 
 On SQLite (a temporary file) and PostgreSQL (a throwaway cluster from tests/postgres.py,
 or AGIO_TEST_POSTGRES_URL); PostgreSQL is skipped, with the reason, when neither is there.
+
+    python -m bench.store --url URL --sizes N ...   # one process's timings, JSON on stdout
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agio_grpc.domain import Role, Step, ToolCall
+from agio_grpc.domain import Role, Run, Step, ToolCall
 from agio_grpc.engine.context import build_context
+from agio_grpc.engine.history import HeldHistory, HistoryCache
 from agio_grpc.store.sql import SqlStepStore, open_store
 from bench.stats import median, percentile
 
@@ -35,9 +51,60 @@ class StoreResult:
     """Steps in the session -> (median, p99) ms of one context build."""
     full_read_ms: dict[int, float] = field(default_factory=dict)
     """Steps in the session -> median ms of one `get_steps` of all of them."""
+    run_start_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Steps in the session -> median ms of `start_run` + `build_context`, reading the whole
+    history and after a held one."""
     writes_per_s: dict[int, float] = field(default_factory=dict)
     """Concurrent writers -> steps stored per second."""
+    processes: int = 0
+    """How many processes' timings are pooled in the figures."""
     skipped: str = ""
+
+
+@dataclass(slots=True)
+class StoreSamples:
+    """Raw B5 timings in ms, by steps in the session (writes: rates, by writers)."""
+
+    context: dict[int, list[float]] = field(default_factory=dict)
+    full_read: dict[int, list[float]] = field(default_factory=dict)
+    start_whole: dict[int, list[float]] = field(default_factory=dict)
+    start_held: dict[int, list[float]] = field(default_factory=dict)
+    writes_per_s: dict[int, list[float]] = field(default_factory=dict)
+    processes: int = 1
+
+    def merge(self, other: StoreSamples) -> None:
+        """Pool `other`'s timings into these."""
+        for name in ("context", "full_read", "start_whole", "start_held", "writes_per_s"):
+            mine: dict[int, list[float]] = getattr(self, name)
+            for key, values in getattr(other, name).items():
+                mine.setdefault(key, []).extend(values)
+        self.processes += other.processes
+
+    def summary(self, backend: str) -> StoreResult:
+        return StoreResult(
+            backend,
+            context_ms={n: (median(v), percentile(v, 99)) for n, v in self.context.items()},
+            full_read_ms={n: median(v) for n, v in self.full_read.items()},
+            run_start_ms={
+                n: (median(v), median(self.start_held[n])) for n, v in self.start_whole.items()
+            },
+            writes_per_s={n: median(v) for n, v in self.writes_per_s.items()},
+            processes=self.processes,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> StoreSamples:
+        data = json.loads(text)
+        processes = data.pop("processes")
+        # JSON object keys are strings.
+        by_size = {
+            name: {int(key): list(values) for key, values in mapping.items()}
+            for name, mapping in data.items()
+        }
+        return cls(**by_size, processes=processes)
 
 
 def _steps(session_id: str, count: int) -> list[Step]:
@@ -66,25 +133,45 @@ def _steps(session_id: str, count: int) -> list[Step]:
 
 
 async def _context_build(
-    store: SqlStepStore, count: int, repeats: int
-) -> tuple[tuple[float, float], float]:
-    """((median, p99) ms of a context build, median ms of a full read) for `count` steps."""
-    session = await store.create_session()
-    steps = _steps(session.id, count)
-    for start in range(0, count, 1000):
-        await store.append_steps(steps[start : start + 1000])
+    store: SqlStepStore, session_id: str, repeats: int
+) -> tuple[list[float], list[float]]:
+    """ms of each context build, and of each full read, of the session."""
     timings: list[float] = []
     full_reads: list[float] = []
     for _ in range(repeats + 2):
         started = time.perf_counter()
-        history = await store.get_history(session.id)
+        history = await store.get_history(session_id)
         build_context("You are a helpful assistant.", history, None)
         timings.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
-        await store.get_steps(session.id)
+        await store.get_steps(session_id)
         full_reads.append((time.perf_counter() - started) * 1000)
-    timings, full_reads = timings[2:], full_reads[2:]  # warm caches first
-    return (median(timings), percentile(timings, 99)), median(full_reads)
+    return timings[2:], full_reads[2:]  # warm caches first
+
+
+async def _run_start(
+    store: SqlStepStore, session_id: str, repeats: int
+) -> tuple[list[float], list[float]]:
+    """ms of each run start + context build on the session: reading the whole history, and
+    with the history held (as the runtime does it, engine/runtime.py `start_run`). Each
+    start's input step is deleted again after it, outside the timing."""
+    histories = HistoryCache(1_000_000)
+    histories.remember(session_id, await store.get_history(session_id))
+    last = (await store.count_steps(session_id)) + 1
+    whole: list[float] = []
+    held: list[float] = []
+    for index in range(2 * (repeats + 2)):
+        hold = index % 2 == 1
+        run = Run(session_id=session_id, agent="bench")
+        user = Step(session_id, run.id, Role.USER, content="one more question")
+        began = time.perf_counter()
+        kept = histories.held(session_id) if hold else HeldHistory()
+        started = await store.start_run(run, [user], since=kept.mark)
+        build_context("You are a helpful assistant.", kept.join(started), None)
+        (held if hold else whole).append((time.perf_counter() - began) * 1000)
+        await store.release_session(session_id, run.id)
+        await store.delete_steps_from(session_id, last)
+    return whole[2:], held[2:]
 
 
 async def _write_throughput(store: SqlStepStore, writers: int, duration_s: float) -> float:
@@ -104,20 +191,67 @@ async def _write_throughput(store: SqlStepStore, writers: int, duration_s: float
 
 
 async def measure_store(
-    url: str, backend: str, sizes: list[int], writers: list[int], repeats: int, write_s: float
-) -> StoreResult:
-    result = StoreResult(backend)
+    url: str,
+    sizes: list[int],
+    writers: list[int],
+    repeats: int,
+    write_s: float,
+    *,
+    freeze: bool = False,
+) -> StoreSamples:
+    """B5 on one database, in this process; `freeze` freezes the heap as `serve` does."""
+    samples = StoreSamples()
     store = await open_store(url)
+    if freeze:
+        from agio_grpc.service.app import freeze_startup_heap
+
+        freeze_startup_heap()
     try:
         for size in sizes:
-            result.context_ms[size], result.full_read_ms[size] = await _context_build(
-                store, size, repeats
-            )
+            session = await store.create_session()
+            steps = _steps(session.id, size)
+            for start in range(0, size, 1000):
+                await store.append_steps(steps[start : start + 1000])
+            del steps
+            built = await _context_build(store, session.id, repeats)
+            samples.context[size], samples.full_read[size] = built
+            started = await _run_start(store, session.id, repeats)
+            samples.start_whole[size], samples.start_held[size] = started
         for count in writers:
-            result.writes_per_s[count] = await _write_throughput(store, count, write_s)
+            samples.writes_per_s[count] = [await _write_throughput(store, count, write_s)]
     finally:
         await store.close()
-    return result
+    return samples
+
+
+# Timings vary more between processes than within one on a small shared VM (where the
+# store's threads land against the event loop's): several processes are pooled.
+PROCESSES = 3
+
+
+async def _measure_in_children(
+    url: str, backend: str, sizes: list[int], writers: list[int], repeats: int, write_s: float
+) -> StoreResult:
+    """`measure_store` in fresh processes shaped like the server (see the module docstring),
+    one after another, their timings pooled; the write rates from the first only."""
+    pooled: StoreSamples | None = None
+    for index in range(PROCESSES):
+        args = ["--url", url, "--repeats", str(repeats), "--sizes", *map(str, sizes)]
+        if index == 0 and writers:
+            args += ["--writers", *map(str, writers), "--write-s", str(write_s)]
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.store", *args, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"bench.store on {backend} exited with {child.returncode}")
+        samples = StoreSamples.from_json(out)
+        if pooled is None:
+            pooled = samples
+        else:
+            pooled.merge(samples)
+    assert pooled is not None
+    return pooled.summary(backend)
 
 
 @contextlib.asynccontextmanager
@@ -146,12 +280,35 @@ async def measure(
     results: list[StoreResult] = []
     with tempfile.TemporaryDirectory() as scratch:
         url = f"sqlite+aiosqlite:///{Path(scratch) / 'b5.db'}"
-        results.append(await measure_store(url, "sqlite", sizes, writers, repeats, write_s))
+        results.append(await _measure_in_children(url, "sqlite", sizes, writers, repeats, write_s))
     if not postgres:
         return results
     try:
         async with _postgres_url() as url:
-            results.append(await measure_store(url, "postgresql", sizes, writers, repeats, write_s))
+            results.append(
+                await _measure_in_children(url, "postgresql", sizes, writers, repeats, write_s)
+            )
     except Exception as error:
         results.append(StoreResult("postgresql", skipped=f"{type(error).__name__}: {error}"))
     return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.store", description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--sizes", type=int, nargs="+", required=True)
+    parser.add_argument("--writers", type=int, nargs="*", default=[])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--write-s", type=float, default=3.0)
+    args = parser.parse_args()
+    import agio_grpc.cli
+    import agio_grpc.service.app  # noqa: F401 - the modules `agio-grpc serve` runs with
+
+    samples = asyncio.run(
+        measure_store(args.url, args.sizes, args.writers, args.repeats, args.write_s, freeze=True)
+    )
+    print(samples.to_json())
+
+
+if __name__ == "__main__":
+    main()

@@ -45,6 +45,7 @@ def report(*, agio_ttft_ms: float, gap_p99_ms: float, errors: int, context_ms: f
         "sqlite",
         context_ms={1000: (context_ms, context_ms * 2)},
         full_read_ms={1000: context_ms},
+        run_start_ms={1000: (context_ms + 1, 2.0)},
         writes_per_s={1: 1000.0},
     )
     return Report(

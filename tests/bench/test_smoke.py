@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import concurrency, procs
+from bench import concurrency, procs, store
 from bench.store import measure_store
 
 
@@ -22,6 +22,24 @@ async def test_the_load_generator_drives_the_grpc_floor() -> None:
 
 async def test_the_store_measurements_run_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'b5.db'}"
-    result = await measure_store(url, "sqlite", [10], [2], repeats=2, write_s=0.2)
-    assert set(result.context_ms) == set(result.full_read_ms) == {10}
-    assert result.writes_per_s[2] > 0
+    samples = await measure_store(url, [10], [2], repeats=2, write_s=0.2)
+    assert {len(samples.context[10]), len(samples.full_read[10])} == {2}
+    assert {len(samples.start_whole[10]), len(samples.start_held[10])} == {2}
+    assert samples.writes_per_s[2][0] > 0
+
+
+async def test_the_store_measurements_are_pooled_from_processes_of_their_own() -> None:
+    [result] = await store.measure([10, 20], [1], repeats=2, write_s=0.2, postgres=False)
+    assert (result.backend, result.skipped, result.processes) == ("sqlite", "", store.PROCESSES)
+    assert set(result.context_ms) == set(result.run_start_ms) == {10, 20}
+    assert min(result.run_start_ms[20]) > 0
+    assert result.writes_per_s[1] > 0
+
+
+def test_pooled_samples_keep_every_process_timings() -> None:
+    first = store.StoreSamples(context={10: [1.0, 2.0]}, writes_per_s={1: [100.0]})
+    second = store.StoreSamples.from_json(store.StoreSamples(context={10: [3.0]}).to_json())
+    first.merge(second)
+    assert first.context == {10: [1.0, 2.0, 3.0]}
+    assert first.writes_per_s == {1: [100.0]}
+    assert first.processes == 2
