@@ -123,6 +123,8 @@ class _RunPlan:
     history: list[Step]
     """As `StepStore.get_history` reads it: the conversation, not the metrics."""
     resume_calls: list[ToolCall] = field(default_factory=list)
+    kept_steps: int = 0
+    """How many steps of `history` came from the history cache rather than the store."""
 
 
 class Runtime:
@@ -239,10 +241,11 @@ class Runtime:
             raise
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
+        history = held.join(started)
         return self._spawn(
             started.run,
             settings,
-            _RunPlan(held.join(started)),
+            _RunPlan(history, kept_steps=len(history) - len(started.history)),
             started.steps,
             request.deadline_s,
             trace,
@@ -534,6 +537,7 @@ class Runtime:
         model_calls: int = 0,
     ) -> RunHandle:
         """Publish the segment's opening events and start its loop task."""
+        trace.history_loaded(plan.kept_steps, len(plan.history) - plan.kept_steps)
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         control = RunControl()
         started = copy.deepcopy(run)

@@ -74,6 +74,11 @@ class RunTrace(SpanIds, Protocol):
         """A step of the segment's own (user input, tool outputs) was stored."""
         ...
 
+    def history_loaded(self, kept_steps: int, read_steps: int) -> None:
+        """The segment's history: `kept_steps` from what this process kept of the session
+        (engine/history.py), then `read_steps` read from the store."""
+        ...
+
     def context_built(self, seconds: float, message_count: int) -> None:
         """The messages for the next model call were built in `seconds`."""
         ...
@@ -118,6 +123,9 @@ class _NoRunTrace(_NoSpan):
         yield NO_CALL_TRACE
 
     def step_stored(self, step_id: str, sequence: int) -> None:
+        pass
+
+    def history_loaded(self, kept_steps: int, read_steps: int) -> None:
         pass
 
     def context_built(self, seconds: float, message_count: int) -> None:

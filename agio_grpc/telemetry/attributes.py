@@ -26,6 +26,11 @@ CANCELLED: Final = "agio.cancelled"
 MODEL_RETRIES: Final = "agio.model.retries"
 TOOL_STOP: Final = "agio.tool.stop"
 CONTEXT_MESSAGES: Final = "agio.context.messages"
+HISTORY_KEPT_STEPS: Final = "agio.history.kept_steps"
+"""On a run segment's span: steps of its history taken from what the server kept of the
+session since its previous run (0: the whole history came from the store)."""
+HISTORY_READ_STEPS: Final = "agio.history.read_steps"
+"""On a run segment's span: steps of its history read from the store."""
 STORE_OPERATION: Final = "agio.store.operation"
 
 # Metrics of our own (the GenAI ones come from the semconv package).

@@ -147,6 +147,12 @@ class OtelRunTrace:
             self.span.set_attributes({agio.STEP_ID: step_id, agio.STEP_SEQUENCE: sequence})
         self.span.add_event("step_stored", {agio.STEP_ID: step_id, agio.STEP_SEQUENCE: sequence})
 
+    def history_loaded(self, kept_steps: int, read_steps: int) -> None:
+        if not self._ended:
+            self.span.set_attributes(
+                {agio.HISTORY_KEPT_STEPS: kept_steps, agio.HISTORY_READ_STEPS: read_steps}
+            )
+
     def context_built(self, seconds: float, message_count: int) -> None:
         self.tracer.instruments.context_build_duration.record(
             seconds, {gen_ai.GEN_AI_AGENT_NAME: self.agent}

@@ -329,6 +329,20 @@ async def test_a_shutdown_interrupts_the_run_and_ends_every_span(
     traced.tracer_provider.shutdown()
 
 
+async def test_a_run_span_says_how_much_history_the_server_kept_and_how_much_it_read(
+    client: AgioClient, fake_model: FakeModelServer, traced: Traced
+) -> None:
+    fake_model.enqueue(Turn.text("First."), Turn.text("Second."))
+    first = final_run(await drain(client.run("One?")))
+    final_run(await drain(client.run("Two?", session_id=first.session_id)))
+    await traced.open_spans.all_ended()
+    agents = [s for s in traced.spans() if s.name == "invoke_agent assistant"]
+    # The first run read its one step; the second kept the first run's two and read its own.
+    assert [
+        (attrs(s)["agio.history.kept_steps"], attrs(s)["agio.history.read_steps"]) for s in agents
+    ] == [(0, 1), (2, 1)]
+
+
 async def test_submit_tool_outputs_is_a_second_segment_of_the_same_run(
     client: AgioClient, fake_model: FakeModelServer, traced: Traced
 ) -> None:
