@@ -5,6 +5,7 @@ between. Real SQLite store, real openai client, fake model over HTTP."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -62,20 +63,23 @@ async def test_a_second_run_reads_only_the_steps_after_the_first_runs_history(
     await sent_context_is_the_stored_one(harness, session_id)
 
 
-async def test_a_run_by_another_runtime_in_between_is_in_the_next_context(
-    harness: Harness,
-    starts: list[RunStart],
-    sqlite_store: SqlStepStore,
-    fake_model: FakeModelServer,
-) -> None:
-    other = build_runtime(sqlite_store, fake_model, Gate())
+@pytest.fixture
+async def other(sqlite_store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+    """A second runtime on the same store and model: another replica."""
+    replica = build_runtime(sqlite_store, fake_model, Gate())
     try:
-        session_id = await tool_then_answer(harness, "one")
-        await tool_then_answer(other, "two", session_id)
-        await tool_then_answer(harness, "three", session_id)
+        yield replica
     finally:
-        await other.runtime.shutdown(grace_s=0)
-        await other.driver.close()
+        await replica.runtime.shutdown(grace_s=0)
+        await replica.driver.close()
+
+
+async def test_a_run_by_another_runtime_in_between_is_in_the_next_context(
+    harness: Harness, other: Harness, starts: list[RunStart]
+) -> None:
+    session_id = await tool_then_answer(harness, "one")
+    await tool_then_answer(other, "two", session_id)
+    await tool_then_answer(harness, "three", session_id)
 
     assert starts[-1].history_start == 5  # what this runtime held is still the log's start
     assert starts[-1].history[0].content == "two"
@@ -83,25 +87,17 @@ async def test_a_run_by_another_runtime_in_between_is_in_the_next_context(
 
 
 async def test_a_retry_elsewhere_that_cut_the_held_history_is_read_whole(
-    harness: Harness,
-    starts: list[RunStart],
-    sqlite_store: SqlStepStore,
-    fake_model: FakeModelServer,
+    harness: Harness, other: Harness, starts: list[RunStart]
 ) -> None:
-    other = build_runtime(sqlite_store, fake_model, Gate())
-    try:
-        session_id = await tool_then_answer(harness, "one")
-        await tool_then_answer(harness, "two", session_id)
-        # Regenerate run two's final answer from the other runtime: sequence 8 gets a new step.
-        fake_model.enqueue(Turn.text("a different answer"))
-        await other.collect(await other.runtime.retry(session_id, 8))
-        await tool_then_answer(harness, "three", session_id)
-    finally:
-        await other.runtime.shutdown(grace_s=0)
-        await other.driver.close()
+    session_id = await tool_then_answer(harness, "one")
+    await tool_then_answer(harness, "two", session_id)
+    # Regenerate run two's final answer on the other runtime: sequence 8 gets a new step.
+    other.model.enqueue(Turn.text("a different answer"))
+    await other.collect(await other.runtime.retry(session_id, 8))
+    await tool_then_answer(harness, "three", session_id)
 
     assert starts[-1].history_start == 1
-    sent = fake_model.requests[-1]["messages"]
+    sent = harness.model.requests[-1]["messages"]
     assert "a different answer" in [message["content"] for message in sent]
     await sent_context_is_the_stored_one(harness, session_id)
 
