@@ -1,12 +1,14 @@
-"""The benchmark's moving parts run end to end at toy sizes: the gRPC floor process under the
-load generator process, and the store measurements. Figures are not checked, only that each
-part produces them (timing belongs to `make bench`, never to tests)."""
+"""The benchmark's moving parts run end to end at toy sizes: B1-B3's paths (direct client,
+relay floor, `agio-grpc serve` untraced and traced, the Agents SDK), B4's load generators
+against the service, the gRPC floor and the SDK, and the store measurements. Figures are not
+checked, only that each part produces them (timing belongs to `make bench`, never to
+tests)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench import concurrency, procs, store
+from bench import concurrency, procs, store, streaming
 from bench.store import measure_store
 
 
@@ -18,6 +20,30 @@ async def test_the_load_generator_drives_the_grpc_floor() -> None:
     assert (load.runs, load.errors) == (3, 0), load.error_samples
     assert len(load.ttft_ms) == 3
     assert len(load.gaps_ms) == 3 * 4  # 5 deltas per run: 4 gaps
+
+
+async def test_every_streaming_path_runs_against_its_own_processes() -> None:
+    result = await streaming.measure(runs=2, tokens=5, warmup=1)
+    assert set(result.paths) == {
+        "direct",
+        "grpc relay floor",
+        "agio-grpc",
+        "agents-sdk",
+        "agio-grpc traced",
+    }
+    for name, samples in result.paths.items():
+        assert len(samples.ttft_ms) == 2, name
+        assert samples.tokens > 0, name
+    assert (result.spans_exported or 0) > 0  # the traced server exported its spans
+
+
+async def test_the_load_generators_drive_the_service_and_the_sdk() -> None:
+    for level in (
+        await concurrency.agio_level(3, tokens=5, rate=200),
+        await concurrency.sdk_level(3, tokens=5, rate=200),
+    ):
+        assert (level.concurrency, level.errors) == (3, 0), level.error_samples
+        assert level.gap_p50_ms > 0, level.system
 
 
 async def test_the_store_measurements_run_on_sqlite(tmp_path: Path) -> None:
