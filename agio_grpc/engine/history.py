@@ -9,8 +9,12 @@ step never changes, deletes (Retry, DeleteSteps) only cut the end of the log, an
 is never reused, so when the last cached step is still there, so is every step before it.
 A run on another replica, a retry or a deletion in between is thus seen, never served stale.
 
-Bounded by a total number of steps (the least recently used sessions go first). Holds only
-histories that are whole (sequences 1..N, as runs read them). Never reads the store.
+What goes in must be the stored log exactly: the loop hands its history over only when the
+history was read while its run held the session and the run still held it at its end
+(`StepStore.release_session` says so); a history read before the session was taken, or
+extended while another holder rewrote the log, is never kept. Bounded by a total number of
+steps (the least recently used sessions go first). Holds only whole histories (sequences
+1..N). Never reads the store.
 """
 
 from __future__ import annotations

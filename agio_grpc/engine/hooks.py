@@ -4,7 +4,8 @@ Configured as `package.module:function` lists (sync or async functions):
 - `on_run_start(run)` once a run (or a continuation) starts;
 - `before_model_call(run, messages)` with the exact message list about to be sent
   (inspect it; mutating it is not supported);
-- `after_step(run, step)` after each step is durably stored;
+- `after_step(run, step)` after each step is durably stored (the run and the step are
+  copies: changing them changes nothing);
 - `on_run_end(run)` with the final run row.
 
 A hook ends the run by raising `StopRun(signal)` (its source becomes `hook` unless set);

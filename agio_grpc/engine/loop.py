@@ -146,6 +146,9 @@ class RunSegment:
     """Seconds left on the caller's deadline when the segment started."""
     trace: RunTrace = NO_RUN_TRACE
     """The segment's trace, ended by the loop (its model and tool calls are its children)."""
+    history_held: bool = False
+    """`history` was read while the segment held its session (so it is the stored log, and
+    the loop may hand it to the history cache when it ends)."""
 
 
 class _Stop(Exception):  # noqa: N818 - internal control flow
@@ -476,7 +479,11 @@ class RunLoop:
             for step in stored:
                 self.channel.publish(StepCompleted(step))
         for step in stored if self.services.hooks.after_step else ():
-            await self._call_hooks(self.services.hooks.after_step, self._snapshot(), step)
+            # A copy, as the run is: the stored step is also the history later model calls
+            # (and later runs, engine/history.py) are built from.
+            await self._call_hooks(
+                self.services.hooks.after_step, self._snapshot(), copy.deepcopy(step)
+            )
         return stored
 
     def _record_stored(self, stored: list[Step]) -> None:
@@ -531,12 +538,16 @@ class RunLoop:
             await self.services.store.update_run(run)
         except Exception:
             logger.exception("run %s: could not store its final state", run.id)
-        # Before the session is free: the next run on it, here, starts from this history.
-        self.services.histories.remember(run.session_id, self.history)
+        released = False
         try:
-            await self.services.store.release_session(run.session_id, run.id)
+            released = await self.services.store.release_session(run.session_id, run.id)
         except Exception:
             logger.exception("run %s: could not release session %s", run.id, run.session_id)
+        if released and self.segment.history_held:
+            # The history is the stored log exactly: read under the session, extended only by
+            # this run's own writes, the session held throughout. Kept before the terminal
+            # event, so the client's next run on the session starts from it.
+            self.services.histories.remember(run.session_id, self.history)
         final = self._snapshot()
         terminal = RunFailed(final) if signal.reason.is_error else RunCompleted(final)
         self.trace.end(run)  # before the terminal event: a client that saw it sees the trace

@@ -125,6 +125,8 @@ class _RunPlan:
     resume_calls: list[ToolCall] = field(default_factory=list)
     kept_steps: int = 0
     """How many steps of `history` came from the history cache rather than the store."""
+    history_held: bool = False
+    """`history` was read under the session's lease (see `RunSegment.history_held`)."""
 
 
 class Runtime:
@@ -241,11 +243,17 @@ class Runtime:
             raise
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
-        history = held.join(started)
+        try:
+            history = held.join(started)
+        except ValueError:
+            trace.end(started.run)
+            await self._release_quietly(run.session_id, run.id)
+            raise
+        kept = len(history) - len(started.history)
         return self._spawn(
             started.run,
             settings,
-            _RunPlan(history, kept_steps=len(history) - len(started.history)),
+            _RunPlan(history, kept_steps=kept, history_held=True),
             started.steps,
             request.deadline_s,
             trace,
@@ -287,7 +295,8 @@ class Runtime:
             trace.end(run)  # no stop signal: the run never started
             await self._release_quietly(session_id, run.id)
             raise
-        return self._spawn(run, settings, _RunPlan(history), [user], request.deadline_s, trace)
+        plan = _RunPlan(history, history_held=True)  # read after taking the session
+        return self._spawn(run, settings, plan, [user], request.deadline_s, trace)
 
     async def submit_tool_outputs(
         self, run_id: str, outputs: list[ToolOutput], *, deadline_s: float | None = None
@@ -557,6 +566,7 @@ class Runtime:
                 resume_calls=plan.resume_calls,
                 deadline_s=deadline_s,
                 trace=trace,
+                history_held=plan.history_held,
             ),
         )
         segment.task = asyncio.create_task(loop.run(), name=f"agio run {run.id}")

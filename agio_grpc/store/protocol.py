@@ -185,8 +185,12 @@ class StepStore(Protocol):
         """
         ...
 
-    async def release_session(self, session_id: str, run_id: str) -> None:
-        """Clear the active run and its lease if it is still `run_id` (a no-op otherwise)."""
+    async def release_session(self, session_id: str, run_id: str) -> bool:
+        """Clear the active run and its lease if it is still `run_id` (a no-op otherwise).
+
+        True when it was `run_id`'s to release: the run held the session to its end (no other
+        holder took it over in between, or it would hold it now or have released it).
+        """
         ...
 
     async def close(self) -> None:

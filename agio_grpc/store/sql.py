@@ -504,11 +504,12 @@ class SqlStepStore:
             raise ValueError("acquire_session needs a run id")
         await self._write(lambda conn: _acquire(conn, session_id, run_id, self._lease))
 
-    async def release_session(self, session_id: str, run_id: str) -> None:
-        def work(conn: Connection) -> None:
-            conn.execute(_RELEASE_SESSION, {"session_id": session_id, "run_id": run_id})
+    async def release_session(self, session_id: str, run_id: str) -> bool:
+        def work(conn: Connection) -> bool:
+            released = conn.execute(_RELEASE_SESSION, {"session_id": session_id, "run_id": run_id})
+            return released.rowcount == 1
 
-        await self._write(work)
+        return await self._write(work)
 
     async def renew_leases(self, holders: Mapping[str, str]) -> set[str]:
         if not holders:

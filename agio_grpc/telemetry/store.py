@@ -130,8 +130,8 @@ class InstrumentedStepStore:
     async def acquire_session(self, session_id: str, run_id: str) -> None:
         await self._timed("acquire_session", self.inner.acquire_session(session_id, run_id))
 
-    async def release_session(self, session_id: str, run_id: str) -> None:
-        await self._timed("release_session", self.inner.release_session(session_id, run_id))
+    async def release_session(self, session_id: str, run_id: str) -> bool:
+        return await self._timed("release_session", self.inner.release_session(session_id, run_id))
 
     async def close(self) -> None:
         await self.inner.close()

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from agio_grpc.domain import Role, Run, Step
+from agio_grpc.engine import RunInput
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import HistoryCache
+from agio_grpc.engine.hooks import Hooks
 from agio_grpc.store.protocol import HistoryMark, RunStart
 from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
@@ -100,6 +102,86 @@ async def test_a_retry_elsewhere_that_cut_the_held_history_is_read_whole(
     sent = harness.model.requests[-1]["messages"]
     assert "a different answer" in [message["content"] for message in sent]
     await sent_context_is_the_stored_one(harness, session_id)
+
+
+async def test_a_retry_whose_history_changed_before_it_took_the_session_is_not_kept(
+    harness: Harness, other: Harness, sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.model.enqueue(Turn.text("answer one"), Turn.text("answer two"))
+    session_id = (await harness.run("one")).session_id  # 1, 2
+    await harness.run("two", session_id=session_id)  # 3, 4
+    take = sqlite_store.acquire_session
+
+    async def edited_first(session_id: str, run_id: str) -> None:
+        # Between Retry's history read and its take of the session, another client rewrites
+        # the log: step 3 becomes "replacement" (3', 4').
+        monkeypatch.setattr(sqlite_store, "acquire_session", take)
+        await sqlite_store.delete_steps_from(session_id, 3)
+        other.model.enqueue(Turn.text("answer replacement"))
+        await other.run("replacement", session_id=session_id)
+        await take(session_id, run_id)
+
+    monkeypatch.setattr(sqlite_store, "acquire_session", edited_first)
+    harness.model.enqueue(Turn.text("regenerated"))
+    await harness.collect(await harness.runtime.retry(session_id, 4))
+    harness.model.enqueue(Turn.text("answer three"))
+    await harness.run("three", session_id=session_id)
+
+    stored = await sqlite_store.get_steps(session_id)
+    assert stored[2].content == "replacement"
+    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+
+
+async def test_a_run_that_lost_its_session_does_not_keep_its_history(
+    harness: Harness, sqlite_store: SqlStepStore
+) -> None:
+    harness.model.enqueue(Turn.text("answer one"))
+    session_id = (await harness.run("one")).session_id  # 1, 2
+    harness.model.enqueue(
+        Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]), Turn.text("a late answer")
+    )
+    handle = await harness.runtime.start_run(RunInput("two", session_id=session_id))  # 3, 4
+    await harness.gate.entered.wait()
+    # The run's lease lapsed (its process stalled) and another client took the session over,
+    # rewrote the log from step 3 and let go of it.
+    await sqlite_store.release_session(session_id, handle.run_id)
+    await sqlite_store.acquire_session(session_id, "run_editor")
+    await sqlite_store.delete_steps_from(session_id, 3)
+    await sqlite_store.append_steps(
+        [
+            Step(session_id, "run_editor", Role.USER, content="replacement"),
+            Step(session_id, "run_editor", Role.ASSISTANT, content="another answer"),
+        ]
+    )
+    await sqlite_store.release_session(session_id, "run_editor")
+    harness.gate.release.set()  # the stalled run resumes and stores steps 5 and 6
+    async for _ in handle.events():  # not `collect`: its steps 3 and 4 are gone
+        pass
+    harness.model.enqueue(Turn.text("answer three"))
+    await harness.run("three", session_id=session_id)
+
+    stored = await sqlite_store.get_steps(session_id)
+    assert stored[2].content == "replacement"
+    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+
+
+async def test_an_after_step_hook_cannot_change_the_kept_history(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    def scrub(run: Run, step: Step) -> None:
+        step.content = "[scrubbed]"
+
+    harness = build_runtime(sqlite_store, fake_model, Gate(), hooks=Hooks(after_step=[scrub]))
+    try:
+        fake_model.enqueue(Turn.text("the real answer"), Turn.text("answer two"))
+        session_id = (await harness.run("one")).session_id
+        await harness.run("two", session_id=session_id)
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+
+    sent = [message["content"] for message in fake_model.requests[-1]["messages"]]
+    assert sent[1:] == ["one", "the real answer", "two"]
 
 
 async def test_steps_deleted_since_the_last_run_are_not_sent(

@@ -822,7 +822,7 @@ async def test_release_by_another_run_is_a_no_op(store: SqlStepStore) -> None:
     session = await store.create_session()
     await store.acquire_session(session.id, "run_1")
 
-    await store.release_session(session.id, "run_2")
+    assert await store.release_session(session.id, "run_2") is False
 
     assert (await store.get_session(session.id)).active_run_id == "run_1"
 
@@ -831,7 +831,8 @@ async def test_release_frees_the_session_for_the_next_run(store: SqlStepStore) -
     session = await store.create_session()
     await store.acquire_session(session.id, "run_1")
 
-    await store.release_session(session.id, "run_1")
+    assert await store.release_session(session.id, "run_1") is True
+    assert await store.release_session(session.id, "run_1") is False  # not its any more
     await store.acquire_session(session.id, "run_2")
 
     assert (await store.get_session(session.id)).active_run_id == "run_2"
