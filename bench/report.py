@@ -266,7 +266,7 @@ def _store_markdown(results: list[StoreResult]) -> str:
         "whole history or only the steps after the history the server kept from the "
         "session's previous run (engine/history.py). Each backend is measured in processes "
         "of its own shaped like `agio-grpc serve` (its modules, its frozen start-up heap), "
-        f"their timings pooled ({_processes(results)}).",
+        f"each on an empty database, their timings pooled ({_processes(results)}).",
         _table(
             [
                 "backend",
@@ -279,7 +279,8 @@ def _store_markdown(results: list[StoreResult]) -> str:
             ],
             rows,
         ),
-        "Step writes, one step per transaction, each writer on its own session:",
+        "Step writes, one step per transaction, each writer on its own session (the first "
+        "process only):",
         _table(["backend", "concurrent writers", "steps/s"], writes),
     ]
     if targets:

@@ -33,7 +33,8 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,27 +225,42 @@ async def measure_store(
     return samples
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 # Timings vary more between processes than within one on a small shared VM (where the
 # store's threads land against the event loop's): several processes are pooled.
 PROCESSES = 3
 
 
 async def _measure_in_children(
-    url: str, backend: str, sizes: list[int], writers: list[int], repeats: int, write_s: float
+    new_database: Callable[[], AbstractAsyncContextManager[str]],
+    backend: str,
+    sizes: list[int],
+    writers: list[int],
+    repeats: int,
+    write_s: float,
 ) -> StoreResult:
     """`measure_store` in fresh processes shaped like the server (see the module docstring),
-    one after another, their timings pooled; the write rates from the first only."""
+    one after another, each on an empty database of its own, their timings pooled; the
+    write rates come from the first process only."""
     pooled: StoreSamples | None = None
     for index in range(PROCESSES):
-        args = ["--url", url, "--repeats", str(repeats), "--sizes", *map(str, sizes)]
-        if index == 0 and writers:
-            args += ["--writers", *map(str, writers), "--write-s", str(write_s)]
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.store", *args, stdout=asyncio.subprocess.PIPE
-        )
-        out, _ = await child.communicate()
+        async with new_database() as url:
+            args = ["--url", url, "--repeats", str(repeats), "--sizes", *map(str, sizes)]
+            if index == 0 and writers:
+                args += ["--writers", *map(str, writers), "--write-s", str(write_s)]
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.store",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=REPO_ROOT,
+            )
+            out, err = await child.communicate()
         if child.returncode != 0:
-            raise RuntimeError(f"bench.store on {backend} exited with {child.returncode}")
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"bench.store exited with {child.returncode}: {last[0]}")
         samples = StoreSamples.from_json(out)
         if pooled is None:
             pooled = samples
@@ -255,19 +271,32 @@ async def _measure_in_children(
 
 
 @contextlib.asynccontextmanager
-async def _postgres_url() -> AsyncIterator[str]:
-    """An empty PostgreSQL database for the benchmark; raises when none can be had."""
+async def _sqlite_database() -> AsyncIterator[str]:
+    """An empty SQLite file for one process's measurements."""
+    with tempfile.TemporaryDirectory() as scratch:
+        yield f"sqlite+aiosqlite:///{Path(scratch) / 'b5.db'}"
+
+
+@contextlib.asynccontextmanager
+async def _postgres_databases() -> AsyncIterator[Callable[[], AbstractAsyncContextManager[str]]]:
+    """Makes empty PostgreSQL databases (each dropped after use) on a throwaway cluster from
+    tests/postgres.py or AGIO_TEST_POSTGRES_URL; raises when neither can be had."""
     from tests.postgres import TestDatabases, start_postgres
 
     admin_url, cluster = await asyncio.to_thread(start_postgres)
     databases = TestDatabases(admin_url)
-    try:
-        await asyncio.to_thread(databases.prepare)
+
+    @contextlib.asynccontextmanager
+    async def new_database() -> AsyncIterator[str]:
         url = await databases.create()
         try:
             yield url
         finally:
             await databases.drop(url)
+
+    try:
+        await asyncio.to_thread(databases.prepare)
+        yield new_database
     finally:
         await asyncio.to_thread(databases.dispose)
         if cluster is not None:
@@ -277,16 +306,17 @@ async def _postgres_url() -> AsyncIterator[str]:
 async def measure(
     sizes: list[int], writers: list[int], repeats: int, write_s: float, postgres: bool
 ) -> list[StoreResult]:
-    results: list[StoreResult] = []
-    with tempfile.TemporaryDirectory() as scratch:
-        url = f"sqlite+aiosqlite:///{Path(scratch) / 'b5.db'}"
-        results.append(await _measure_in_children(url, "sqlite", sizes, writers, repeats, write_s))
+    results = [
+        await _measure_in_children(_sqlite_database, "sqlite", sizes, writers, repeats, write_s)
+    ]
     if not postgres:
         return results
     try:
-        async with _postgres_url() as url:
+        async with _postgres_databases() as new_database:
             results.append(
-                await _measure_in_children(url, "postgresql", sizes, writers, repeats, write_s)
+                await _measure_in_children(
+                    new_database, "postgresql", sizes, writers, repeats, write_s
+                )
             )
     except Exception as error:
         results.append(StoreResult("postgresql", skipped=f"{type(error).__name__}: {error}"))
