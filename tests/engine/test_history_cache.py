@@ -46,6 +46,15 @@ async def sent_context_is_the_stored_one(harness: Harness, session_id: str) -> N
     assert second_call["messages"] == build_context(INSTRUCTIONS, stored[:-1])
 
 
+async def a_third_run_sends_the_rewritten_log(harness: Harness, session_id: str) -> None:
+    """A plain run on the session sends the stored log, whose step 3 was rewritten."""
+    harness.model.enqueue(Turn.text("answer three"))
+    await harness.run("three", session_id=session_id)
+    stored = await harness.store.get_steps(session_id)
+    assert stored[2].content == "replacement"
+    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+
+
 async def tool_then_answer(harness: Harness, text: str, session_id: str = "") -> str:
     """A run that calls a tool, then answers: four steps. Returns the session id."""
     harness.model.enqueue(
@@ -124,12 +133,7 @@ async def test_a_retry_whose_history_changed_before_it_took_the_session_is_not_k
     monkeypatch.setattr(sqlite_store, "acquire_session", edited_first)
     harness.model.enqueue(Turn.text("regenerated"))
     await harness.collect(await harness.runtime.retry(session_id, 4))
-    harness.model.enqueue(Turn.text("answer three"))
-    await harness.run("three", session_id=session_id)
-
-    stored = await sqlite_store.get_steps(session_id)
-    assert stored[2].content == "replacement"
-    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+    await a_third_run_sends_the_rewritten_log(harness, session_id)
 
 
 async def test_a_run_that_lost_its_session_does_not_keep_its_history(
@@ -157,12 +161,7 @@ async def test_a_run_that_lost_its_session_does_not_keep_its_history(
     harness.gate.release.set()  # the stalled run resumes and stores steps 5 and 6
     async for _ in handle.events():  # not `collect`: its steps 3 and 4 are gone
         pass
-    harness.model.enqueue(Turn.text("answer three"))
-    await harness.run("three", session_id=session_id)
-
-    stored = await sqlite_store.get_steps(session_id)
-    assert stored[2].content == "replacement"
-    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+    await a_third_run_sends_the_rewritten_log(harness, session_id)
 
 
 async def test_an_after_step_hook_cannot_change_the_kept_history(

@@ -12,9 +12,7 @@ database, and say so.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from agio_grpc.store.tables import runs, sessions
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.service.conftest import make_settings
-from tests.service.test_serve import LISTENING, read_until
+from tests.service.test_serve import LISTENING, read_until, spawn_serve
 
 LEASE_S = 1.0
 
@@ -42,24 +40,14 @@ async def start_serve(
     tmp_path: Path, database_url: str, model_url: str
 ) -> tuple[asyncio.subprocess.Process, str]:
     """`agio-grpc serve` in a subprocess; returns the process and the address it bound."""
-    env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("AGIO_", "OPENAI_"))
-    }
-    env |= {
-        "AGIO_LISTEN_ADDRESS": "127.0.0.1:0",
-        "AGIO_DATABASE_URL": database_url,
-        "OPENAI_BASE_URL": model_url,
-        "OPENAI_API_KEY": "test-key",
-        "AGIO_SERVER__SESSION_LEASE_S": str(LEASE_S),
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agio_grpc.cli",
-        "serve",
-        env=env,
-        cwd=tmp_path,
-        stderr=asyncio.subprocess.PIPE,
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": database_url,
+            "OPENAI_BASE_URL": model_url,
+            "OPENAI_API_KEY": "test-key",
+            "AGIO_SERVER__SESSION_LEASE_S": str(LEASE_S),
+        },
     )
     assert process.stderr is not None
     try:

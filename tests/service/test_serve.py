@@ -31,16 +31,14 @@ async def read_until(stream: asyncio.StreamReader, pattern: re.Pattern[str]) -> 
                 return "".join(seen), found.group(1)
 
 
-async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> None:
+async def spawn_serve(tmp_path: Path, settings: dict[str, str]) -> asyncio.subprocess.Process:
+    """`agio-grpc serve` in `tmp_path` on 127.0.0.1:0, configured by `settings` (environment
+    variables) over an environment cleared of AGIO_* and OPENAI_*; its stderr is piped."""
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("AGIO_", "OPENAI_"))
     }
-    env |= {
-        "AGIO_LISTEN_ADDRESS": "127.0.0.1:0",
-        "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
-        "AGIO_SERVER__GRACE_PERIOD_S": "2",
-    }
-    process = await asyncio.create_subprocess_exec(
+    env |= {"AGIO_LISTEN_ADDRESS": "127.0.0.1:0"} | settings
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "agio_grpc.cli",
@@ -48,6 +46,16 @@ async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> Non
         env=env,
         cwd=tmp_path,
         stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> None:
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_SERVER__GRACE_PERIOD_S": "2",
+        },
     )
     assert process.stderr is not None
     try:
