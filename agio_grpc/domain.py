@@ -7,10 +7,11 @@ them to and from the `agio.v1` contract.
 
 from __future__ import annotations
 
+import copy
 import enum
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -215,6 +216,17 @@ class Run:
     options: dict[str, Any] = field(default_factory=dict)
     # The last StepEvent seq the run emitted: a continuation keeps counting from here.
     last_event_seq: int = 0
+
+    def snapshot(self) -> Run:
+        """A copy for an event, cheaper than a deep copy: what the loop goes on changing
+        (status, counts, usage, stop signal, times) is copied, while `options`, set once when
+        the run starts and only read after, is shared."""
+        return replace(
+            self,
+            usage=replace(self.usage),
+            stop_signal=copy.deepcopy(self.stop_signal),
+            metadata=dict(self.metadata),
+        )
 
 
 @dataclass(slots=True)

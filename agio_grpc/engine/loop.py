@@ -193,7 +193,8 @@ class RunLoop:
             task = asyncio.current_task()
             assert task is not None
             self.control.start(task)
-            await self._call_hooks(self.services.hooks.on_run_start, self._snapshot())
+            if self.services.hooks.on_run_start:
+                await self._call_hooks(self.services.hooks.on_run_start, self._snapshot())
             if self.segment.resume_calls:
                 signal = await self._resume_tool_calls()
             else:
@@ -253,7 +254,10 @@ class RunLoop:
             self.settings.instructions, self.history, limits.max_history_messages
         )
         self.trace.context_built(time.perf_counter() - building, len(messages))
-        await self._call_hooks(self.services.hooks.before_model_call, self._snapshot(), messages)
+        if self.services.hooks.before_model_call:
+            await self._call_hooks(
+                self.services.hooks.before_model_call, self._snapshot(), messages
+            )
         client_tools = [tool.to_openai() for tool in self.settings.client_tools]
         request = ModelRequest(
             model=self.settings.model,
@@ -513,6 +517,8 @@ class RunLoop:
         await call_hooks(hooks, *args, on_failure=report)
 
     def _snapshot(self) -> Run:
+        """A deep copy of the run for hooks, which may change what they get (events carry
+        the cheaper `Run.snapshot`). Taken only when a hook is configured."""
         return copy.deepcopy(self.run_row)
 
     # -- the end ----------------------------------------------------------------------------
@@ -548,12 +554,15 @@ class RunLoop:
             # this run's own writes, the session held throughout. Kept before the terminal
             # event, so the client's next run on the session starts from it.
             self.services.histories.remember(run.session_id, self.history)
-        final = self._snapshot()
+        final = run.snapshot()
         terminal = RunFailed(final) if signal.reason.is_error else RunCompleted(final)
         self.trace.end(run)  # before the terminal event: a client that saw it sees the trace
         self.channel.publish(terminal)
         try:
-            await call_hooks(self.services.hooks.on_run_end, final, on_failure=lambda _: None)
+            if self.services.hooks.on_run_end:
+                await call_hooks(
+                    self.services.hooks.on_run_end, self._snapshot(), on_failure=lambda _: None
+                )
         except StopRun:
             logger.info("run %s: StopRun from on_run_end ignored (the run had ended)", run.id)
         return final

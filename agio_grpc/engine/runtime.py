@@ -169,6 +169,9 @@ class Runtime:
         self._histories = HistoryCache(history_cache_steps)
         self._services = LoopServices(store, registry, model, hooks or Hooks(), self._histories)
         self._segments: OrderedDict[str, _Segment] = OrderedDict()
+        # Run ids of ended segments in the order they ended, so pruning looks only at the
+        # oldest instead of walking every retained run at each start and end.
+        self._ended: OrderedDict[str, float] = OrderedDict()
         self._retention_s = retention_s
         self._retention_count = retention_count
         self._cancel_wait_s = cancel_wait_s
@@ -549,7 +552,7 @@ class Runtime:
         trace.history_loaded(plan.kept_steps, len(plan.history) - plan.kept_steps)
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         control = RunControl()
-        started = copy.deepcopy(run)
+        started = run.snapshot()
         channel.publish(RunStarted(started))
         for step in first_steps:
             channel.publish(StepCompleted(step))
@@ -570,7 +573,7 @@ class Runtime:
             ),
         )
         segment.task = asyncio.create_task(loop.run(), name=f"agio run {run.id}")
-        segment.task.add_done_callback(lambda task: self._segment_ended(segment, task))
+        segment.task.add_done_callback(lambda task: self._segment_ended(run.id, segment, task))
         # The loop ends its trace; this ends it too if the task never got to run.
         segment.task.add_done_callback(lambda _: trace.end(loop.run_row))
         self._segments.pop(run.id, None)
@@ -579,22 +582,24 @@ class Runtime:
         self._start_renewal()
         return RunHandle(started, channel)
 
-    def _segment_ended(self, segment: _Segment, task: asyncio.Task[Run]) -> None:
+    def _segment_ended(self, run_id: str, segment: _Segment, task: asyncio.Task[Run]) -> None:
         segment.finished_at = time.monotonic()
         if not task.cancelled() and task.exception() is not None:
             logger.error("run loop task failed", exc_info=task.exception())
+        self._ended.pop(run_id, None)
+        self._ended[run_id] = segment.finished_at
         self._prune()
 
     def _prune(self) -> None:
         now = time.monotonic()
-        ended = [
-            (run_id, s.finished_at)
-            for run_id, s in self._segments.items()
-            if s.finished_at is not None
-        ]
-        excess = len(ended) - self._retention_count
-        for index, (run_id, finished_at) in enumerate(ended):
-            if index < excess or now - finished_at > self._retention_s:
+        while self._ended:
+            run_id, finished_at = next(iter(self._ended.items()))
+            if len(self._ended) <= self._retention_count and now - finished_at <= self._retention_s:
+                return
+            del self._ended[run_id]
+            segment = self._segments.get(run_id)
+            if segment is not None and segment.finished_at is not None:
+                # Not a continuation of the run that started since (SubmitToolOutputs).
                 del self._segments[run_id]
 
     def _check_open(self) -> None:

@@ -203,6 +203,7 @@ def build_runtime(
     hooks: Hooks | None = None,
     retry: RetryPolicy = FAST_RETRIES,
     history_cache_steps: int = 50_000,
+    retention_count: int = 1000,
     **limits: Any,
 ) -> Harness:
     driver = OpenAIModelDriver(base_url=model.base_url, api_key="test-key", retry=retry)
@@ -214,6 +215,7 @@ def build_runtime(
         driver,
         hooks,
         history_cache_steps=history_cache_steps,
+        retention_count=retention_count,
     )
     return Harness(runtime, store, model, gate, driver)
 

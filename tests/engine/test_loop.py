@@ -76,6 +76,15 @@ async def test_plain_reply_completes_with_one_stored_assistant_step(harness: Har
         2,
     )
     assert (await harness.store.get_session(outcome.session_id)).active_run_id == ""
+    # The run_started event still shows the run as it started: the loop's later changes to
+    # its run do not reach the snapshot an event carries.
+    (opening,) = outcome.of(RunStarted)
+    assert (opening.run.status, opening.run.step_count, opening.run.last_sequence) == (
+        RunStatus.RUNNING,
+        1,
+        1,
+    )
+    assert (opening.run.usage.total_tokens, opening.run.stop_signal) == (0, None)
 
 
 async def test_the_model_receives_system_prompt_history_and_tools(harness: Harness) -> None:

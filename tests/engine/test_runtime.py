@@ -14,6 +14,7 @@ from agio_grpc.engine import (
     RunStateError,
     RuntimeClosedError,
     StepCompleted,
+    StepDelta,
     ToolOutput,
 )
 from agio_grpc.store.errors import NotFoundError
@@ -212,6 +213,26 @@ async def test_watch_replays_a_live_run_and_a_finished_one(harness: Harness) -> 
     assert replay == outcome.events
     tail = [e async for e in harness.runtime.watch(outcome.run_id, after_seq=3)]
     assert [e.seq for e in tail] == [e.seq for e in outcome.events if e.seq > 3]
+
+
+async def test_only_the_latest_ended_runs_stay_replayable_from_memory(
+    sqlite_store: StepStore, fake_model: FakeModelServer
+) -> None:
+    harness = build_runtime(sqlite_store, fake_model, Gate(), retention_count=2)
+    try:
+        outcomes = []
+        for text in ("one", "two", "three", "four"):
+            harness.model.enqueue(Turn.text(f"reply {text}", chunks=2))
+            outcomes.append(await harness.run(text))
+        # A WatchRun of a retained run replays its live events, deltas included; the older
+        # ones were let go and are rebuilt from the store, which has no deltas.
+        for outcome, retained in zip(outcomes, (False, False, True, True), strict=True):
+            replay = [e async for e in harness.runtime.watch(outcome.run_id)]
+            assert (replay == outcome.events) is retained
+            assert any(isinstance(e.event, StepDelta) for e in replay) is retained
+            assert replay[-1].is_terminal
+    finally:
+        await harness.driver.close()
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
