@@ -100,7 +100,8 @@ class AgioApp:
         registry = build_registry(settings)
         hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
-        tracer_interceptor = TracingInterceptor(telemetry.tracer_provider)
+        # With tracing off the server span would be a no-op: no interceptor, no per-call cost.
+        interceptors = [TracingInterceptor(telemetry.tracer_provider)] if telemetry.tracing else []
         sql_store = await open_store(
             settings.database_url,
             sqlite_synchronous=settings.sqlite_synchronous,
@@ -149,7 +150,7 @@ class AgioApp:
                         SessionServicer(store, runtime),
                     ),
                 ],
-                interceptors=[tracer_interceptor],
+                interceptors=interceptors,
             )
         except BaseException:
             if fake_model is not None:
