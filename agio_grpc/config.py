@@ -103,10 +103,11 @@ class ServerConfig(_Strict):
     session_lease_s: float = Field(30.0, gt=0)
     """How long a run holds its session without renewal (renewed every third of it): after a
     crash, the session is taken over by the next run this long after the last renewal."""
-    history_cache_steps: int = Field(50_000, ge=0)
-    """How many steps of recent sessions' histories stay in memory between runs, so a new
-    run on one of them reads only the steps stored since (checked against the store in the
-    run's start transaction). 0 turns it off: every run reads its whole history."""
+    history_cache_mb: float = Field(64.0, ge=0)
+    """How much memory (an estimate: each step's texts plus about half a kilobyte) recent
+    sessions' histories may take between runs, so a new run on one of them reads only the
+    steps stored since (checked against the store in the run's start transaction). 0 turns
+    it off: every run reads its whole history."""
 
 
 class Settings(BaseSettings):

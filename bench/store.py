@@ -156,7 +156,7 @@ async def _run_start(
     """ms of each run start + context build on the session: reading the whole history, and
     with the history held (as the runtime does it, engine/runtime.py `start_run`). Each
     start's input step is deleted again after it, outside the timing."""
-    histories = HistoryCache(1_000_000)
+    histories = HistoryCache(1_000_000_000)
     histories.remember(session_id, await store.get_history(session_id))
     last = (await store.count_steps(session_id)) + 1
     whole: list[float] = []

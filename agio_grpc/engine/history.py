@@ -12,19 +12,38 @@ A run on another replica, a retry or a deletion in between is thus seen, never s
 What goes in must be the stored log exactly: the loop hands its history over only when the
 history was read while its run held the session and the run still held it at its end
 (`StepStore.release_session` says so); a history read before the session was taken, or
-extended while another holder rewrote the log, is never kept. Bounded by a total number of
-steps (the least recently used sessions go first). Holds only whole histories (sequences
-1..N). Never reads the store.
+extended while another holder rewrote the log, is never kept. Bounded by an estimate of the
+memory the held steps take (`step_bytes`; the least recently used sessions go first), so a
+few sessions with long tool outputs cannot take more than a crowd of short ones. Holds only
+whole histories (sequences 1..N). Never reads the store.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from agio_grpc.domain import Step
 from agio_grpc.store.protocol import HistoryMark, RunStart
+
+# What a held step costs besides its texts: the Step, its StepMetrics, ids and list
+# (measured with tracemalloc on decoded history steps: ~400 B, plus the id strings).
+STEP_OVERHEAD_BYTES: Final = 512
+TOOL_CALL_OVERHEAD_BYTES: Final = 160
+
+
+def step_bytes(step: Step) -> int:
+    """About how much memory a held step takes: its texts (as Python holds them, so a
+    non-ASCII text counts up to 4 bytes a character) and a fixed overhead."""
+    size = STEP_OVERHEAD_BYTES + sys.getsizeof(step.content)
+    if step.reasoning_content:
+        size += sys.getsizeof(step.reasoning_content)
+    for call in step.tool_calls:
+        size += TOOL_CALL_OVERHEAD_BYTES + sys.getsizeof(call.arguments)
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,44 +75,70 @@ class HeldHistory:
         return [*self.steps, *started.history]
 
 
-class HistoryCache:
-    """Recent sessions' histories, at most `max_steps` steps in all (0: keep none)."""
+@dataclass(frozen=True, slots=True)
+class _Held:
+    steps: tuple[Step, ...]
+    size: int
+    """The steps' `step_bytes`, summed."""
 
-    def __init__(self, max_steps: int) -> None:
-        if max_steps < 0:
-            raise ValueError(f"max_steps must be at least 0, got {max_steps}")
-        self._max_steps = max_steps
-        self._steps = 0
-        self._histories: OrderedDict[str, tuple[Step, ...]] = OrderedDict()
+
+class HistoryCache:
+    """Recent sessions' histories, about `max_bytes` of memory in all (0: keep none)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be at least 0, got {max_bytes}")
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._histories: OrderedDict[str, _Held] = OrderedDict()
 
     def __len__(self) -> int:
         """How many steps are held, over every session."""
-        return self._steps
+        return sum(len(held.steps) for held in self._histories.values())
+
+    @property
+    def size(self) -> int:
+        """The estimated memory the held steps take, in bytes (`step_bytes`)."""
+        return self._bytes
 
     def held(self, session_id: str) -> HeldHistory:
         """What is held for the session now (a snapshot: later changes do not touch it)."""
-        steps = self._histories.get(session_id)
-        if steps is None:
+        held = self._histories.get(session_id)
+        if held is None:
             return HeldHistory()
         self._histories.move_to_end(session_id)
-        return HeldHistory(steps)
+        return HeldHistory(held.steps)
 
     def remember(self, session_id: str, history: Sequence[Step]) -> None:
         """Hold `history` as the session's, when it is whole (sequences 1..N, in order)."""
-        self.forget(session_id)
-        size = len(history)
-        if not size or size > self._max_steps:
-            return
-        if history[0].sequence != 1 or history[-1].sequence != size:
+        previous = self._histories.pop(session_id, None)
+        if previous is not None:
+            self._bytes -= previous.size
+        count = len(history)
+        if not count or history[0].sequence != 1 or history[-1].sequence != count:
             return  # not the whole log: a gap would go unnoticed by the store's check
-        self._histories[session_id] = tuple(history)
-        self._steps += size
-        while self._steps > self._max_steps:
+        size = _extended_size(previous, history) if previous is not None else None
+        if size is None:
+            size = sum(step_bytes(step) for step in history)
+        if size > self._max_bytes:
+            return
+        self._histories[session_id] = _Held(tuple(history), size)
+        self._bytes += size
+        while self._bytes > self._max_bytes:
             _, evicted = self._histories.popitem(last=False)
-            self._steps -= len(evicted)
+            self._bytes -= evicted.size
 
     def forget(self, session_id: str) -> None:
         """Drop what is held for the session."""
         dropped = self._histories.pop(session_id, None)
         if dropped is not None:
-            self._steps -= len(dropped)
+            self._bytes -= dropped.size
+
+
+def _extended_size(previous: _Held, history: Sequence[Step]) -> int | None:
+    """The size of `history` when it extends what was held (the runtime passes the held
+    steps themselves, then the run's new ones), measuring only the new steps; else None."""
+    count = len(previous.steps)
+    if len(history) < count or history[count - 1] is not previous.steps[-1]:
+        return None
+    return previous.size + sum(step_bytes(step) for step in history[count:])

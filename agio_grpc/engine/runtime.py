@@ -146,15 +146,15 @@ class Runtime:
         cancel_wait_s: float = 10.0,
         tracer: RunTracer | None = None,
         leases: SessionLeases | None = None,
-        history_cache_steps: int = 50_000,
+        history_cache_bytes: int = 64_000_000,
     ) -> None:
         """`retention_*` bound how long and how many ended runs stay replayable from memory;
         `cancel_wait_s` bounds how long `cancel` waits for a run to record its end; `tracer`
         traces each run segment (nothing by default); `leases` renews the session leases of
         this process's live runs (the store's takes set them; its `session_lease_s` is the
         duration). Without `leases` nothing renews them: only for runs shorter than a lease.
-        `history_cache_steps` bounds the histories kept between runs (engine/history.py;
-        0 keeps none).
+        `history_cache_bytes` bounds the memory of the histories kept between runs
+        (engine/history.py; 0 keeps none).
         """
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not among the agents")
@@ -166,7 +166,7 @@ class Runtime:
         self.agents = agents
         self.default_agent = default_agent
         self.registry = registry
-        self._histories = HistoryCache(history_cache_steps)
+        self._histories = HistoryCache(history_cache_bytes)
         self._services = LoopServices(store, registry, model, hooks or Hooks(), self._histories)
         self._segments: OrderedDict[str, _Segment] = OrderedDict()
         # Run ids of ended segments in the order they ended, so pruning looks only at the

@@ -136,7 +136,7 @@ class AgioApp:
                 hooks=hooks,
                 tracer=tracer,
                 leases=sql_store,
-                history_cache_steps=settings.server.history_cache_steps,
+                history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
             )
             bound = await start_grpc_server(
                 settings,

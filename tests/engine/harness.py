@@ -202,7 +202,7 @@ def build_runtime(
     *,
     hooks: Hooks | None = None,
     retry: RetryPolicy = FAST_RETRIES,
-    history_cache_steps: int = 50_000,
+    history_cache_bytes: int = 64_000_000,
     retention_count: int = 1000,
     **limits: Any,
 ) -> Harness:
@@ -214,7 +214,7 @@ def build_runtime(
         make_registry(gate),
         driver,
         hooks,
-        history_cache_steps=history_cache_steps,
+        history_cache_bytes=history_cache_bytes,
         retention_count=retention_count,
     )
     return Harness(runtime, store, model, gate, driver)

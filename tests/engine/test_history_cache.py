@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agio_grpc.domain import Role, Run, Step
+from agio_grpc.domain import Role, Run, Step, ToolCall
 from agio_grpc.engine import RunInput
 from agio_grpc.engine.context import build_context
-from agio_grpc.engine.history import HistoryCache
+from agio_grpc.engine.history import STEP_OVERHEAD_BYTES, HistoryCache, step_bytes
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.store.protocol import HistoryMark, RunStart
 from agio_grpc.store.sql import SqlStepStore
@@ -200,7 +200,7 @@ async def test_steps_deleted_since_the_last_run_are_not_sent(
 async def test_with_the_cache_off_every_run_reads_its_whole_history(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer, starts: list[RunStart]
 ) -> None:
-    harness = build_runtime(sqlite_store, fake_model, Gate(), history_cache_steps=0)
+    harness = build_runtime(sqlite_store, fake_model, Gate(), history_cache_bytes=0)
     try:
         session_id = await tool_then_answer(harness, "one")
         await tool_then_answer(harness, "two", session_id)
@@ -222,8 +222,13 @@ def history(session_id: str, count: int) -> list[Step]:
     ]
 
 
+# Room for `steps` of `history`'s short steps (a little over, for the longer numbers).
+def room_for(steps: int) -> int:
+    return steps * step_bytes(history("x", 1)[0]) + steps
+
+
 def test_the_cache_holds_whole_histories_only() -> None:
-    cache = HistoryCache(100)
+    cache = HistoryCache(room_for(100))
     cache.remember("a", history("a", 3)[1:])  # starts at 2
     cache.remember("b", [])
     gapped = history("c", 4)
@@ -235,7 +240,7 @@ def test_the_cache_holds_whole_histories_only() -> None:
 
 
 def test_the_least_recently_used_sessions_go_first_past_the_bound() -> None:
-    cache = HistoryCache(10)
+    cache = HistoryCache(room_for(10))
     cache.remember("a", history("a", 4))
     cache.remember("b", history("b", 4))
     cache.held("a")  # used: b is now the oldest
@@ -249,7 +254,7 @@ def test_the_least_recently_used_sessions_go_first_past_the_bound() -> None:
 
 
 def test_what_a_run_holds_does_not_change_when_the_session_is_remembered_again() -> None:
-    cache = HistoryCache(100)
+    cache = HistoryCache(room_for(100))
     first = history("a", 3)
     cache.remember("a", first)
     held = cache.held("a")
@@ -260,7 +265,7 @@ def test_what_a_run_holds_does_not_change_when_the_session_is_remembered_again()
 
 
 def test_joining_a_read_that_does_not_follow_the_held_history_fails() -> None:
-    cache = HistoryCache(100)
+    cache = HistoryCache(room_for(100))
     steps = history("a", 5)
     cache.remember("a", steps[:3])
     held = cache.held("a")
@@ -280,6 +285,41 @@ def test_joining_a_read_that_does_not_follow_the_held_history_fails() -> None:
         history_start=4,
     )
     assert held.join(follows) == steps
+
+
+def test_the_bound_is_memory_so_long_texts_count_for_what_they_take() -> None:
+    cache = HistoryCache(100_000)
+    short = history("short", 50)
+    long = history("long", 2)
+    long[1].tool_calls = [ToolCall("call_1", "fetch", '{"page": "' + "x" * 30_000 + '"}')]
+    long[1].content = "y" * 30_000
+    cache.remember("short", short)
+    cache.remember("long", long)
+
+    # 50 short steps and 2 long ones fit; the long ones take ~60 kB of it.
+    assert cache.size == sum(map(step_bytes, short)) + sum(map(step_bytes, long))
+    assert step_bytes(long[1]) > 60_000 + STEP_OVERHEAD_BYTES
+    cache.remember("more", history("more", 20))  # no room for both: the oldest goes
+    assert cache.held("short").mark is None
+    assert cache.held("long").mark is not None
+    huge = history("huge", 1)
+    huge[0].content = "z" * 200_000  # more than the whole bound: never held
+    cache.remember("huge", huge)
+    assert cache.held("huge").mark is None
+    assert cache.size <= 100_000
+
+
+def test_a_grown_history_is_measured_as_a_whole_one_is() -> None:
+    cache = HistoryCache(room_for(100))
+    steps = history("a", 9)
+    cache.remember("a", steps[:3])
+    grown = [*cache.held("a").steps, *steps[3:]]  # what a run hands back: held, then new
+    cache.remember("a", grown)
+    assert cache.size == sum(map(step_bytes, steps))
+    cache.remember("a", history("a", 5))  # equal steps, other objects: measured afresh
+    assert cache.size == sum(map(step_bytes, history("a", 5)))
+    cache.forget("a")
+    assert (cache.size, len(cache)) == (0, 0)
 
 
 def history_last_id(cache: HistoryCache, session_id: str) -> str:
