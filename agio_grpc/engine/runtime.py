@@ -40,6 +40,7 @@ from agio_grpc.domain import (
     StopReason,
     StopSignal,
     ToolCall,
+    new_id,
     utc_now,
 )
 from agio_grpc.engine.agents import (
@@ -313,14 +314,20 @@ class Runtime:
         """
         self._check_open()
         run = await self._run_requiring_action(run_id)
-        history = await self.store.get_history(run.session_id)
-        _, pending = open_tool_calls(history)
-        by_id = _check_outputs(outputs, pending)
         await self.store.acquire_session(run.session_id, run.id)
+        try:
+            # Everything is read holding the session: a Retry or DeleteSteps before it was
+            # taken would otherwise leave the model a conversation that is no longer stored.
+            run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
+            history = await self.store.get_history(run.session_id)
+            _, pending = open_tool_calls(history)
+            by_id = _check_outputs(outputs, pending)
+        except BaseException:
+            await self._release_quietly(run.session_id, run.id)
+            raise
         settings = self._settings_of(run)
         trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         try:
-            run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
             run.trace_id = run.trace_id or trace.trace_id
             steps = [
                 Step(
@@ -353,9 +360,8 @@ class Runtime:
         model_calls = sum(
             1 for step in history if step.run_id == run.id and step.role is Role.ASSISTANT
         )
-        return self._spawn(
-            run, settings, _RunPlan(history), stored, deadline_s, trace, model_calls=model_calls
-        )
+        plan = _RunPlan(history, history_held=True)
+        return self._spawn(run, settings, plan, stored, deadline_s, trace, model_calls=model_calls)
 
     async def retry(
         self, session_id: str, sequence: int, *, deadline_s: float | None = None
@@ -374,11 +380,33 @@ class Runtime:
         retryable stop's `resume_from_sequence` is used). Sequence 1 leaves nothing to
         regenerate from: InvalidInputError, as is an empty session. The run uses the agent and
         settings of the run that wrote the remaining last step (the default agent if that run
-        is gone). Everything is checked before anything is deleted.
+        is gone). Everything is checked, holding the session, before anything is deleted.
         Raises NotFoundError, InvalidInputError, SessionBusyError.
         """
         self._check_open()
-        await self.store.get_session(session_id)
+        run_id = new_id("run")
+        await self.store.acquire_session(session_id, run_id)
+        try:
+            # Read holding the session, so the history regenerated from is the stored one.
+            history, plan = await self._retry_history(session_id, sequence)
+            agent, settings = await self._settings_of_step(history[-1])
+        except BaseException:
+            await self._release_quietly(session_id, run_id)
+            raise
+        run = Run(session_id=session_id, agent=agent, id=run_id, options=settings.to_options())
+        trace = self._tracer.start_run(run, settings, "retry")
+        run.trace_id = trace.trace_id
+        try:
+            await self.store.delete_steps_from(session_id, sequence)
+            await self.store.create_run(run)
+        except BaseException:
+            trace.end(run)
+            await self._release_quietly(session_id, run_id)
+            raise
+        return self._spawn(run, settings, plan, [], deadline_s, trace)
+
+    async def _retry_history(self, session_id: str, sequence: int) -> tuple[list[Step], _RunPlan]:
+        """The steps a retry from `sequence` keeps, and where its run starts."""
         last = await self.store.get_last_step(session_id)
         if last is None:
             raise InvalidInputError("session_id", "the session has no steps to regenerate")
@@ -389,20 +417,7 @@ class Runtime:
                 "(at least one step must remain to regenerate from)",
             )
         history = await self.store.get_history(session_id, 1, sequence - 1)
-        plan = _retry_plan(history, sequence)
-        agent, settings = await self._settings_of_step(history[-1])
-        run = Run(session_id=session_id, agent=agent, options=settings.to_options())
-        await self.store.acquire_session(session_id, run.id)
-        trace = self._tracer.start_run(run, settings, "retry")
-        run.trace_id = trace.trace_id
-        try:
-            await self.store.delete_steps_from(session_id, sequence)
-            await self.store.create_run(run)
-        except BaseException:
-            trace.end(run)
-            await self._release_quietly(session_id, run.id)
-            raise
-        return self._spawn(run, settings, plan, [], deadline_s, trace)
+        return history, _retry_plan(history, sequence)
 
     # -- stopping and watching --------------------------------------------------------------
 
@@ -738,7 +753,8 @@ def _retry_plan(history: list[Step], sequence: int) -> _RunPlan:
             f"step {last.sequence} before sequence {sequence} is a final assistant reply: "
             f"nothing to regenerate (retry from {last.sequence} to regenerate that reply)",
         )
+    # Read holding the session, and what the retry deletes is after it: the log exactly.
     if last.role in (Role.ASSISTANT, Role.TOOL):
         _, open_calls = open_tool_calls(history)
-        return _RunPlan(history, resume_calls=open_calls)
-    return _RunPlan(history)
+        return _RunPlan(history, resume_calls=open_calls, history_held=True)
+    return _RunPlan(history, history_held=True)

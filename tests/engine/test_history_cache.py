@@ -113,7 +113,7 @@ async def test_a_retry_elsewhere_that_cut_the_held_history_is_read_whole(
     await sent_context_is_the_stored_one(harness, session_id)
 
 
-async def test_a_retry_whose_history_changed_before_it_took_the_session_is_not_kept(
+async def test_a_retry_regenerates_from_the_log_as_it_is_once_it_holds_the_session(
     harness: Harness, other: Harness, sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     harness.model.enqueue(Turn.text("answer one"), Turn.text("answer two"))
@@ -128,11 +128,15 @@ async def test_a_retry_whose_history_changed_before_it_took_the_session_is_not_k
         await sqlite_store.delete_steps_from(session_id, 3)
         other.model.enqueue(Turn.text("answer replacement"))
         await other.run("replacement", session_id=session_id)
+        harness.model.enqueue(Turn.text("regenerated"))  # one model: queued after other's
         await take(session_id, run_id)
 
     monkeypatch.setattr(sqlite_store, "acquire_session", edited_first)
-    harness.model.enqueue(Turn.text("regenerated"))
     await harness.collect(await harness.runtime.retry(session_id, 4))
+    # The retry answered the rewritten step 3, and its history is kept for the next run.
+    stored = await harness.store.get_steps(session_id)
+    assert [step.content for step in stored] == ["one", "answer one", "replacement", "regenerated"]
+    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:3])
     await a_third_run_sends_the_rewritten_log(harness, session_id)
 
 

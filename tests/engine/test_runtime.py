@@ -115,6 +115,30 @@ async def test_tool_outputs_must_answer_exactly_the_pending_calls(
     assert "(pending: call_client)" in raised.value.message
     assert (await harness.store.get_run(waiting.run_id)).status is RunStatus.REQUIRES_ACTION
     assert len(await harness.history(waiting.session_id)) == 3
+    assert (await harness.store.get_session(waiting.session_id)).active_run_id == ""
+
+
+async def test_a_submit_checks_the_log_as_it_is_once_it_holds_the_session(
+    harness: Harness, sqlite_store: StepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting = await start_waiting_for_client(harness)  # 1 user, 2 assistant, 3 tool
+    take = sqlite_store.acquire_session
+
+    async def cut_first(session_id: str, run_id: str) -> None:
+        # Before the submit takes the session, another client deletes the assistant step
+        # that made the client call (DeleteSteps takes and releases the session itself).
+        monkeypatch.setattr(sqlite_store, "acquire_session", take)
+        await sqlite_store.delete_steps_from(session_id, 2)
+        await take(session_id, run_id)
+
+    monkeypatch.setattr(sqlite_store, "acquire_session", cut_first)
+    with pytest.raises(InvalidInputError, match="no pending client tool calls"):
+        await harness.runtime.submit_tool_outputs(
+            waiting.run_id, [ToolOutput("call_client", "packed")]
+        )
+    # No orphan tool result was stored, and the session is free again.
+    assert [step.role for step in await harness.history(waiting.session_id)] == [Role.USER]
+    assert (await harness.store.get_session(waiting.session_id)).active_run_id == ""
 
 
 async def test_cancelling_a_waiting_run_answers_its_open_calls(harness: Harness) -> None:
