@@ -3,11 +3,12 @@
 A run reads its session's whole history before its first model call; on a long session that
 read is most of what the run pays before the model starts (B5). With the history its
 previous run ended with, a new run on the session asks the store only for the steps after
-it (`StepStore.start_run`'s `since`), and the store checks in the run's start transaction
-that the last cached step is still stored at its sequence. That check is enough: a stored
-step never changes, deletes (Retry, DeleteSteps) only cut the end of the log, and a step id
-is never reused, so when the last cached step is still there, so is every step before it.
-A run on another replica, a retry or a deletion in between is thus seen, never served stale.
+it (`StepStore.start_run`'s `since`; SubmitToolOutputs and Retry use `get_history_since`),
+and the store checks in the same read that the last cached step is still stored at its
+sequence. That check is enough: a stored step never changes, deletes (Retry, DeleteSteps)
+only cut the end of the log, and a step id is never reused, so when the last cached step is
+still there, so is every step before it. A run on another replica, a retry or a deletion in
+between is thus seen, never served stale.
 
 What goes in must be the stored log exactly: the loop hands its history over only when the
 history was read while its run held the session and the run still held it at its end
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agio_grpc.domain import Step
-from agio_grpc.store.protocol import HistoryMark, RunStart
+from agio_grpc.store.protocol import HistoryMark
 
 # What a held step costs besides its texts: the Step, its StepMetrics, ids and list
 # (measured with tracemalloc on decoded history steps: ~400 B, plus the id strings).
@@ -60,19 +61,23 @@ class HeldHistory:
         last = self.steps[-1]
         return HistoryMark(last.sequence, last.id)
 
-    def join(self, started: RunStart) -> list[Step]:
-        """The session's whole history: the held steps, then what `start_run` read after
-        them; just what it read when it read from the start."""
-        if started.history_start == 1:
-            return started.history
-        if not self.steps or self.steps[-1].sequence + 1 != started.history_start:
+    def up_to(self, sequence: int) -> HeldHistory:
+        """The held steps up to `sequence` (what a retry from `sequence + 1` keeps)."""
+        return HeldHistory(self.steps[:sequence]) if sequence < len(self.steps) else self
+
+    def join(self, start: int, read: list[Step]) -> list[Step]:
+        """The session's whole history: the held steps, then what the store read after them
+        from `start` (`RunStart.history_start`, `HistoryRead.start`); just what it read when
+        it read from the start."""
+        if start == 1:
+            return read
+        if not self.steps or self.steps[-1].sequence + 1 != start:
             # The store read after a mark this history did not give: joining would send the
             # model part of a conversation.
             raise ValueError(
-                f"start_run read from sequence {started.history_start}, which does not "
-                "follow the held history"
+                f"the store read from sequence {start}, which does not follow the held history"
             )
-        return [*self.steps, *started.history]
+        return [*self.steps, *read]
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,7 +248,7 @@ class Runtime:
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
         try:
-            history = held.join(started)
+            history = held.join(started.history_start, started.history)
         except ValueError:
             trace.end(started.run)
             await self._release_quietly(run.session_id, run.id)
@@ -319,7 +319,10 @@ class Runtime:
             # Everything is read holding the session: a Retry or DeleteSteps before it was
             # taken would otherwise leave the model a conversation that is no longer stored.
             run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
-            history = await self.store.get_history(run.session_id)
+            held = self._histories.held(run.session_id)
+            read = await self.store.get_history_since(run.session_id, held.mark)
+            history = held.join(read.start, read.steps)
+            kept = len(history) - len(read.steps)
             _, pending = open_tool_calls(history)
             by_id = _check_outputs(outputs, pending)
         except BaseException:
@@ -360,7 +363,7 @@ class Runtime:
         model_calls = sum(
             1 for step in history if step.run_id == run.id and step.role is Role.ASSISTANT
         )
-        plan = _RunPlan(history, history_held=True)
+        plan = _RunPlan(history, kept_steps=kept, history_held=True)
         return self._spawn(run, settings, plan, stored, deadline_s, trace, model_calls=model_calls)
 
     async def retry(
@@ -416,8 +419,10 @@ class Runtime:
                 f"must be between 2 and {last.sequence + 1} "
                 "(at least one step must remain to regenerate from)",
             )
-        history = await self.store.get_history(session_id, 1, sequence - 1)
-        return history, _retry_plan(history, sequence)
+        held = self._histories.held(session_id).up_to(sequence - 1)
+        read = await self.store.get_history_since(session_id, held.mark, sequence - 1)
+        history = held.join(read.start, read.steps)
+        return history, _retry_plan(history, sequence, kept_steps=len(history) - len(read.steps))
 
     # -- stopping and watching --------------------------------------------------------------
 
@@ -744,7 +749,7 @@ def _check_outputs(outputs: list[ToolOutput], pending: list[ToolCall]) -> dict[s
     return by_id
 
 
-def _retry_plan(history: list[Step], sequence: int) -> _RunPlan:
+def _retry_plan(history: list[Step], sequence: int, *, kept_steps: int = 0) -> _RunPlan:
     """Where a retry run starts, given the steps that remain (see `Runtime.retry`)."""
     last = history[-1]
     if last.role is Role.ASSISTANT and not last.tool_calls:
@@ -756,5 +761,5 @@ def _retry_plan(history: list[Step], sequence: int) -> _RunPlan:
     # Read holding the session, and what the retry deletes is after it: the log exactly.
     if last.role in (Role.ASSISTANT, Role.TOOL):
         _, open_calls = open_tool_calls(history)
-        return _RunPlan(history, resume_calls=open_calls, history_held=True)
-    return _RunPlan(history, history_held=True)
+        return _RunPlan(history, resume_calls=open_calls, kept_steps=kept_steps, history_held=True)
+    return _RunPlan(history, kept_steps=kept_steps, history_held=True)

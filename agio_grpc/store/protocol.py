@@ -45,6 +45,17 @@ class HistoryMark:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """What `StepStore.get_history_since` read."""
+
+    steps: list[Step]
+    """The session's steps from `start` on, as `get_history` reads them."""
+    start: int = 1
+    """The sequence `steps` starts at: 1 (every step), or just after the caller's `since`
+    mark when that mark still holds."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunStart:
     """What `StepStore.start_run` stored, and the session's history after it."""
 
@@ -107,6 +118,16 @@ class StepStore(Protocol):
         tool_call_id, name, is_error). Metrics, create_time and trace ids keep their
         defaults. What the engine reads to build a model's context: about half the columns,
         so about half the cost of reading a long session. Raises NotFoundError."""
+        ...
+
+    async def get_history_since(
+        self, session_id: str, since: HistoryMark | None, end: int | None = None
+    ) -> HistoryRead:
+        """`get_history(session_id, 1, end)`, less what the caller holds: when the step at
+        `since.sequence` (<= `end`) is still the one with `since.step_id`, only the steps
+        after it, in the same read. That check is enough to know the held steps are still
+        stored: stored steps never change, deletes only cut the end of a session and step
+        ids are never reused. Raises NotFoundError."""
         ...
 
     async def get_step(self, session_id: str, sequence: int) -> Step:

@@ -74,7 +74,13 @@ from agio_grpc.store.errors import (
     SessionBusyError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
-from agio_grpc.store.protocol import HistoryMark, RunStart, SessionLeases, StepStore
+from agio_grpc.store.protocol import (
+    HistoryMark,
+    HistoryRead,
+    RunStart,
+    SessionLeases,
+    StepStore,
+)
 from agio_grpc.store.rows import (
     HISTORY_READ_COLUMNS,
     STEP_READ_COLUMNS,
@@ -250,6 +256,22 @@ class SqlStepStore:
             if not steps:
                 _require_session(conn, session_id)
             return steps
+
+        return await self._read(work)
+
+    async def get_history_since(
+        self, session_id: str, since: HistoryMark | None, end: int | None = None
+    ) -> HistoryRead:
+        def work(conn: Connection) -> HistoryRead:
+            start = _read_start(conn, session_id, since, end)
+            params: dict[str, Any] = {"session_id": session_id, "start": start}
+            if end is not None:
+                params["end"] = end
+            query = _select_steps(bounded=end is not None, limited=False, history=True)
+            steps = _read_steps(conn, session_id, query, params, history_from_rows)
+            if not steps and start == 1:
+                _require_session(conn, session_id)
+            return HistoryRead(steps, start)
 
         return await self._read(work)
 
@@ -434,11 +456,7 @@ class SqlStepStore:
             )
             _insert_run(conn, started)
             first = stored_steps[0].sequence
-            start = 1
-            if since is not None and 0 < since.sequence < first:
-                held = {"session_id": run.session_id, "sequence": since.sequence}
-                if conn.execute(_SELECT_STEP_ID, held).scalar() == since.step_id:
-                    start = since.sequence + 1
+            start = _read_start(conn, run.session_id, since, first - 1)
             if start == first:
                 history = list(stored_steps)
             else:
@@ -667,6 +685,19 @@ _RELEASE_SESSION: Final = (
     )
     .values(active_run_id=None, lease_expires_at=None)
 )
+
+
+def _read_start(
+    conn: Connection, session_id: str, since: HistoryMark | None, end: int | None
+) -> int:
+    """Where a history read after `since` starts: just after it when the mark holds (the
+    step at its sequence, at most `end`, is still the one it names), else at 1."""
+    if since is None or since.sequence < 1 or (end is not None and since.sequence > end):
+        return 1
+    held = {"session_id": session_id, "sequence": since.sequence}
+    if conn.execute(_SELECT_STEP_ID, held).scalar() == since.step_id:
+        return since.sequence + 1
+    return 1
 
 
 def _lease_expired(now: datetime) -> Any:

@@ -11,7 +11,7 @@ from typing import TypeVar
 from opentelemetry.semconv.attributes import error_attributes
 
 from agio_grpc.domain import ContextSummary, Run, Session, Step
-from agio_grpc.store.protocol import HistoryMark, RunStart, StepStore
+from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunStart, StepStore
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import Instruments
 
@@ -74,6 +74,13 @@ class InstrumentedStepStore:
         self, session_id: str, start: int = 1, end: int | None = None
     ) -> list[Step]:
         return await self._timed("get_history", self.inner.get_history(session_id, start, end))
+
+    async def get_history_since(
+        self, session_id: str, since: HistoryMark | None, end: int | None = None
+    ) -> HistoryRead:
+        return await self._timed(
+            "get_history_since", self.inner.get_history_since(session_id, since, end)
+        )
 
     async def get_step(self, session_id: str, sequence: int) -> Step:
         return await self._timed("get_step", self.inner.get_step(session_id, sequence))

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from agio_grpc.domain import Role, Run, Step, ToolCall
-from agio_grpc.engine import RunInput
+from agio_grpc.domain import Role, Run, RunStatus, Step, ToolCall
+from agio_grpc.engine import ClientTool, RunInput, ToolOutput
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import STEP_OVERHEAD_BYTES, HistoryCache, step_bytes
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.store.protocol import HistoryMark, RunStart
+from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunStart
 from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import INSTRUCTIONS, Gate, Harness, build_runtime
@@ -33,6 +33,21 @@ def starts(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[
         return started
 
     monkeypatch.setattr(sqlite_store, "start_run", recording)
+    return recorded
+
+
+@pytest.fixture
+def reads(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[HistoryRead]:
+    """Every `HistoryRead` the store returns (SubmitToolOutputs and Retry), in order."""
+    recorded: list[HistoryRead] = []
+    real = sqlite_store.get_history_since
+
+    async def recording(*args: Any, **kwargs: Any) -> HistoryRead:
+        read = await real(*args, **kwargs)
+        recorded.append(read)
+        return read
+
+    monkeypatch.setattr(sqlite_store, "get_history_since", recording)
     return recorded
 
 
@@ -216,6 +231,46 @@ async def test_with_the_cache_off_every_run_reads_its_whole_history(
     await sent_context_is_the_stored_one(harness, session_id)
 
 
+async def test_a_submit_reads_only_what_was_stored_after_the_held_history(
+    harness: Harness, reads: list[HistoryRead]
+) -> None:
+    session_id = await tool_then_answer(harness, "one")  # 1-4, kept
+    lookup = ClientTool("lookup", "Look it up.", '{"type": "object"}')
+    harness.model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}", id="call_client")]))
+    waiting = await harness.run("two", session_id=session_id, client_tools=[lookup])  # 5, 6
+    assert waiting.run.status is RunStatus.REQUIRES_ACTION
+
+    harness.model.enqueue(Turn.text("answer to two"))
+    handle = await harness.runtime.submit_tool_outputs(
+        waiting.run_id, [ToolOutput("call_client", "found")]
+    )
+    await harness.collect(handle)  # 7, 8
+
+    assert (reads[-1].start, reads[-1].steps) == (7, [])  # the waiting run's history was kept
+    await sent_context_is_the_stored_one(harness, session_id)
+    harness.model.enqueue(Turn.text("answer three"))
+    await harness.run("three", session_id=session_id)  # and the continuation's is kept too
+    stored = await harness.store.get_steps(session_id)
+    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:-1])
+
+
+async def test_a_retry_regenerates_from_the_held_history_without_reading_it(
+    harness: Harness, reads: list[HistoryRead], starts: list[RunStart]
+) -> None:
+    session_id = await tool_then_answer(harness, "one")  # 1 user, 2 call, 3 result, 4 answer
+    harness.model.enqueue(Turn.text("a second answer"))
+
+    await harness.collect(await harness.runtime.retry(session_id, 4))
+
+    assert (reads[-1].start, reads[-1].steps) == (4, [])
+    stored = await harness.store.get_steps(session_id)
+    assert [step.content for step in stored][-1] == "a second answer"
+    assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:3])
+    await tool_then_answer(harness, "two", session_id)
+    assert starts[-1].history_start == 5  # the retry's history was kept
+    await sent_context_is_the_stored_one(harness, session_id)
+
+
 # -- the cache on its own ------------------------------------------------------------------
 
 
@@ -281,14 +336,14 @@ def test_joining_a_read_that_does_not_follow_the_held_history_fails() -> None:
     )
 
     with pytest.raises(ValueError, match="does not follow"):
-        held.join(after)
+        held.join(after.history_start, after.history)
     follows = RunStart(
         run=Run(session_id="a", agent="assistant"),
         steps=steps[4:],
         history=steps[3:],
         history_start=4,
     )
-    assert held.join(follows) == steps
+    assert held.join(follows.history_start, follows.history) == steps
 
 
 def test_the_bound_is_memory_so_long_texts_count_for_what_they_take() -> None:

@@ -376,6 +376,60 @@ async def test_get_history_reads_the_conversation_by_range(store: SqlStepStore) 
         await store.get_history("sess_missing")
 
 
+async def test_get_history_since_a_held_step_reads_only_the_steps_after_it(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 6)
+    stored = await store.get_steps(session.id)
+
+    after = await store.get_history_since(session.id, HistoryMark(3, stored[2].id))
+    assert after.start == 4
+    assert after.steps == [conversation_of(step) for step in stored[3:]]
+    bounded = await store.get_history_since(session.id, HistoryMark(3, stored[2].id), end=5)
+    assert (bounded.start, [s.sequence for s in bounded.steps]) == (4, [4, 5])
+    at_end = await store.get_history_since(session.id, HistoryMark(5, stored[4].id), end=5)
+    assert (at_end.start, at_end.steps) == (6, [])
+    last = await store.get_history_since(session.id, HistoryMark(6, stored[5].id))
+    assert (last.start, last.steps) == (7, [])
+
+
+@pytest.mark.parametrize(
+    "mark",
+    [None, HistoryMark(2, "step_unknown"), HistoryMark(9, "x"), HistoryMark(0, ""), "past_end"],
+)
+async def test_get_history_since_a_mark_that_does_not_hold_reads_from_the_start(
+    store: SqlStepStore, mark: HistoryMark | str | None
+) -> None:
+    session = await session_with_steps(store, 4)
+    stored = await store.get_steps(session.id)
+    if mark == "past_end":  # a real step, but after the end of the range asked for
+        mark = HistoryMark(4, stored[3].id)
+    assert not isinstance(mark, str)
+
+    read = await store.get_history_since(session.id, mark, end=3)
+
+    assert read.start == 1
+    assert read.steps == [conversation_of(step) for step in stored[:3]]
+
+
+async def test_get_history_since_a_step_that_was_cut_and_replaced_reads_from_the_start(
+    store: SqlStepStore,
+) -> None:
+    session = await session_with_steps(store, 4)
+    held = (await store.get_steps(session.id))[3]
+    await store.delete_steps_from(session.id, 3)
+    await store.append_steps([user(session.id, "again"), user(session.id, "and again")])
+
+    read = await store.get_history_since(session.id, HistoryMark(4, held.id))
+
+    assert read.start == 1
+    assert [step.content for step in read.steps[2:]] == ["again", "and again"]
+    with pytest.raises(NotFoundError):
+        await store.get_history_since("sess_missing", HistoryMark(1, held.id))
+    with pytest.raises(NotFoundError):
+        await store.get_history_since("sess_missing", None)
+
+
 async def test_get_steps_by_range_and_limit(store: SqlStepStore) -> None:
     session = await session_with_steps(store, 6)
 
