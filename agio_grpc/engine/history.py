@@ -63,7 +63,7 @@ class HeldHistory:
 
     def up_to(self, sequence: int) -> HeldHistory:
         """The held steps up to `sequence` (what a retry from `sequence + 1` keeps)."""
-        return HeldHistory(self.steps[:sequence]) if sequence < len(self.steps) else self
+        return HeldHistory(self.steps[: max(sequence, 0)]) if sequence < len(self.steps) else self
 
     def join(self, start: int, read: list[Step]) -> list[Step]:
         """The session's whole history: the held steps, then what the store read after them

@@ -310,7 +310,8 @@ class Runtime:
         The run must be REQUIRES_ACTION (else RunStateError); `outputs` must answer exactly
         its pending client calls (else InvalidInputError naming the ids). Event seqs continue
         from the run's last one; the new segment starts with `RunStarted` and a
-        `StepCompleted` per stored output. Raises NotFoundError, SessionBusyError.
+        `StepCompleted` per stored output. Raises NotFoundError, SessionBusyError (checked
+        first: the outputs are checked against the history read holding the session).
         """
         self._check_open()
         run = await self._run_requiring_action(run_id)
@@ -325,11 +326,11 @@ class Runtime:
             kept = len(history) - len(read.steps)
             _, pending = open_tool_calls(history)
             by_id = _check_outputs(outputs, pending)
+            settings = self._settings_of(run)
+            trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         except BaseException:
             await self._release_quietly(run.session_id, run.id)
             raise
-        settings = self._settings_of(run)
-        trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         try:
             run.trace_id = run.trace_id or trace.trace_id
             steps = [
@@ -383,7 +384,8 @@ class Runtime:
         retryable stop's `resume_from_sequence` is used). Sequence 1 leaves nothing to
         regenerate from: InvalidInputError, as is an empty session. The run uses the agent and
         settings of the run that wrote the remaining last step (the default agent if that run
-        is gone). Everything is checked, holding the session, before anything is deleted.
+        is gone). Everything is checked, holding the session, before anything is deleted (so
+        a busy session is SessionBusyError before a bad `sequence` is InvalidInputError).
         Raises NotFoundError, InvalidInputError, SessionBusyError.
         """
         self._check_open()
@@ -393,11 +395,11 @@ class Runtime:
             # Read holding the session, so the history regenerated from is the stored one.
             history, plan = await self._retry_history(session_id, sequence)
             agent, settings = await self._settings_of_step(history[-1])
+            run = Run(session_id=session_id, agent=agent, id=run_id, options=settings.to_options())
+            trace = self._tracer.start_run(run, settings, "retry")
         except BaseException:
             await self._release_quietly(session_id, run_id)
             raise
-        run = Run(session_id=session_id, agent=agent, id=run_id, options=settings.to_options())
-        trace = self._tracer.start_run(run, settings, "retry")
         run.trace_id = trace.trace_id
         try:
             await self.store.delete_steps_from(session_id, sequence)
@@ -598,6 +600,7 @@ class Runtime:
         segment.task.add_done_callback(lambda _: trace.end(loop.run_row))
         self._segments.pop(run.id, None)
         self._segments[run.id] = segment
+        self._ended.pop(run.id, None)  # a continued run (SubmitToolOutputs) is live again
         self._prune()
         self._start_renewal()
         return RunHandle(started, channel)
@@ -606,8 +609,9 @@ class Runtime:
         segment.finished_at = time.monotonic()
         if not task.cancelled() and task.exception() is not None:
             logger.error("run loop task failed", exc_info=task.exception())
-        self._ended.pop(run_id, None)
-        self._ended[run_id] = segment.finished_at
+        if self._segments.get(run_id) is segment:  # not a segment a continuation replaced
+            self._ended.pop(run_id, None)
+            self._ended[run_id] = segment.finished_at
         self._prune()
 
     def _prune(self) -> None:

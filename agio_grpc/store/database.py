@@ -198,6 +198,10 @@ class PostgresDatabase:
                     conn = await stack.enter_async_context(self._engine.connect())
                 except DRIVER_ERRORS as error:
                     raise as_store_error(error, connecting=True) from error
+                if not write:
+                    # One snapshot for the whole read (the default, READ COMMITTED, takes one
+                    # per statement), so a check and the read it decides see the same log.
+                    await conn.execution_options(isolation_level="REPEATABLE READ")
                 return await conn.run_sync(_in_transaction, work)
         except StoreError:
             raise

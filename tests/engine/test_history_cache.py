@@ -137,8 +137,8 @@ async def test_a_retry_regenerates_from_the_log_as_it_is_once_it_holds_the_sessi
     take = sqlite_store.acquire_session
 
     async def edited_first(session_id: str, run_id: str) -> None:
-        # Between Retry's history read and its take of the session, another client rewrites
-        # the log: step 3 becomes "replacement" (3', 4').
+        # Just before Retry takes the session, another client rewrites the log: step 3
+        # becomes "replacement" (3', 4').
         monkeypatch.setattr(sqlite_store, "acquire_session", take)
         await sqlite_store.delete_steps_from(session_id, 3)
         other.model.enqueue(Turn.text("answer replacement"))
@@ -375,8 +375,10 @@ def test_a_grown_history_is_measured_as_a_whole_one_is() -> None:
     grown = [*cache.held("a").steps, *steps[3:]]  # what a run hands back: held, then new
     cache.remember("a", grown)
     assert cache.size == sum(map(step_bytes, steps))
-    cache.remember("a", history("a", 5))  # equal steps, other objects: measured afresh
-    assert cache.size == sum(map(step_bytes, history("a", 5)))
+    longer = history("a", 9)  # as long, other objects with other texts: measured afresh
+    longer[0].content = "a much longer first message" * 10
+    cache.remember("a", longer)
+    assert cache.size == sum(map(step_bytes, longer)) > sum(map(step_bytes, steps))
     cache.forget("a")
     assert (cache.size, len(cache)) == (0, 0)
 

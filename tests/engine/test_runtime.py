@@ -3,6 +3,8 @@ CancelRun, WatchRun and shutdown — on the real store and the fake model over H
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agio_grpc.domain import Role, RunStatus, StopReason
@@ -239,6 +241,16 @@ async def test_watch_replays_a_live_run_and_a_finished_one(harness: Harness) -> 
     assert [e.seq for e in tail] == [e.seq for e in outcome.events if e.seq > 3]
 
 
+async def segment_task_done(harness: Harness, run_id: str) -> None:
+    """Wait for the run's loop task itself to end (its stream ends a little before)."""
+    task = harness.runtime._segments[run_id].task
+    assert task is not None
+    await task
+    # An ended task's done callbacks (the runtime's bookkeeping among them) were scheduled
+    # when it ended: one turn of the event loop runs them.
+    await asyncio.sleep(0)
+
+
 async def test_only_the_latest_ended_runs_stay_replayable_from_memory(
     sqlite_store: StepStore, fake_model: FakeModelServer
 ) -> None:
@@ -248,6 +260,7 @@ async def test_only_the_latest_ended_runs_stay_replayable_from_memory(
         for text in ("one", "two", "three", "four"):
             harness.model.enqueue(Turn.text(f"reply {text}", chunks=2))
             outcomes.append(await harness.run(text))
+            await segment_task_done(harness, outcomes[-1].run_id)
         # A WatchRun of a retained run replays its live events, deltas included; the older
         # ones were let go and are rebuilt from the store, which has no deltas.
         for outcome, retained in zip(outcomes, (False, False, True, True), strict=True):
@@ -256,6 +269,35 @@ async def test_only_the_latest_ended_runs_stay_replayable_from_memory(
             assert any(isinstance(e.event, StepDelta) for e in replay) is retained
             assert replay[-1].is_terminal
     finally:
+        await harness.driver.close()
+
+
+async def test_a_continued_run_does_not_count_as_ended_while_it_runs_again(
+    sqlite_store: StepStore, fake_model: FakeModelServer
+) -> None:
+    harness = build_runtime(sqlite_store, fake_model, Gate(), retention_count=2)
+    try:
+        harness.model.enqueue(Turn.text("reply one", chunks=2))
+        first = await harness.run("one")
+        waiting = await start_waiting_for_client(harness)  # its first segment ends
+        harness.model.enqueue(
+            Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]), Turn.text("done")
+        )
+        continued = await harness.runtime.submit_tool_outputs(
+            waiting.run_id, [ToolOutput("call_client", "packed")]
+        )
+        await harness.gate.entered.wait()  # the continuation runs again, in the gate
+        harness.model.enqueue(Turn.text("reply two", chunks=2))
+        second = await harness.run("two")
+        await segment_task_done(harness, second.run_id)
+
+        # Two runs have ended (one and two), within the bound of two: both stay replayable.
+        replay = [e async for e in harness.runtime.watch(first.run_id)]
+        assert replay == first.events
+        harness.gate.release.set()
+        assert (await harness.collect(continued)).run.status is RunStatus.COMPLETED
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from sqlalchemy import make_url
+from sqlalchemy import Connection, make_url
 
 from agio_grpc.store import StoreUnavailableError
 from agio_grpc.store.sql import SqlStepStore
@@ -63,3 +63,18 @@ async def test_store_is_unavailable_while_the_database_refuses_connections_then_
         )
 
     assert await store.count_steps(session.id) == 0
+
+
+@ONLY_POSTGRES
+async def test_a_read_sees_one_snapshot_and_a_write_the_default_isolation(
+    store: SqlStepStore,
+) -> None:
+    # `get_history_since` checks a held step and reads after it in one read: both must see
+    # the same log, so reads run at REPEATABLE READ; writes keep READ COMMITTED (their
+    # row locks order them).
+    def isolation(conn: Connection) -> str:
+        return str(conn.exec_driver_sql("SHOW transaction_isolation").scalar())
+
+    assert await store._database.run(isolation, write=False) == "repeatable read"
+    assert await store._database.run(isolation, write=True) == "read committed"
+    assert await store._database.run(isolation, write=False) == "repeatable read"

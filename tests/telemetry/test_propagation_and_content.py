@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from agio_grpc.client import AgioClient
 from agio_grpc.service.app import AgioApp
-from agio_grpc.telemetry import TraceContextFilter
+from agio_grpc.telemetry import Telemetry, TraceContextFilter
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.service.conftest import make_settings
 from tests.telemetry.conftest import Traced, make_traced
@@ -50,6 +50,25 @@ async def test_a_raw_traceparent_puts_the_callers_trace_on_the_run_and_every_ste
     server = next(s for s in traced.spans() if s.name == "agio.v1.AgentService/Run")
     assert server.parent is not None
     assert trace.format_span_id(server.parent.span_id) == CALLER_SPAN
+
+
+async def test_with_tracing_off_runs_and_steps_carry_no_trace_ids(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    # Not even the caller's: the ids name this service's spans, and there are none.
+    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    app = await AgioApp.start(settings, Telemetry())
+    traceparent = ("traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+    try:
+        fake_model.enqueue(Turn.text("hello"))
+        async with AgioClient(app.address, metadata=[traceparent]) as client:
+            result = await client.run_to_end("hi")
+            run = await client.get_run(result.run.id)
+            steps = await client.list_steps(run.session_id)
+    finally:
+        await app.stop(grace=0)
+    assert run.trace_id == ""
+    assert [(step.trace_id, step.span_id) for step in steps] == [("", "")] * 2
 
 
 def _all_text(spans: list[ReadableSpan]) -> str:
