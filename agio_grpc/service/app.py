@@ -100,8 +100,9 @@ class AgioApp:
         registry = build_registry(settings)
         hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
-        # With tracing off the server span would be a no-op: no interceptor, no per-call cost.
-        interceptors = [TracingInterceptor(telemetry.tracer_provider)] if telemetry.tracing else []
+        # Installed with tracing off too: the caller's trace context still becomes the run's
+        # and its steps' trace ids (a no-op tracer carries the caller's span on).
+        interceptors = [TracingInterceptor(telemetry.tracer_provider)]
         sql_store = await open_store(
             settings.database_url,
             sqlite_synchronous=settings.sqlite_synchronous,

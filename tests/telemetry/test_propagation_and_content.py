@@ -52,23 +52,30 @@ async def test_a_raw_traceparent_puts_the_callers_trace_on_the_run_and_every_ste
     assert trace.format_span_id(server.parent.span_id) == CALLER_SPAN
 
 
-async def test_with_tracing_off_runs_and_steps_carry_no_trace_ids(
+async def test_with_tracing_off_runs_carry_the_callers_trace_id_or_none(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
-    # Not even the caller's: the ids name this service's spans, and there are none.
+    # Nothing is recorded, but a run still joins its caller's trace by id (the client
+    # conformance scenario checks this against servers with tracing off).
     settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
     app = await AgioApp.start(settings, Telemetry())
     traceparent = ("traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
     try:
-        fake_model.enqueue(Turn.text("hello"))
+        fake_model.enqueue(Turn.text("hello"), Turn.text("hello again"))
         async with AgioClient(app.address, metadata=[traceparent]) as client:
-            result = await client.run_to_end("hi")
-            run = await client.get_run(result.run.id)
-            steps = await client.list_steps(run.session_id)
+            joined = await client.get_run((await client.run_to_end("hi")).run.id)
+            joined_steps = await client.list_steps(joined.session_id)
+        async with AgioClient(app.address) as client:
+            alone = await client.get_run((await client.run_to_end("hi")).run.id)
+            alone_steps = await client.list_steps(alone.session_id)
     finally:
         await app.stop(grace=0)
-    assert run.trace_id == ""
-    assert [(step.trace_id, step.span_id) for step in steps] == [("", "")] * 2
+    assert joined.trace_id == CALLER_TRACE
+    assert [(step.trace_id, step.span_id) for step in joined_steps] == [
+        (CALLER_TRACE, CALLER_SPAN)
+    ] * 2
+    assert alone.trace_id == ""
+    assert [(step.trace_id, step.span_id) for step in alone_steps] == [("", "")] * 2
 
 
 def _all_text(spans: list[ReadableSpan]) -> str:
