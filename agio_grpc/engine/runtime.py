@@ -82,6 +82,7 @@ from agio_grpc.store.protocol import SessionLeases, StepStore
 logger = logging.getLogger(__name__)
 
 _REQUEST_ID_SCAN = 100  # how many recent runs of a session are checked for a reused request_id
+_CANCEL_WAIT_POLL_S = 0.1  # how often a cancel for a run elsewhere rereads the run
 
 
 @dataclass(slots=True)
@@ -145,12 +146,15 @@ class Runtime:
         retention_s: float = 600.0,
         retention_count: int = 1000,
         cancel_wait_s: float = 10.0,
+        cancel_poll_s: float = 0.5,
         tracer: RunTracer | None = None,
         leases: SessionLeases | None = None,
         history_cache_bytes: int = 64_000_000,
     ) -> None:
         """`retention_*` bound how long and how many ended runs stay replayable from memory;
-        `cancel_wait_s` bounds how long `cancel` waits for a run to record its end; `tracer`
+        `cancel_wait_s` bounds how long `cancel` waits for a run to record its end;
+        `cancel_poll_s` is how often this process looks for cancel requests that other
+        replicas recorded for its live runs (with `leases`); `tracer`
         traces each run segment (nothing by default); `leases` renews the session leases of
         this process's live runs (the store's takes set them; its `session_lease_s` is the
         duration). Without `leases` nothing renews them: only for runs shorter than a lease.
@@ -176,10 +180,12 @@ class Runtime:
         self._retention_s = retention_s
         self._retention_count = retention_count
         self._cancel_wait_s = cancel_wait_s
+        self._cancel_poll_s = cancel_poll_s
         self._closing = False
         self._tracer = tracer or NO_TRACER
         self._leases = leases
         self._renewal: asyncio.Task[None] | None = None
+        self._cancel_watch: asyncio.Task[None] | None = None
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -434,8 +440,11 @@ class Runtime:
         A running run here stops with CANCELLED (no partial step stored; open tool calls get
         error results) and this waits, up to `cancel_wait_s`, for its end to be recorded.
         A REQUIRES_ACTION run becomes CANCELLED (its open client calls get error results).
-        An ended run is returned unchanged. A run running in another process is returned
-        unchanged (cross-replica cancel is not supported yet). Raises NotFoundError.
+        An ended run is returned unchanged. A run running in another process (a replica on
+        the same database) gets a cancel request recorded on its row, which that process
+        acts on within its `cancel_poll_s`; this waits for the run's end the same way (a run
+        whose process died stays RUNNING until its lease runs out and it is taken over).
+        Raises NotFoundError.
         """
         signal = StopSignal(StopReason.CANCELLED, reason or "cancelled", source or "client")
         segment = self._segments.get(run_id)
@@ -444,6 +453,8 @@ class Runtime:
             await asyncio.wait({segment.task}, timeout=self._cancel_wait_s)
             return await self.store.get_run(run_id)
         run = await self.store.get_run(run_id)
+        if run.status is RunStatus.RUNNING and self._leases is not None:
+            run = await self._cancel_elsewhere(self._leases, run_id, signal)
         if run.status is not RunStatus.REQUIRES_ACTION:
             return run
         try:
@@ -457,6 +468,22 @@ class Runtime:
             return await self._cancel_waiting_run(run_id, signal)
         finally:
             await self._release_quietly(run.session_id, run.id)
+
+    async def _cancel_elsewhere(
+        self, leases: SessionLeases, run_id: str, signal: StopSignal
+    ) -> Run:
+        """Record a cancel request for the process running the run, then wait up to
+        `cancel_wait_s` for the run to leave RUNNING; returns it as last read."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._cancel_wait_s
+        if await leases.request_cancel(run_id, copy.deepcopy(signal)):
+            logger.info("run %s runs elsewhere: cancel requested", run_id)
+        while True:
+            run = await self.store.get_run(run_id)
+            left = deadline - loop.time()
+            if run.status is not RunStatus.RUNNING or left <= 0:
+                return run
+            await asyncio.sleep(min(_CANCEL_WAIT_POLL_S, self._cancel_poll_s, left))
 
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq`: live (replay, then follow) for a run this
@@ -505,19 +532,52 @@ class Runtime:
     # -- session leases ---------------------------------------------------------------------
 
     def _start_renewal(self) -> None:
-        """Start the lease renewal task, once, on the first run (it needs a running loop)."""
+        """Start the lease renewal and cancel request tasks, once, on the first run (they
+        need a running loop)."""
         if self._leases is None or self._renewal is not None:
             return
         self._renewal = asyncio.create_task(
             self._renew_forever(self._leases), name="agio session lease renewal"
         )
+        self._cancel_watch = asyncio.create_task(
+            self._watch_cancel_requests(self._leases), name="agio cancel requests"
+        )
 
     async def _stop_renewal(self) -> None:
-        renewal, self._renewal = self._renewal, None
-        if renewal is None:
-            return
-        renewal.cancel()
-        await asyncio.gather(renewal, return_exceptions=True)
+        tasks = [task for task in (self._renewal, self._cancel_watch) if task is not None]
+        self._renewal = self._cancel_watch = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch_cancel_requests(self, leases: SessionLeases) -> None:
+        """Stop live runs here that another replica was asked to cancel."""
+        failing = False
+        while True:
+            await asyncio.sleep(self._cancel_poll_s)
+            live = self._live_segments()
+            if not live:
+                continue
+            try:
+                requests = await leases.cancel_requests(live.keys())
+            except Exception as error:
+                if not failing:  # once per outage, not every poll
+                    logger.warning("could not read cancel requests (will retry): %s", error)
+                failing = True
+                continue
+            failing = False
+            for run_id, signal in requests.items():
+                segment = live[run_id]
+                if segment.task is not None and not segment.task.done():
+                    logger.info("run %s: cancel requested through another replica", run_id)
+                    segment.control.request_stop(signal)
+
+    def _live_segments(self) -> dict[str, _Segment]:
+        return {
+            run_id: segment
+            for run_id, segment in self._segments.items()
+            if segment.task is not None and not segment.task.done()
+        }
 
     async def _renew_forever(self, leases: SessionLeases) -> None:
         # A third of the lease: a renewal may fail (or be slow) twice before the lease ends.
@@ -532,11 +592,7 @@ class Runtime:
                 logger.exception("could not renew session leases (will retry)")
 
     async def _renew_leases(self, leases: SessionLeases) -> None:
-        live = {
-            run_id: segment
-            for run_id, segment in self._segments.items()
-            if segment.task is not None and not segment.task.done()
-        }
+        live = self._live_segments()
         if not live:
             return
         renewed = await leases.renew_leases(

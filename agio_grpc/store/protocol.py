@@ -28,12 +28,12 @@ Session leases (one active run per session that survives a crashed server):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from agio_grpc.domain import ContextSummary, Run, Session, Step
+from agio_grpc.domain import ContextSummary, Run, Session, Step, StopSignal
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +220,12 @@ class StepStore(Protocol):
 
 
 class SessionLeases(Protocol):
-    """Keeping session leases alive, and cleaning up after the holders that died.
+    """Keeping session leases alive, cleaning up after the holders that died, and passing
+    cancel requests to the process running a run.
 
-    Separate from StepStore because only the process running runs needs it (the runtime
-    renews; the app recovers at start-up); see the module docstring for the semantics.
+    Separate from StepStore because only processes running runs need it (the runtime
+    renews and polls for cancel requests; the app recovers at start-up); see the module
+    docstring for the lease semantics.
     """
 
     @property
@@ -236,6 +238,17 @@ class SessionLeases(Protocol):
         its run (value), in one transaction; returns the session ids renewed. A session not
         returned was released or taken over: its run no longer holds it.
         """
+        ...
+
+    async def request_cancel(self, run_id: str, signal: StopSignal) -> bool:
+        """Ask the process running the run to stop it with `signal`: recorded on the run
+        when it is RUNNING (a first request stands; later ones change nothing). Returns
+        whether the run is RUNNING, i.e. whether a request now stands. Raises
+        NotFoundError."""
+        ...
+
+    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, StopSignal]:
+        """The cancel requests standing on those of `run_ids` still RUNNING, by run id."""
         ...
 
     async def recover_expired_runs(self) -> list[str]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
@@ -91,6 +91,7 @@ from agio_grpc.store.rows import (
     session_from_row,
     step_row,
     steps_from_rows,
+    stop_signal_from_json,
     stop_signal_json,
     stored_copy,
     stored_run,
@@ -470,12 +471,17 @@ class SqlStepStore:
 
     async def update_run(self, run: Run) -> Run:
         stored = stored_run(run)
+        values = run_mutable_values(stored)
+        if stored.status is not RunStatus.RUNNING:
+            # The segment ended: a cancel request on it is spent (only a REQUIRES_ACTION run
+            # runs again, and its continuation must not inherit one).
+            values["cancel_request"] = None
 
         def work(conn: Connection) -> Any:
             return conn.execute(
                 update(run_table)
                 .where(run_table.c.id == run.id)
-                .values(**run_mutable_values(stored))
+                .values(**values)
                 .returning(*run_table.c)
             ).first()
 
@@ -545,6 +551,50 @@ class SqlStepStore:
             return {str(session_id) for session_id in renewed}
 
         return await self._write(work)
+
+    async def request_cancel(self, run_id: str, signal: StopSignal) -> bool:
+        request = stop_signal_json(signal)
+        running = RunStatus.RUNNING.value
+
+        def work(conn: Connection) -> bool:
+            recorded = conn.execute(
+                update(run_table)
+                .where(
+                    run_table.c.id == run_id,
+                    run_table.c.status == running,
+                    run_table.c.cancel_request.is_(None),
+                )
+                .values(cancel_request=request)
+            )
+            if recorded.rowcount == 1:
+                return True
+            status = conn.execute(select(run_table.c.status).where(run_table.c.id == run_id))
+            found = status.scalar()
+            if found is None:
+                raise NotFoundError("run", run_id)
+            return bool(found == running)  # RUNNING here: an earlier request stands
+
+        return await self._write(work)
+
+    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, StopSignal]:
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        query = select(run_table.c.id, run_table.c.cancel_request).where(
+            run_table.c.id.in_(ids),
+            run_table.c.status == RunStatus.RUNNING.value,
+            run_table.c.cancel_request.is_not(None),
+        )
+
+        def work(conn: Connection) -> dict[str, StopSignal]:
+            requests: dict[str, StopSignal] = {}
+            for run_id, request in conn.execute(query):
+                signal = stop_signal_from_json(request)
+                if signal is not None:
+                    requests[str(run_id)] = signal
+            return requests
+
+        return await self._read(work)
 
     async def recover_expired_runs(self) -> list[str]:
         def work(conn: Connection) -> list[str]:

@@ -143,5 +143,7 @@ runs = Table(
     Column("metadata", Text, nullable=False, server_default="{}"),
     Column("options", Text, nullable=False, server_default="{}"),
     Column("last_event_seq", Integer, nullable=False, server_default="0"),
+    # A CancelRun for a run another replica runs: its stop signal as JSON (NULL: none).
+    Column("cancel_request", Text, nullable=True),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
 )

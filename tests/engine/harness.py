@@ -32,7 +32,7 @@ from agio_grpc.engine import (
 from agio_grpc.engine.builtin_tools import TOOLS
 from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.protocol import SessionLeases, StepStore
 from agio_grpc.testing import FakeModelServer
 
 E = TypeVar("E", bound=Event)
@@ -204,6 +204,8 @@ def build_runtime(
     retry: RetryPolicy = FAST_RETRIES,
     history_cache_bytes: int = 64_000_000,
     retention_count: int = 1000,
+    leases: SessionLeases | None = None,
+    cancel_poll_s: float = 0.5,
     **limits: Any,
 ) -> Harness:
     driver = OpenAIModelDriver(base_url=model.base_url, api_key="test-key", retry=retry)
@@ -216,6 +218,8 @@ def build_runtime(
         hooks,
         history_cache_bytes=history_cache_bytes,
         retention_count=retention_count,
+        leases=leases,
+        cancel_poll_s=cancel_poll_s,
     )
     return Harness(runtime, store, model, gate, driver)
 

@@ -21,6 +21,7 @@ from agio_grpc.engine import (
 )
 from agio_grpc.store.errors import NotFoundError
 from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
 
@@ -299,6 +300,40 @@ async def test_a_continued_run_does_not_count_as_ended_while_it_runs_again(
     finally:
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
+
+
+async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    # Two replicas sharing a database: the CancelRun reaches the one not running the run.
+    gate = Gate()
+    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store, cancel_poll_s=0.05)
+    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
+    try:
+        fake_model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_stuck")]))
+        handle = await owner.runtime.start_run(RunInput("work"))
+        await gate.entered.wait()
+
+        cancelled = await other.runtime.cancel(handle.run_id, "stop it")
+
+        assert cancelled.status is RunStatus.CANCELLED
+        assert cancelled.stop_signal is not None
+        assert (cancelled.stop_signal.message, cancelled.stop_signal.source) == (
+            "stop it",
+            "client",
+        )
+        outcome = await owner.collect(handle)
+        assert outcome.run.stop_signal == cancelled.stop_signal
+        (result,) = outcome.steps_of(Role.TOOL)  # the stuck call got an error result
+        assert (result.tool_call_id, result.is_error) == ("call_stuck", True)
+        assert (await other.runtime.cancel(handle.run_id, "again")).stop_signal == (
+            cancelled.stop_signal
+        )
+        assert await sqlite_store.cancel_requests([handle.run_id]) == {}
+    finally:
+        for harness in (owner, other):
+            await harness.runtime.shutdown(grace_s=0)
+            await harness.driver.close()
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(

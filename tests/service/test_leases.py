@@ -139,6 +139,42 @@ async def test_a_session_survives_its_server_being_killed_mid_run(
     assert [step.content for step in steps] == ["Think forever.", "Are you there?", "Back again."]
 
 
+async def test_a_cancel_sent_to_another_server_stops_the_run(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    await (await open_store(database_url)).close()
+    fake_model.enqueue(Turn.hanging())
+    owner: asyncio.subprocess.Process | None = None
+    other: asyncio.subprocess.Process | None = None
+    try:
+        (owner, owner_address), (other, other_address) = await asyncio.gather(
+            start_serve(tmp_path, database_url, fake_model.base_url),
+            start_serve(tmp_path, database_url, fake_model.base_url),
+        )
+        async with AgioClient(owner_address) as client, AgioClient(other_address) as elsewhere:
+            events = client.run("Think forever.")
+            run_id = (await anext(events)).run_id
+            await fake_model.wait_for_requests(1)  # the run now waits on the model
+
+            cancelled = await elsewhere.cancel_run(run_id, "no longer needed")
+            rest = [event async for event in events]
+    finally:
+        await kill(owner)
+        await kill(other)
+
+    assert cancelled.status == RunStatus.RUN_STATUS_CANCELLED
+    stop = cancelled.stop_signal
+    assert (StopReason.Name(stop.reason), stop.message, stop.source) == (
+        "STOP_REASON_CANCELLED",
+        "no longer needed",
+        "client",
+    )
+    terminal = rest[-1]
+    assert terminal.WhichOneof("event") == "run_completed"
+    assert terminal.run_completed.run.stop_signal == stop
+
+
 async def test_a_restarted_server_finalises_the_runs_its_crashed_predecessor_left(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:

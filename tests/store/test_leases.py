@@ -17,8 +17,17 @@ from alembic import command
 from sqlalchemy import Connection, insert, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopReason, utc_now
-from agio_grpc.store import SessionBusyError
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StopReason,
+    StopSignal,
+    utc_now,
+)
+from agio_grpc.store import NotFoundError, SessionBusyError
 from agio_grpc.store.migrations import alembic_config, head_revision
 from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
 from agio_grpc.store.tables import runs, sessions
@@ -246,6 +255,42 @@ async def test_recover_expired_runs_finalises_only_expired_holders(
     assert await store.recover_expired_runs() == []
 
 
+async def test_a_cancel_request_stands_on_a_running_run_until_its_segment_ends(
+    store: SqlStepStore,
+) -> None:
+    run = await start(store)
+    other = await start(store)
+    first = StopSignal(StopReason.CANCELLED, "stop it", "client")
+
+    assert await store.request_cancel(run.id, first)
+    assert await store.request_cancel(run.id, StopSignal(StopReason.CANCELLED, "later"))
+    assert await store.cancel_requests([run.id, other.id, "run_missing"]) == {run.id: first}
+    assert await store.cancel_requests([other.id]) == {}
+    assert await store.cancel_requests([]) == {}
+
+    # The segment ends waiting for the client: the request is spent, and a continuation
+    # (RUNNING again) does not inherit it.
+    run.status = RunStatus.REQUIRES_ACTION
+    await store.update_run(run)
+    run.status = RunStatus.RUNNING
+    await store.update_run(run)
+    assert await store.cancel_requests([run.id]) == {}
+
+
+async def test_a_cancel_request_for_an_ended_or_unknown_run_is_not_recorded(
+    store: SqlStepStore,
+) -> None:
+    run = await start(store)
+    run.status = RunStatus.COMPLETED
+    await store.update_run(run)
+    signal = StopSignal(StopReason.CANCELLED, "too late", "client")
+
+    assert not await store.request_cancel(run.id, signal)
+    assert await store.cancel_requests([run.id]) == {}
+    with pytest.raises(NotFoundError):
+        await store.request_cancel("run_missing", signal)
+
+
 async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     store_url: str,
 ) -> None:
@@ -298,4 +343,4 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     holder, expires = await lease_of(store_url, "sess_stuck")
     assert holder == "run_next"
     assert expires is not None
-    assert head_revision() == "0002"
+    assert head_revision() == "0003"
