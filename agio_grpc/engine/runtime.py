@@ -454,7 +454,7 @@ class Runtime:
             return await self.store.get_run(run_id)
         run = await self.store.get_run(run_id)
         if run.status is RunStatus.RUNNING and self._leases is not None:
-            run = await self._cancel_elsewhere(self._leases, run_id, signal)
+            run = await self._cancel_elsewhere(self._leases, run, signal)
         if run.status is not RunStatus.REQUIRES_ACTION:
             return run
         try:
@@ -469,21 +469,33 @@ class Runtime:
         finally:
             await self._release_quietly(run.session_id, run.id)
 
-    async def _cancel_elsewhere(
-        self, leases: SessionLeases, run_id: str, signal: StopSignal
-    ) -> Run:
-        """Record a cancel request for the process running the run, then wait up to
-        `cancel_wait_s` for the run to leave RUNNING; returns it as last read."""
+    async def _cancel_elsewhere(self, leases: SessionLeases, run: Run, signal: StopSignal) -> Run:
+        """Stop a run another process runs: a run whose process died (its lease expired) is
+        taken over (INTERRUPTED, as any take would); else a cancel request is recorded for
+        that process, and this waits up to `cancel_wait_s` for the run to end and let go
+        of its session, as a local cancel does. Returns the run as last read."""
+        taker = new_id("run")
+        try:
+            await self.store.acquire_session(run.session_id, taker)
+        except SessionBusyError:
+            pass  # alive: ask it
+        else:
+            await self._release_quietly(run.session_id, taker)
+            return await self.store.get_run(run.id)
+        logger.info("run %s runs elsewhere: cancel requested", run.id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._cancel_wait_s
-        if await leases.request_cancel(run_id, copy.deepcopy(signal)):
-            logger.info("run %s runs elsewhere: cancel requested", run_id)
-        while True:
-            run = await self.store.get_run(run_id)
-            left = deadline - loop.time()
-            if run.status is not RunStatus.RUNNING or left <= 0:
-                return run
-            await asyncio.sleep(min(_CANCEL_WAIT_POLL_S, self._cancel_poll_s, left))
+        # Asked again at every look: the run may have waited for its client (which spends
+        # a request) and been continued since.
+        while await leases.request_cancel(run.id, copy.deepcopy(signal)):
+            if loop.time() >= deadline:
+                return await self.store.get_run(run.id)
+            await asyncio.sleep(_CANCEL_WAIT_POLL_S)
+        while (await self.store.get_session(run.session_id)).active_run_id == run.id:
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(_CANCEL_WAIT_POLL_S)
+        return await self.store.get_run(run.id)
 
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq`: live (replay, then follow) for a run this
@@ -555,22 +567,20 @@ class Runtime:
         failing = False
         while True:
             await asyncio.sleep(self._cancel_poll_s)
-            live = self._live_segments()
-            if not live:
-                continue
             try:
-                requests = await leases.cancel_requests(live.keys())
+                live = self._live_segments()
+                requests = await leases.cancel_requests(live.keys()) if live else {}
+                for run_id, signal in requests.items():
+                    segment = live[run_id]
+                    if segment.control.signal is None:  # not already on its way out
+                        logger.info("run %s: cancel requested through another replica", run_id)
+                        segment.control.request_stop(signal)
             except Exception as error:
                 if not failing:  # once per outage, not every poll
-                    logger.warning("could not read cancel requests (will retry): %s", error)
+                    logger.warning("could not act on cancel requests (will retry): %s", error)
                 failing = True
-                continue
-            failing = False
-            for run_id, signal in requests.items():
-                segment = live[run_id]
-                if segment.task is not None and not segment.task.done():
-                    logger.info("run %s: cancel requested through another replica", run_id)
-                    segment.control.request_stop(signal)
+            else:
+                failing = False
 
     def _live_segments(self) -> dict[str, _Segment]:
         return {

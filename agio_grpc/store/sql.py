@@ -471,11 +471,10 @@ class SqlStepStore:
 
     async def update_run(self, run: Run) -> Run:
         stored = stored_run(run)
-        values = run_mutable_values(stored)
-        if stored.status is not RunStatus.RUNNING:
-            # The segment ended: a cancel request on it is spent (only a REQUIRES_ACTION run
-            # runs again, and its continuation must not inherit one).
-            values["cancel_request"] = None
+        # A segment's end spends a cancel request, and a continuation (SubmitToolOutputs,
+        # the only other writer of a run row) must not inherit one: the loop never writes
+        # the row mid-run, so clearing on every write drops no standing request.
+        values = {**run_mutable_values(stored), "cancel_request": None}
 
         def work(conn: Connection) -> Any:
             return conn.execute(
@@ -589,7 +588,11 @@ class SqlStepStore:
         def work(conn: Connection) -> dict[str, StopSignal]:
             requests: dict[str, StopSignal] = {}
             for run_id, request in conn.execute(query):
-                signal = stop_signal_from_json(request)
+                try:
+                    signal = stop_signal_from_json(request)
+                except (ValueError, KeyError, TypeError):
+                    # Not one this store wrote: cancel with the defaults rather than never.
+                    signal = StopSignal(StopReason.CANCELLED, "cancelled", "client")
                 if signal is not None:
                     requests[str(run_id)] = signal
             return requests

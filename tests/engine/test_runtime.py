@@ -4,10 +4,11 @@ CancelRun, WatchRun and shutdown — on the real store and the fake model over H
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
-from agio_grpc.domain import Role, RunStatus, StopReason
+from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopReason
 from agio_grpc.engine import (
     ClientTool,
     InvalidInputError,
@@ -21,9 +22,10 @@ from agio_grpc.engine import (
 )
 from agio_grpc.store.errors import NotFoundError
 from agio_grpc.store.protocol import StepStore
-from agio_grpc.store.sql import SqlStepStore
+from agio_grpc.store.sql import SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
+from tests.store.test_leases import wait_for_expiry
 
 LOOKUP = ClientTool(
     name="lookup_order",
@@ -329,11 +331,40 @@ async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
         assert (await other.runtime.cancel(handle.run_id, "again")).stop_signal == (
             cancelled.stop_signal
         )
-        assert await sqlite_store.cancel_requests([handle.run_id]) == {}
+        # The cancel returned once the run had let go of its session, as a local one does.
+        fake_model.enqueue(Turn.text("next answer"))
+        assert (await other.run("next", session_id=handle.session_id)).run.status is (
+            RunStatus.COMPLETED
+        )
     finally:
         for harness in (owner, other):
             await harness.runtime.shutdown(grace_s=0)
             await harness.driver.close()
+
+
+async def test_a_cancel_takes_over_a_run_whose_process_died(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+) -> None:
+    # The process that started the run died right after: nobody renews its tiny lease.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    crashed = await open_store(url, session_lease_s=0.2)
+    try:
+        session = Session()
+        run = Run(session_id=session.id, agent="assistant")
+        user = Step(session.id, run.id, Role.USER, content="hi")
+        await crashed.start_run(run, [user], new_session=session)
+    finally:
+        await crashed.close()
+    await wait_for_expiry(url, session.id)
+    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
+    try:
+        ended = await other.runtime.cancel(run.id, "stop it")
+    finally:
+        await other.runtime.shutdown(grace_s=0)
+        await other.driver.close()
+
+    assert ended.status is RunStatus.INTERRUPTED  # taken over, as any take over would
+    assert (await sqlite_store.get_session(session.id)).active_run_id == ""
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(

@@ -157,8 +157,9 @@ async def test_a_cancel_sent_to_another_server_stops_the_run(
             run_id = (await anext(events)).run_id
             await fake_model.wait_for_requests(1)  # the run now waits on the model
 
-            cancelled = await elsewhere.cancel_run(run_id, "no longer needed")
-            rest = [event async for event in events]
+            async with asyncio.timeout(30):  # a lost cancel fails here, not at the test timeout
+                cancelled = await elsewhere.cancel_run(run_id, "no longer needed")
+                rest = [event async for event in events]
     finally:
         await kill(owner)
         await kill(other)
