@@ -21,34 +21,30 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import INSTRUCTIONS, Gate, Harness, build_runtime
 
 
+def recording(monkeypatch: pytest.MonkeyPatch, store: SqlStepStore, method: str) -> list[Any]:
+    """Every result the store's `method` returns from now on, in order."""
+    recorded: list[Any] = []
+    real = getattr(store, method)
+
+    async def record(*args: Any, **kwargs: Any) -> Any:
+        result = await real(*args, **kwargs)
+        recorded.append(result)
+        return result
+
+    monkeypatch.setattr(store, method, record)
+    return recorded
+
+
 @pytest.fixture
 def starts(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[RunStart]:
     """Every `RunStart` the store returns, in order."""
-    recorded: list[RunStart] = []
-    real = sqlite_store.start_run
-
-    async def recording(*args: Any, **kwargs: Any) -> RunStart:
-        started = await real(*args, **kwargs)
-        recorded.append(started)
-        return started
-
-    monkeypatch.setattr(sqlite_store, "start_run", recording)
-    return recorded
+    return recording(monkeypatch, sqlite_store, "start_run")
 
 
 @pytest.fixture
 def reads(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[HistoryRead]:
     """Every `HistoryRead` the store returns (SubmitToolOutputs and Retry), in order."""
-    recorded: list[HistoryRead] = []
-    real = sqlite_store.get_history_since
-
-    async def recording(*args: Any, **kwargs: Any) -> HistoryRead:
-        read = await real(*args, **kwargs)
-        recorded.append(read)
-        return read
-
-    monkeypatch.setattr(sqlite_store, "get_history_since", recording)
-    return recorded
+    return recording(monkeypatch, sqlite_store, "get_history_since")
 
 
 async def sent_context_is_the_stored_one(harness: Harness, session_id: str) -> None:

@@ -412,13 +412,20 @@ async def test_get_history_since_a_mark_that_does_not_hold_reads_from_the_start(
     assert read.steps == [conversation_of(step) for step in stored[:3]]
 
 
-async def test_get_history_since_a_step_that_was_cut_and_replaced_reads_from_the_start(
-    store: SqlStepStore,
-) -> None:
+async def cut_and_replaced(store: SqlStepStore) -> tuple[Session, Step]:
+    """A session of four steps whose 3 and 4 were deleted and replaced by two others, and
+    the step that was 4th: a caller holding it holds a history that is no longer stored."""
     session = await session_with_steps(store, 4)
     held = (await store.get_steps(session.id))[3]
     await store.delete_steps_from(session.id, 3)
     await store.append_steps([user(session.id, "again"), user(session.id, "and again")])
+    return session, held
+
+
+async def test_get_history_since_a_step_that_was_cut_and_replaced_reads_from_the_start(
+    store: SqlStepStore,
+) -> None:
+    session, held = await cut_and_replaced(store)
 
     read = await store.get_history_since(session.id, HistoryMark(4, held.id))
 
@@ -989,10 +996,7 @@ async def test_start_run_since_the_last_step_reads_nothing_before_its_own_steps(
 async def test_start_run_since_a_step_that_was_cut_and_replaced_reads_the_whole_history(
     store: SqlStepStore,
 ) -> None:
-    session = await session_with_steps(store, 4)
-    held = (await store.get_steps(session.id))[3]
-    await store.delete_steps_from(session.id, 3)
-    await store.append_steps([user(session.id, "again"), user(session.id, "and again")])
+    session, held = await cut_and_replaced(store)
     run = Run(session_id=session.id, agent="helper")
 
     started = await store.start_run(
