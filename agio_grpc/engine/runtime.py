@@ -442,9 +442,9 @@ class Runtime:
         A REQUIRES_ACTION run becomes CANCELLED (its open client calls get error results).
         An ended run is returned unchanged. A run running in another process (a replica on
         the same database) gets a cancel request recorded on its row, which that process
-        acts on within its `cancel_poll_s`; this waits for the run's end the same way (a run
-        whose process died stays RUNNING until its lease runs out and it is taken over).
-        Raises NotFoundError.
+        acts on within its `cancel_poll_s`; this waits for the run's end the same way. A run
+        whose process died is taken over by this call (INTERRUPTED) once its lease has run
+        out; before that, it is returned still RUNNING after the wait. Raises NotFoundError.
         """
         signal = StopSignal(StopReason.CANCELLED, reason or "cancelled", source or "client")
         segment = self._segments.get(run_id)
