@@ -116,9 +116,7 @@ class HistoryCache:
 
     def remember(self, session_id: str, history: Sequence[Step]) -> None:
         """Hold `history` as the session's, when it is whole (sequences 1..N, in order)."""
-        previous = self._histories.pop(session_id, None)
-        if previous is not None:
-            self._bytes -= previous.size
+        previous = self._drop(session_id)
         count = len(history)
         if not count or history[0].sequence != 1 or history[-1].sequence != count:
             return  # not the whole log: a gap would go unnoticed by the store's check
@@ -135,9 +133,13 @@ class HistoryCache:
 
     def forget(self, session_id: str) -> None:
         """Drop what is held for the session."""
+        self._drop(session_id)
+
+    def _drop(self, session_id: str) -> _Held | None:
         dropped = self._histories.pop(session_id, None)
         if dropped is not None:
             self._bytes -= dropped.size
+        return dropped
 
 
 def _extended_size(previous: _Held, history: Sequence[Step]) -> int | None:

@@ -247,31 +247,15 @@ class SqlStepStore:
     async def get_history(
         self, session_id: str, start: int = 1, end: int | None = None
     ) -> list[Step]:
-        params: dict[str, Any] = {"session_id": session_id, "start": start}
-        if end is not None:
-            params["end"] = end
-        query = _select_steps(bounded=end is not None, limited=False, history=True)
-
-        def work(conn: Connection) -> list[Step]:
-            steps = _read_steps(conn, session_id, query, params, history_from_rows)
-            if not steps:
-                _require_session(conn, session_id)
-            return steps
-
-        return await self._read(work)
+        return await self._read(lambda conn: _read_history(conn, session_id, start, end))
 
     async def get_history_since(
         self, session_id: str, since: HistoryMark | None, end: int | None = None
     ) -> HistoryRead:
         def work(conn: Connection) -> HistoryRead:
             start = _read_start(conn, session_id, since, end)
-            params: dict[str, Any] = {"session_id": session_id, "start": start}
-            if end is not None:
-                params["end"] = end
-            query = _select_steps(bounded=end is not None, limited=False, history=True)
-            steps = _read_steps(conn, session_id, query, params, history_from_rows)
-            if not steps and start == 1:
-                _require_session(conn, session_id)
+            # A mark that held proved the session is there.
+            steps = _read_history(conn, session_id, start, end, known_session=start > 1)
             return HistoryRead(steps, start)
 
         return await self._read(work)
@@ -461,9 +445,7 @@ class SqlStepStore:
             if start == first:
                 history = list(stored_steps)
             else:
-                earlier = {"session_id": run.session_id, "start": start, "end": first - 1}
-                query = _select_steps(bounded=True, limited=False, history=True)
-                before = _read_steps(conn, run.session_id, query, earlier, history_from_rows)
+                before = _read_history(conn, run.session_id, start, first - 1, known_session=True)
                 history = before + stored_steps
             return RunStart(run=started, steps=stored_steps, history=history, history_start=start)
 
@@ -738,6 +720,26 @@ _RELEASE_SESSION: Final = (
     )
     .values(active_run_id=None, lease_expires_at=None)
 )
+
+
+def _read_history(
+    conn: Connection,
+    session_id: str,
+    start: int,
+    end: int | None,
+    *,
+    known_session: bool = False,
+) -> list[Step]:
+    """The conversation from `start` to `end` (None: the last step), as `get_history` reads
+    it; NotFoundError when nothing was read and the session is not `known_session`."""
+    params: dict[str, Any] = {"session_id": session_id, "start": start}
+    if end is not None:
+        params["end"] = end
+    query = _select_steps(bounded=end is not None, limited=False, history=True)
+    steps = _read_steps(conn, session_id, query, params, history_from_rows)
+    if not steps and not known_session:
+        _require_session(conn, session_id)
+    return steps
 
 
 def _read_start(
