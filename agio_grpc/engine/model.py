@@ -18,21 +18,20 @@ Failure policy:
 - Other 4xx (400, 401, 403, 404, 422) fail at once with the provider's message, not retryable.
 - A stream that ends without `finish_reason` is never a success.
 
-The stream is read through the same client (`with_streaming_response`: its auth, base URL,
-headers, timeouts and status errors) but parsed here from the raw SSE lines with
-`json.loads`: the client's typed chunks cost ~80 µs of CPU each in pydantic model
-construction, about 20x the parse itself, and that was most of the service's CPU per token.
-The client's HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default
-httpx2 one: reading a paced stream, httpx2's per-read machinery (anyio cancel scopes, h11
-events) cost ~380 µs of CPU per chunk here against ~170 µs, and with hundreds of concurrent
-runs that was the service's largest cost after gRPC itself. Two consequences:
-- Transport errors arrive as httpx2 or openai errors for most failures, but as raw
-  `aiohttp.ClientError`s for some (a malformed status line or chunk header): all are
-  classified alike, as connection failures.
-- The wait for the model is bounded by the driver's own idle watchdog, not by a read timeout
-  in the transport: one timer per call, re-armed only when it fires, instead of one per chunk;
-  and it also ends a stream the transport stopped delivering without an error (aiohttp
-  stalls on a garbled chunk header after valid data).
+The request goes out on aiohttp directly, carrying what the openai client resolves for it
+(the endpoint, the API key as a bearer token, the organisation and project, the SDK's
+identifying headers: the same request on the wire), and the stream is parsed here from the
+raw SSE lines with `json.loads`. Two costs are avoided that way:
+- the client's typed chunks cost ~80 µs of CPU each in pydantic model construction, about
+  20x the parse itself;
+- the client's request path (its TypedDict transform, per-request URL and header building,
+  the httpx2 layers above the transport) cost ~0.9 ms of the event loop per call, and httpx2's
+  per-read machinery (anyio cancel scopes, h11 events) ~200 µs per chunk of a paced stream.
+Transport failures are `aiohttp.ClientError`s (or `OSError`s) and are all classified alike,
+as connection failures. The wait for the model is bounded by the driver's own idle watchdog,
+not by a read timeout in the transport: one timer per call, re-armed only when it fires,
+instead of one per chunk; and it also ends a stream the transport stopped delivering without
+an error (aiohttp stalls on a garbled chunk header after valid data).
 After each delta the driver yields to the event loop once, so a burst of chunks already
 buffered on the socket cannot starve the tasks relaying the deltas to clients.
 
@@ -47,7 +46,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -62,6 +61,9 @@ from agio_grpc.domain import StepMetrics, StopReason, ToolCall
 from agio_grpc.engine.events import ToolCallDelta
 
 _TRANSIENT_STATUS = frozenset({408, 409, 429})
+_MAX_CONNECTIONS = 1000  # the openai client's default pool size
+_ERROR_BODY_LIMIT = 64 * 1024
+_ERROR_TEXT_LIMIT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,7 @@ def _failed(reply: _ReplyBuilder, message: str) -> _Transient | _StreamBroken:
 
 
 class OpenAIModelDriver:
-    """`ModelDriver` on `openai.AsyncOpenAI` (retries are ours: the client never retries)."""
+    """`ModelDriver` for an OpenAI-compatible endpoint (retries are ours, see the module)."""
 
     def __init__(
         self,
@@ -208,21 +210,32 @@ class OpenAIModelDriver:
     ) -> None:
         """`timeout_s` bounds connecting, the wait for the response and each wait for the next
         chunk (the idle watchdog: a model silent this long fails the attempt)."""
+        # Only for what a request must carry; nothing is sent through it.
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        self._url = f"{str(self._client.base_url).rstrip('/')}/chat/completions"
+        self._headers = _request_headers(self._client)
+        self._ssl = httpx2.create_ssl_context()  # the certificates the openai client trusts
         # No read timeout in the transport: `_IdleWatchdog` bounds every wait instead.
-        timeout = httpx2.Timeout(timeout_s, read=None)
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=timeout,
-            http_client=openai.DefaultAioHttpClient(timeout=timeout),
-        )
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
         self._idle_timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
         self.provider = provider_name(base_url)
 
     async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         await self._client.close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        """The connection pool, made on first use (inside the event loop that uses it)."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=self._ssl),
+                timeout=self._timeout,
+                trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as the openai client honours them
+            )
+        return self._http
 
     async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
         started = time.perf_counter()
@@ -259,40 +272,29 @@ class OpenAIModelDriver:
         self, request: ModelRequest, on_event: ModelListener, started: float
     ) -> ModelReply:
         reply = _ReplyBuilder(model_name=request.model)
+        body = json.dumps(self._body(request)).encode()
         try:
-            # The body goes as `extra_body`, which the client sends as it is: passed as typed
-            # arguments, the client's TypedDict transform walks every message and tool first
-            # (~7 ms of CPU for a two-message call here, growing with the history), and they
-            # are plain JSON already. `messages` is required by the signature; `extra_body`
-            # replaces it.
             async with (
                 _IdleWatchdog(self._idle_timeout_s) as watchdog,
-                self._client.chat.completions.with_streaming_response.create(
-                    model=request.model,
-                    messages=[],
-                    stream=True,
-                    extra_body=self._body(request),
-                ) as response,
+                self._session().post(self._url, data=body, headers=self._headers) as response,
             ):
-                async for data in _sse_data(response.iter_lines(), watchdog.saw_data):
+                if response.status >= 300:
+                    raise await _status_failure(response)
+                async for data in _sse_data(_lines(response.content), watchdog.saw_data):
                     delta = reply.add(_chunk_of(data))
                     if delta is not None:
                         if reply.first_token_latency_ms is None:
                             reply.first_token_latency_ms = _ms_since(started)
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
+        except aiohttp.ClientError as error:  # before TimeoutError: a connect timeout is both
+            raise _failed(reply, _describe_transport_error(error)) from None
         except TimeoutError:  # the watchdog
             raise _failed(reply, f"the model sent nothing for {self._idle_timeout_s:g}s") from None
-        except openai.APIStatusError as error:
-            raise _classify_status(error) from None
-        except (openai.APIError, _ErrorChunk) as error:  # connection errors, timeouts
-            message = _describe(error) if isinstance(error, openai.APIError) else error.message
-            raise _failed(reply, message) from None
-        except (httpx2.TimeoutException, httpx2.RequestError, aiohttp.ClientError) as error:
-            # Mid-stream (the client wraps only what happens before the response), and what
-            # the aiohttp transport does not translate.
-            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            raise _failed(reply, message) from None
+        except OSError as error:
+            raise _failed(reply, _describe_transport_error(error)) from None
+        except _ErrorChunk as error:
+            raise _failed(reply, error.message) from None
         if reply.finish_reason is None:
             message = "the model stream ended without a finish_reason (truncated response)"
             raise _failed(reply, message)
@@ -471,6 +473,25 @@ class _ErrorChunk(Exception):  # noqa: N818 - internal control flow
         self.message = message
 
 
+async def _lines(body: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The body's lines without their endings (`\\n`, `\\r\\n` or `\\r`), as reads bring them.
+
+    One await per read of the socket rather than one per line: an SSE event is two lines.
+    """
+    pending = b""
+    async for data in body.iter_any():
+        if not data:
+            continue
+        lines = (pending + data).splitlines(keepends=True)
+        # An unfinished last line waits for the next read; so does one ending in `\r`, whose
+        # `\n` may come next (`\r\n` is one ending, not two).
+        pending = b"" if lines[-1].endswith(b"\n") else lines.pop()
+        for line in lines:
+            yield line.rstrip(b"\r\n").decode(errors="replace")
+    if pending:
+        yield pending.rstrip(b"\r\n").decode(errors="replace")
+
+
 async def _sse_data(lines: AsyncIterator[str], saw_line: Callable[[], None]) -> AsyncIterator[str]:
     """The `data` of each server-sent event, until `[DONE]`; `saw_line` hears of every line,
     keep-alive comments included (a provider thinking for long may send only those)."""
@@ -513,28 +534,34 @@ def _chunk_of(data: str) -> dict[str, Any]:
     return chunk
 
 
-def _classify_status(error: openai.APIStatusError) -> _Transient | ModelError:
-    status = error.status_code
-    message = f"HTTP {status}: {_describe(error)}"
+async def _status_failure(response: aiohttp.ClientResponse) -> _Transient | ModelError:
+    """An HTTP error answer: transient (retried) or final, with the provider's message."""
+    status = response.status
+    body = await response.content.read(_ERROR_BODY_LIMIT)
+    message = f"HTTP {status}: {_error_message(body) or response.reason or 'no message'}"
     if status in _TRANSIENT_STATUS or status >= 500:
-        return _Transient(message, _retry_after_s(error))
+        return _Transient(message, _retry_after_s(response.headers))
     return ModelError(message, retryable=False, status_code=status)
 
 
-def _describe(error: openai.APIError) -> str:
-    """The provider's own message when it sent one, else the client's."""
-    body = error.body
-    if isinstance(body, dict):
-        message = body.get("message")
-        if isinstance(message, str) and message:
-            return message
-    if isinstance(error, openai.APIConnectionError) and error.__cause__ is not None:
-        return f"{error.message} ({type(error.__cause__).__name__}: {error.__cause__})"
-    return error.message
+def _error_message(body: bytes) -> str:
+    """The provider's message: `error.message` of an OpenAI-style body, else the text."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace").strip()[:_ERROR_TEXT_LIMIT]
+    error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(message, str) and message:
+        return message
+    return json.dumps(parsed)[:_ERROR_TEXT_LIMIT]
 
 
-def _retry_after_s(error: openai.APIStatusError) -> float | None:
-    headers = error.response.headers
+def _describe_transport_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
     milliseconds = headers.get("retry-after-ms")
     if milliseconds:
         try:
@@ -553,6 +580,12 @@ def _retry_after_s(error: openai.APIStatusError) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, (moment - datetime.now(UTC)).total_seconds())
+
+
+def _request_headers(client: openai.AsyncOpenAI) -> dict[str, str]:
+    """The headers the openai client sends with a request (omitted ones left out)."""
+    headers = {**client.default_headers, **client.auth_headers}
+    return {name: value for name, value in headers.items() if isinstance(value, str)}
 
 
 def _ms_since(started: float) -> int:

@@ -73,6 +73,8 @@ class FakeModelServer:
         """
         self.requests: list[dict[str, Any]] = []
         """Every chat.completions request body received (parsed JSON), in arrival order."""
+        self.request_headers: list[dict[str, str]] = []
+        """The headers of each request in `requests` (names lower-cased), in the same order."""
         self._host = host
         self._port = port
         self._default = default
@@ -158,8 +160,9 @@ class FakeModelServer:
         while len(self.requests) < count:
             await self._request_arrived.wait()
 
-    def _record(self, body: dict[str, Any]) -> None:
+    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> None:
         self.requests.append(body)
+        self.request_headers.append(headers)
         # Wake every waiter with the current event and arm a fresh one.
         self._request_arrived.set()
         self._request_arrived = asyncio.Event()
@@ -228,7 +231,7 @@ class FakeModelServer:
             await writer.drain()
             return request.keep_alive
 
-        self._record(body)
+        self._record(body, request.headers)
         turn = self._next_turn(body)
         if turn.hang:
             await _wait_for_disconnect(reader)

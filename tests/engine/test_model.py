@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+import openai
 import pytest
 
 from agio_grpc.domain import StopReason, ToolCall
@@ -114,6 +115,29 @@ async def test_request_carries_tools_and_sampling_settings(fake_model: FakeModel
         0.2,
         50,
     )
+
+
+async def test_the_request_carries_what_the_openai_client_sends(
+    fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-7")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-7")
+    async with openai.AsyncOpenAI(base_url=fake_model.base_url, api_key="k") as client:
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hello"}], stream=True
+        )
+        async for _ in stream:
+            pass
+    await complete(fake_model)
+    sdk, driver = fake_model.request_headers
+    # What the HTTP library or one attempt of the SDK's retry loop sets, not the client.
+    transport = {"content-length", "connection", "accept-encoding"}
+    transport |= {"x-stainless-retry-count", "x-stainless-read-timeout"}
+    assert {k: v for k, v in driver.items() if k not in transport} == {
+        k: v for k, v in sdk.items() if k not in transport
+    }
+    assert driver["authorization"] == "Bearer k"
+    assert (driver["openai-organization"], driver["openai-project"]) == ("org-7", "proj-7")
 
 
 @pytest.mark.parametrize(
@@ -305,6 +329,41 @@ async def test_keep_alive_comments_keep_a_slow_model_within_the_idle_timeout() -
     assert reply.content == "late"
     assert recorder.of(ModelRestart) == []
     assert slow.connections == 1
+
+
+async def test_events_split_across_reads_and_any_line_ending_are_joined() -> None:
+    def event(content: str, finish: str | None = None) -> bytes:
+        delta = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
+        return f"data: {json.dumps(delta)}".encode()
+
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
+    body = [
+        event("one ")[:20],  # an event cut mid-line
+        event("one ")[20:] + b"\r",  # a line ending cut between its \r and its \n
+        b"\n\r\n" + event("two ") + b"\r\r",  # \r alone ends lines too
+        event("three", "stop") + b"\n\ndata: [DONE]\n\n",
+    ]
+    parts = [head + str(sum(map(len, body))).encode() + b"\r\n\r\n" + body[0], *body[1:]]
+    async with RawHttpServer(*parts) as base_url:
+        reply, recorder = await complete_within(base_url, 5.0)
+    assert reply.content == "one two three"
+    assert [d.content for d in recorder.of(ModelDelta)] == ["one ", "two ", "three"]
+
+
+@pytest.mark.parametrize(("status", "retried"), [(503, True), (400, False)])
+async def test_an_error_answer_that_is_not_json_reports_its_text(
+    status: int, retried: bool
+) -> None:
+    text = b"upstream says no"
+    head = f"HTTP/1.1 {status} Whatever\r\nconnection: close\r\ncontent-length: {len(text)}"
+    answer = f"{head}\r\n\r\n".encode()
+    server = RawHttpServer(answer + text)
+    async with server as base_url:
+        with pytest.raises(ModelError) as raised:
+            await complete_within(base_url, 5.0)
+    assert f"HTTP {status}: upstream says no" in raised.value.message
+    assert raised.value.retryable is retried
+    assert server.connections == (FAST_RETRIES.max_retries + 1 if retried else 1)
 
 
 async def test_no_retries_when_the_policy_allows_none(fake_model: FakeModelServer) -> None:

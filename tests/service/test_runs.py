@@ -362,6 +362,7 @@ async def test_a_disconnecting_client_cancels_its_run_and_the_record_ends_clean(
     async for event in client.run("wait forever"):
         run_id = event.run_id
         if event.WhichOneof("event") == "step_started":
+            await fake_model.wait_for_requests(1)  # the model call is out, hanging
             break  # leaving the loop cancels the call
     for _ in range(200):
         run = await client.get_run(run_id)

@@ -251,6 +251,7 @@ async def test_a_client_disconnect_ends_the_run_and_server_spans(
     async for event in client.run("wait forever"):
         run_id = event.run_id
         if event.WhichOneof("event") == "step_started":
+            await fake_model.wait_for_requests(1)  # the model call is out, hanging
             break  # leaving the loop cancels the call
     watched = await drain(client.watch_run(run_id))
     await traced.open_spans.all_ended()
@@ -315,6 +316,7 @@ async def test_a_shutdown_interrupts_the_run_and_ends_every_span(
             events = client.run("wait forever")
             async for event in events:
                 if event.WhichOneof("event") == "step_started":
+                    await fake_model.wait_for_requests(1)  # the model call is out, hanging
                     await app.stop(grace=0.5)
                     stopped = True
                     break
