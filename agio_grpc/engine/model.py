@@ -45,6 +45,7 @@ import email.utils
 import json
 import random
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -214,6 +215,7 @@ class OpenAIModelDriver:
         self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         self._url = f"{str(self._client.base_url).rstrip('/')}/chat/completions"
         self._headers = _request_headers(self._client)
+        self._proxy = _proxy_from_environment(self._url)
         self._ssl = httpx2.create_ssl_context()  # the certificates the openai client trusts
         # No read timeout in the transport: `_IdleWatchdog` bounds every wait instead.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s)
@@ -230,10 +232,12 @@ class OpenAIModelDriver:
     def _session(self) -> aiohttp.ClientSession:
         """The connection pool, made on first use (inside the event loop that uses it)."""
         if self._http is None:
+            # No `trust_env`: it looks up the proxy and ~/.netrc on a worker thread at every
+            # request (two thread hops, ~0.1-0.3 ms each here); the proxy is read once instead.
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, ssl=self._ssl),
                 timeout=self._timeout,
-                trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as the openai client honours them
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._http
 
@@ -276,7 +280,9 @@ class OpenAIModelDriver:
         try:
             async with (
                 _IdleWatchdog(self._idle_timeout_s) as watchdog,
-                self._session().post(self._url, data=body, headers=self._headers) as response,
+                self._session().post(
+                    self._url, data=body, headers=self._headers, proxy=self._proxy
+                ) as response,
             ):
                 if response.status >= 300:
                     raise await _status_failure(response)
@@ -580,6 +586,14 @@ def _retry_after_s(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, (moment - datetime.now(UTC)).total_seconds())
+
+
+def _proxy_from_environment(url: str) -> str | None:
+    """The proxy `HTTP_PROXY`/`HTTPS_PROXY` name for `url`, unless `NO_PROXY` exempts it."""
+    parts = urlparse(url)
+    if not parts.hostname or urllib.request.proxy_bypass(parts.hostname):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 def _request_headers(client: openai.AsyncOpenAI) -> dict[str, str]:

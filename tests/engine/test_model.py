@@ -258,6 +258,7 @@ class RawHttpServer:
     def __init__(self, *parts: bytes) -> None:
         self.parts = parts
         self.connections = 0
+        self.heads: list[bytes] = []
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
 
@@ -275,7 +276,7 @@ class RawHttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.append(writer)
-        await reader.readuntil(b"\r\n\r\n")
+        self.heads.append(await reader.readuntil(b"\r\n\r\n"))
         for index, part in enumerate(self.parts):
             if index:
                 await asyncio.sleep(0.1)
@@ -364,6 +365,28 @@ async def test_an_error_answer_that_is_not_json_reports_its_text(
     assert f"HTTP {status}: upstream says no" in raised.value.message
     assert raised.value.retryable is retried
     assert server.connections == (FAST_RETRIES.max_retries + 1 if retried else 1)
+
+
+@pytest.mark.parametrize("exempt", [False, True])
+async def test_requests_go_through_the_proxy_the_environment_names(
+    fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch, exempt: bool
+) -> None:
+    answer = json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": "via"}, "finish_reason": "stop"}]}
+    )
+    body = f"data: {answer}\n\ndata: [DONE]\n\n".encode()
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {len(body)}"
+    proxy = RawHttpServer(f"{head}\r\n\r\n".encode() + body)
+    fake_model.enqueue(Turn.text("direct"))
+    async with proxy as proxy_url:
+        monkeypatch.setenv("HTTP_PROXY", proxy_url.removesuffix("/v1"))
+        monkeypatch.setenv("NO_PROXY", fake_model.host if exempt else "example.invalid")
+        reply, _ = await complete(fake_model)
+    if exempt:
+        assert (reply.content, proxy.connections) == ("direct", 0)
+    else:
+        assert (reply.content, len(fake_model.requests)) == ("via", 0)
+        assert proxy.heads[0].startswith(f"POST {fake_model.base_url}/chat/completions ".encode())
 
 
 async def test_no_retries_when_the_policy_allows_none(fake_model: FakeModelServer) -> None:
