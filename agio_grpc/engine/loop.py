@@ -540,15 +540,15 @@ class RunLoop:
         if run.status.is_terminal:
             run.end_time = utc_now()
         run.last_event_seq = self.channel.last_seq + 1  # the terminal event's seq
-        try:
-            await self.services.store.update_run(run)
-        except Exception:
-            logger.exception("run %s: could not store its final state", run.id)
         released = False
         try:
-            released = await self.services.store.release_session(run.session_id, run.id)
+            released = await self.services.store.end_run(run)
         except Exception:
-            logger.exception("run %s: could not release session %s", run.id, run.session_id)
+            logger.exception("run %s: could not store its final state", run.id)
+            try:  # the session at least, so the next run need not wait for the lease to expire
+                await self.services.store.release_session(run.session_id, run.id)
+            except Exception:
+                logger.exception("run %s: could not release session %s", run.id, run.session_id)
         if released and self.segment.history_held:
             # The history is the stored log exactly: read under the session, extended only by
             # this run's own writes, the session held throughout. Kept before the terminal

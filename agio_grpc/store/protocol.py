@@ -188,6 +188,12 @@ class StepStore(Protocol):
         """Overwrite a run's mutable fields (status, stop signal, usage, counts, end time)."""
         ...
 
+    async def end_run(self, run: Run) -> bool:
+        """`update_run` and `release_session(run.session_id, run.id)` in one transaction, as
+        a run ends: its final state and its session's release are stored together or not at
+        all. Returns what `release_session` would. Raises NotFoundError."""
+        ...
+
     async def get_run(self, run_id: str) -> Run:
         """The run. Raises NotFoundError."""
         ...

@@ -271,6 +271,24 @@ def stored_run(run: Run) -> Run:
     return stored
 
 
+RUN_MUTABLE_COLUMNS: Final = (
+    "status",
+    "stop_signal",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "step_count",
+    "tool_call_count",
+    "first_sequence",
+    "last_sequence",
+    "end_time",
+    "trace_id",
+    "metadata",
+    "options",
+    "last_event_seq",
+)
+
+
 def run_mutable_values(run: Run) -> dict[str, Any]:
     """The columns `update_run` overwrites (and `create_run` sets)."""
     return {

@@ -83,6 +83,7 @@ from agio_grpc.store.protocol import (
 )
 from agio_grpc.store.rows import (
     HISTORY_READ_COLUMNS,
+    RUN_MUTABLE_COLUMNS,
     STEP_READ_COLUMNS,
     aware_utc,
     history_from_rows,
@@ -471,6 +472,17 @@ class SqlStepStore:
             raise NotFoundError("run", run.id)
         return run_from_row(row)
 
+    async def end_run(self, run: Run) -> bool:
+        values = {**run_mutable_values(stored_run(run)), "cancel_request": None, "run_id": run.id}
+        released = {"session_id": run.session_id, "run_id": run.id}
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(_END_RUN, values).rowcount != 1:
+                raise NotFoundError("run", run.id)
+            return conn.execute(_RELEASE_SESSION, released).rowcount == 1
+
+        return await self._write(work)
+
     async def get_run(self, run_id: str) -> Run:
         def work(conn: Connection) -> Any:
             return conn.execute(select(run_table).where(run_table.c.id == run_id)).first()
@@ -711,6 +723,12 @@ _TAKE_LOCKED_SESSION: Final = (
     update(session_table)
     .where(session_table.c.id == bindparam("session_id"))
     .values(active_run_id=bindparam("run_id"), lease_expires_at=bindparam("expires"))
+)
+# What `update_run` writes, as one prepared statement (`end_run` runs it on every run).
+_END_RUN: Final = (
+    update(run_table)
+    .where(run_table.c.id == bindparam("run_id"))
+    .values({name: bindparam(name) for name in (*RUN_MUTABLE_COLUMNS, "cancel_request")})
 )
 _RELEASE_SESSION: Final = (
     update(session_table)

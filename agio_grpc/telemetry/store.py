@@ -126,6 +126,9 @@ class InstrumentedStepStore:
     async def update_run(self, run: Run) -> Run:
         return await self._timed("update_run", self.inner.update_run(run))
 
+    async def end_run(self, run: Run) -> bool:
+        return await self._timed("end_run", self.inner.end_run(run))
+
     async def get_run(self, run_id: str) -> Run:
         return await self._timed("get_run", self.inner.get_run(run_id))
 

@@ -899,6 +899,56 @@ async def test_release_frees_the_session_for_the_next_run(store: SqlStepStore) -
     assert (await store.get_session(session.id)).active_run_id == "run_2"
 
 
+async def test_end_run_stores_the_final_state_and_frees_the_session_together(
+    store: SqlStepStore,
+) -> None:
+    session = await store.create_session()
+    run = await store.create_run(Run(session_id=session.id, agent="default"))
+    await store.acquire_session(session.id, run.id)
+    await store.request_cancel(run.id, StopSignal(StopReason.CANCELLED, "stop", "client"))
+    # A segment ending to wait for the client: the request is spent with it.
+    run.status = RunStatus.REQUIRES_ACTION
+    run.stop_signal = StopSignal(StopReason.REQUIRES_ACTION, "client tools", "model")
+    run.usage = Usage(input_tokens=3, output_tokens=2, total_tokens=5)
+    run.last_event_seq = 9
+
+    assert await store.end_run(run) is True
+
+    assert await store.get_run(run.id) == run
+    assert not (await store.get_session(session.id)).active_run_id
+    run.status = RunStatus.RUNNING  # continued: it must not inherit the spent request
+    await store.update_run(run)
+    assert await store.cancel_requests([run.id]) == {}
+    assert await store.end_run(run) is False  # the session is no longer its to release
+
+
+async def test_end_run_of_a_run_that_lost_its_session_keeps_the_new_holder(
+    store: SqlStepStore,
+) -> None:
+    session = await store.create_session()
+    run = await store.create_run(Run(session_id=session.id, agent="default"))
+    await store.acquire_session(session.id, "run_newer")
+    run.status = RunStatus.INTERRUPTED
+
+    assert await store.end_run(run) is False
+
+    assert (await store.get_run(run.id)).status is RunStatus.INTERRUPTED
+    assert (await store.get_session(session.id)).active_run_id == "run_newer"
+
+
+async def test_end_run_of_a_missing_run_raises_not_found_and_releases_nothing(
+    store: SqlStepStore,
+) -> None:
+    session = await store.create_session()
+    ghost = Run(session_id=session.id, agent="default")
+    await store.acquire_session(session.id, ghost.id)
+
+    with pytest.raises(NotFoundError):
+        await store.end_run(ghost)
+
+    assert (await store.get_session(session.id)).active_run_id == ghost.id
+
+
 async def test_concurrent_acquires_let_exactly_one_run_in(
     store: SqlStepStore, store_url: str
 ) -> None:

@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
-from agio_grpc.domain import Role, Step, StepMetrics, ToolCall
-from agio_grpc.store.rows import STEP_READ_COLUMNS, steps_from_rows, utc_from_database
+from agio_grpc.domain import Role, Run, Step, StepMetrics, ToolCall
+from agio_grpc.store.rows import (
+    RUN_MUTABLE_COLUMNS,
+    STEP_READ_COLUMNS,
+    run_mutable_values,
+    steps_from_rows,
+    utc_from_database,
+)
 from agio_grpc.store.tables import steps as step_table
 
 MOMENT = datetime(2025, 6, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -85,3 +91,8 @@ def test_sqlite_and_postgres_shaped_rows_decode_alike() -> None:
 
 def test_an_empty_tool_call_text_means_no_calls() -> None:
     assert steps_from_rows("sess_1", [row(tool_calls="")])[0].tool_calls == []
+
+
+def test_the_prepared_run_update_writes_every_mutable_column() -> None:
+    run = Run(session_id="sess_1", agent="default")
+    assert tuple(run_mutable_values(run)) == RUN_MUTABLE_COLUMNS
