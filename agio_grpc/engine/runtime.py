@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from agio_grpc.domain import (
     Role,
@@ -147,6 +148,7 @@ class Runtime:
         retention_count: int = 1000,
         cancel_wait_s: float = 10.0,
         cancel_poll_s: float = 0.5,
+        watch_poll_s: float = 0.25,
         tracer: RunTracer | None = None,
         leases: SessionLeases | None = None,
         history_cache_bytes: int = 64_000_000,
@@ -154,7 +156,8 @@ class Runtime:
         """`retention_*` bound how long and how many ended runs stay replayable from memory;
         `cancel_wait_s` bounds how long `cancel` waits for a run to record its end;
         `cancel_poll_s` is how often this process looks for cancel requests that other
-        replicas recorded for its live runs (with `leases`); `tracer`
+        replicas recorded for its live runs (with `leases`); `watch_poll_s` is how often a
+        `watch` of a run another process runs reads the store for its progress; `tracer`
         traces each run segment (nothing by default); `leases` renews the session leases of
         this process's live runs (the store's takes set them; its `session_lease_s` is the
         duration). Without `leases` nothing renews them: only for runs shorter than a lease.
@@ -181,6 +184,7 @@ class Runtime:
         self._retention_count = retention_count
         self._cancel_wait_s = cancel_wait_s
         self._cancel_poll_s = cancel_poll_s
+        self._watch_poll_s = watch_poll_s
         self._closing = False
         self._tracer = tracer or NO_TRACER
         self._leases = leases
@@ -474,13 +478,7 @@ class Runtime:
         taken over (INTERRUPTED, as any take would); else a cancel request is recorded for
         that process, and this waits up to `cancel_wait_s` for the run to end and let go
         of its session, as a local cancel does. Returns the run as last read."""
-        taker = new_id("run")
-        try:
-            await self.store.acquire_session(run.session_id, taker)
-        except SessionBusyError:
-            pass  # alive: ask it
-        else:
-            await self._release_quietly(run.session_id, taker)
+        if await self._take_over_if_dead(run):
             return await self.store.get_run(run.id)
         logger.info("run %s runs elsewhere: cancel requested", run.id)
         loop = asyncio.get_running_loop()
@@ -497,13 +495,27 @@ class Runtime:
             await asyncio.sleep(_CANCEL_WAIT_POLL_S)
         return await self.store.get_run(run.id)
 
+    async def _take_over_if_dead(self, run: Run) -> bool:
+        """Take the session of a run another process ran and release it at once: that ends
+        the run INTERRUPTED (as any take does) if its lease has run out. False while the
+        session is held under a live lease (or by a later run)."""
+        taker = new_id("run")
+        try:
+            await self.store.acquire_session(run.session_id, taker)
+        except SessionBusyError:
+            return False
+        await self._release_quietly(run.session_id, taker)
+        return True
+
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq`: live (replay, then follow) for a run this
-        process runs or ran recently; else synthesised from the store — `RunStarted`, a
-        `StepCompleted` per stored step of the run, and the terminal event if the run has
-        ended (or waits in REQUIRES_ACTION) — numbered 1, 2, 3... afresh. A run still
-        RUNNING in another process yields its stored steps only. Raises NotFoundError on
-        the first iteration for an unknown run.
+        process runs or ran recently; else synthesised from the store and numbered 1, 2, 3...
+        afresh: `RunStarted`, a `StepCompleted` per stored step of the run, and the terminal
+        event once the run has ended (or waits in REQUIRES_ACTION). A run still RUNNING in
+        another process (a replica on the same database) is followed through the store every
+        `watch_poll_s`: its steps as they are stored, without deltas, then its terminal
+        event; one whose process died is taken over (INTERRUPTED) once its lease has run out,
+        which ends the watch. Raises NotFoundError on the first iteration for an unknown run.
         """
         segment = self._segments.get(run_id)
         if segment is not None:
@@ -511,9 +523,45 @@ class Runtime:
                 yield event
             return
         run = await self.store.get_run(run_id)
-        for event in await self._replay_from_store(run):
-            if event.seq > after_seq:
-                yield event
+        seq = 0
+        async for time_of_event, stored in self._stored_events(run):
+            seq += 1
+            if seq > after_seq:
+                yield SequencedEvent(run.id, run.session_id, seq, time_of_event, stored)
+
+    async def _stored_events(self, run: Run) -> AsyncIterator[tuple[datetime, Event]]:
+        """The run's events as the store has them, with the time each happened: `RunStarted`,
+        its steps, and its terminal event, read again every `watch_poll_s` while it runs
+        elsewhere."""
+        yield run.create_time, RunStarted(run)
+        loop = asyncio.get_running_loop()
+        # Whether the run's server died is asked as often as live servers renew their leases.
+        check_every = self._leases.session_lease_s / 3 if self._leases is not None else 0.0
+        next_check = loop.time() + check_every
+        start = run.first_sequence
+        while True:
+            # The run is read before its steps: a run found ended has all of its steps stored
+            # (the loop stores them before it ends the run), so the read after gets them all.
+            ended = run.status is not RunStatus.RUNNING
+            if start:
+                steps = await self.store.get_steps(
+                    run.session_id, start, run.last_sequence if ended else None
+                )
+                for step in steps:
+                    if step.run_id == run.id:
+                        yield step.create_time or run.create_time, StepCompleted(step)
+                if steps:
+                    start = steps[-1].sequence + 1
+            if ended:
+                failed = run.stop_signal is not None and run.stop_signal.reason.is_error
+                yield run.end_time or utc_now(), RunFailed(run) if failed else RunCompleted(run)
+                return
+            await asyncio.sleep(self._watch_poll_s)
+            if self._leases is not None and loop.time() >= next_check:
+                next_check = loop.time() + check_every
+                await self._take_over_if_dead(run)
+            run = await self.store.get_run(run.id)
+            start = start or run.first_sequence
 
     async def shutdown(self, grace_s: float) -> None:
         """Refuse new runs, let running ones finish for up to `grace_s`, then interrupt the
@@ -767,23 +815,6 @@ class Runtime:
         run.end_time = utc_now()
         await self.store.update_run(run)
         return run
-
-    async def _replay_from_store(self, run: Run) -> list[SequencedEvent]:
-        steps: list[Step] = []
-        if run.first_sequence:
-            steps = await self.store.get_steps(
-                run.session_id, run.first_sequence, run.last_sequence or None
-            )
-        events: list[Event] = [RunStarted(run)]
-        events += [StepCompleted(step) for step in steps if step.run_id == run.id]
-        if run.status is not RunStatus.RUNNING:
-            failed = run.stop_signal is not None and run.stop_signal.reason.is_error
-            events.append(RunFailed(run) if failed else RunCompleted(run))
-        time_of_event = run.end_time or run.create_time
-        return [
-            SequencedEvent(run.id, run.session_id, seq, time_of_event, event)
-            for seq, event in enumerate(events, start=1)
-        ]
 
     async def _release_quietly(self, session_id: str, run_id: str) -> None:
         try:

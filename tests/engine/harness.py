@@ -206,6 +206,7 @@ def build_runtime(
     retention_count: int = 1000,
     leases: SessionLeases | None = None,
     cancel_poll_s: float = 0.5,
+    watch_poll_s: float = 0.25,
     **limits: Any,
 ) -> Harness:
     driver = OpenAIModelDriver(base_url=model.base_url, api_key="test-key", retry=retry)
@@ -220,6 +221,7 @@ def build_runtime(
         retention_count=retention_count,
         leases=leases,
         cancel_poll_s=cancel_poll_s,
+        watch_poll_s=watch_poll_s,
     )
     return Harness(runtime, store, model, gate, driver)
 

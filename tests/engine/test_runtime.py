@@ -12,10 +12,12 @@ from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopReason
 from agio_grpc.engine import (
     ClientTool,
     InvalidInputError,
+    RunCompleted,
     RunInput,
     RunStarted,
     RunStateError,
     RuntimeClosedError,
+    SequencedEvent,
     StepCompleted,
     StepDelta,
     ToolOutput,
@@ -387,6 +389,88 @@ async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
     assert events[-1].is_terminal
     with pytest.raises(NotFoundError):
         [e async for e in other.runtime.watch("run_missing")]
+
+
+async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    # Two replicas sharing a database: the WatchRun reaches the one not running the run.
+    gate = Gate()
+    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store)
+    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store, watch_poll_s=0.02)
+    try:
+        fake_model.enqueue(
+            Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_w")]),
+            Turn.text("all done"),
+        )
+        handle = await owner.runtime.start_run(RunInput("work"))
+        await gate.entered.wait()
+        watched: list[SequencedEvent] = []
+        caught_up = asyncio.Event()  # run_started, the input, the call: all that is stored
+
+        async def watch() -> None:
+            async for event in other.runtime.watch(handle.run_id):
+                watched.append(event)
+                if len(watched) == 3:
+                    caught_up.set()
+
+        watching = asyncio.create_task(watch())
+        await asyncio.wait_for(caught_up.wait(), 5)
+        await asyncio.sleep(0.1)  # several polls of the store
+        assert len(watched) == 3
+        assert not watching.done()  # still following: the run has not ended
+        gate.release.set()
+        outcome = await owner.collect(handle)
+        await asyncio.wait_for(watching, 5)
+    finally:
+        for harness in (owner, other):
+            await harness.runtime.shutdown(grace_s=0)
+            await harness.driver.close()
+
+    assert [e.seq for e in watched] == list(range(1, len(watched) + 1))
+    assert isinstance(watched[0].event, RunStarted)
+    completed = [e.event.step for e in watched if isinstance(e.event, StepCompleted)]
+    assert completed == [step for step in outcome.steps if step.run_id == handle.run_id]
+    assert [step.role for step in completed] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+    ]
+    final = watched[-1].event
+    assert isinstance(final, RunCompleted)
+    assert final.run.status is RunStatus.COMPLETED
+    assert final.run.stop_signal == outcome.run.stop_signal
+
+
+async def test_a_watch_of_a_run_whose_process_died_ends_once_its_lease_runs_out(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    crashed = await open_store(url, session_lease_s=0.3)
+    try:
+        session = Session()
+        run = Run(session_id=session.id, agent="assistant")
+        user = Step(session.id, run.id, Role.USER, content="hi")
+        await crashed.start_run(run, [user], new_session=session)
+    finally:
+        await crashed.close()
+    watcher_store = await open_store(url, session_lease_s=0.3)
+    other = build_runtime(
+        watcher_store, fake_model, Gate(), leases=watcher_store, watch_poll_s=0.02
+    )
+    try:
+        async with asyncio.timeout(10):  # a watch that never ends fails here
+            watched = [e async for e in other.runtime.watch(run.id)]
+    finally:
+        await other.runtime.shutdown(grace_s=0)
+        await other.driver.close()
+        await watcher_store.close()
+
+    assert [type(e.event) for e in watched] == [RunStarted, StepCompleted, RunCompleted]
+    final = watched[-1].event
+    assert isinstance(final, RunCompleted)
+    assert final.run.status is RunStatus.INTERRUPTED
 
 
 async def test_shutdown_interrupts_runs_and_a_retry_resumes_them(

@@ -1,5 +1,6 @@
 """A server killed mid-run does not brick its session: the session lease runs out, and the
-next server finalises the run and serves the session again.
+next server finalises the run and serves the session again. A cancel or a watch sent to the
+server not running the run reaches it.
 
 The crash is real: two `agio-grpc serve` subprocesses share one SQLite file (two replicas,
 with the fake model of this test process as their model endpoint); one gets SIGKILL while
@@ -174,6 +175,45 @@ async def test_a_cancel_sent_to_another_server_stops_the_run(
     terminal = rest[-1]
     assert terminal.WhichOneof("event") == "run_completed"
     assert terminal.run_completed.run.stop_signal == stop
+
+
+async def test_a_watch_on_another_server_follows_the_run_to_its_terminal_event(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    await (await open_store(database_url)).close()
+    fake_model.enqueue(Turn.hanging())
+    owner: asyncio.subprocess.Process | None = None
+    other: asyncio.subprocess.Process | None = None
+    try:
+        (owner, owner_address), (other, other_address) = await asyncio.gather(
+            start_serve(tmp_path, database_url, fake_model.base_url),
+            start_serve(tmp_path, database_url, fake_model.base_url),
+        )
+        async with AgioClient(owner_address) as client, AgioClient(other_address) as elsewhere:
+            events = client.run("Think forever.")
+            run_id = (await anext(events)).run_id
+            await fake_model.wait_for_requests(1)  # the run now waits on the model
+
+            async with asyncio.timeout(30):  # a watch that never ends fails here
+                watch = elsewhere.watch_run(run_id)
+                first = [await anext(watch), await anext(watch)]  # what is stored so far
+                await client.cancel_run(run_id, "enough")
+                rest = [event async for event in watch]
+    finally:
+        await kill(owner)
+        await kill(other)
+
+    watched = first + rest
+    assert [event.seq for event in watched] == list(range(1, len(watched) + 1))
+    assert [event.WhichOneof("event") for event in watched] == [
+        "run_started",
+        "step_completed",  # the input
+        "run_completed",
+    ]
+    final = watched[-1].run_completed.run
+    assert final.status == RunStatus.RUN_STATUS_CANCELLED
+    assert final.stop_signal.message == "enough"
 
 
 async def test_a_restarted_server_finalises_the_runs_its_crashed_predecessor_left(
