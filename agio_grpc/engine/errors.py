@@ -50,7 +50,8 @@ class DuplicateRequestError(EngineError):
 
 
 class RuntimeClosedError(EngineError):
-    """The runtime is shutting down and accepts no new runs."""
+    """The runtime is shutting down: it accepts no new runs and ends watches it serves from
+    the store."""
 
-    def __init__(self) -> None:
-        super().__init__("the server is shutting down and accepts no new runs")
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or "the server is shutting down and accepts no new runs")

@@ -49,7 +49,7 @@ import random
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -59,6 +59,7 @@ from urllib.parse import urlparse
 import aiohttp
 import httpx2
 import openai
+from aiohttp.http_exceptions import HttpProcessingError
 
 from agio_grpc.domain import StepMetrics, StopReason, ToolCall
 from agio_grpc.engine.events import ToolCallDelta
@@ -66,6 +67,7 @@ from agio_grpc.engine.events import ToolCallDelta
 _TRANSIENT_STATUS = frozenset({408, 409, 429})
 _ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_TEXT_LIMIT = 500
+_BODY_END_WAIT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +228,9 @@ class OpenAIModelDriver:
         self.provider = provider_name(base_url)
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
         await self._client.close()
 
     def _session(self) -> aiohttp.ClientSession:
@@ -296,7 +299,10 @@ class OpenAIModelDriver:
                             reply.first_token_latency_ms = _ms_since(started)
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
-        except aiohttp.ClientError as error:  # before TimeoutError: a connect timeout is both
+                await _finish_body(response.content)
+        # aiohttp's own timeouts are TimeoutErrors too: its errors are classified first. A
+        # malformed response surfaces as an HttpProcessingError with aiohttp's Python parser.
+        except (aiohttp.ClientError, HttpProcessingError) as error:
             raise _failed(reply, _describe_transport_error(error)) from None
         except TimeoutError:  # the watchdog
             raise _failed(reply, f"the model sent nothing for {self._idle_timeout_s:g}s") from None
@@ -482,7 +488,7 @@ class _ErrorChunk(Exception):  # noqa: N818 - internal control flow
         self.message = message
 
 
-async def _lines(body: aiohttp.StreamReader) -> AsyncIterator[str]:
+async def _lines(body: aiohttp.StreamReader) -> AsyncGenerator[str, None]:
     """The body's lines without their endings (`\\n`, `\\r\\n` or `\\r`), as reads bring them.
 
     One await per read of the socket rather than one per line: an SSE event is two lines.
@@ -501,7 +507,21 @@ async def _lines(body: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield pending.rstrip(b"\r\n").decode(errors="replace")
 
 
-async def _sse_data(lines: AsyncIterator[str], saw_line: Callable[[], None]) -> AsyncIterator[str]:
+async def _finish_body(body: aiohttp.StreamReader) -> None:
+    """Read what follows `[DONE]` (the chunked body's end, usually already here) so HTTP/1.1
+    can reuse the connection; a server that keeps the body open past that costs the
+    connection (closed when the response is), never the reply."""
+    try:
+        async with asyncio.timeout(_BODY_END_WAIT_S):
+            while await body.readany():
+                pass
+    except TimeoutError:
+        pass
+
+
+async def _sse_data(
+    lines: AsyncGenerator[str, None], saw_line: Callable[[], None]
+) -> AsyncIterator[str]:
     """The `data` of each server-sent event, until `[DONE]`; `saw_line` hears of every line,
     keep-alive comments included (a provider thinking for long may send only those)."""
     data: list[str] = []
@@ -515,9 +535,7 @@ async def _sse_data(lines: AsyncIterator[str], saw_line: Callable[[], None]) -> 
             continue
         event, data = "\n".join(data), []
         if event.startswith("[DONE]"):
-            # Read to the end of the body, so HTTP/1.1 can reuse the connection.
-            async for _ in lines:
-                saw_line()
+            await lines.aclose()
             return
         yield event
     if data and not data[0].startswith("[DONE]"):
@@ -528,7 +546,7 @@ def _chunk_of(data: str) -> dict[str, Any]:
     """One parsed chunk; an error object (or a line that is not a JSON object) raises."""
     try:
         chunk = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can parse
         raise _ErrorChunk(f"the model sent a malformed stream chunk: {data[:200]!r}") from None
     if not isinstance(chunk, dict):
         raise _ErrorChunk(f"the model sent a chunk that is not an object: {data[:200]!r}")
@@ -546,11 +564,24 @@ def _chunk_of(data: str) -> dict[str, Any]:
 async def _status_failure(response: aiohttp.ClientResponse) -> _Transient | ModelError:
     """An HTTP error answer: transient (retried) or final, with the provider's message."""
     status = response.status
-    body = await response.content.read(_ERROR_BODY_LIMIT)
+    body = await _read_up_to(response.content, _ERROR_BODY_LIMIT)
     message = f"HTTP {status}: {_error_message(body) or response.reason or 'no message'}"
     if status in _TRANSIENT_STATUS or status >= 500:
         return _Transient(message, _retry_after_s(response.headers))
     return ModelError(message, retryable=False, status_code=status)
+
+
+async def _read_up_to(body: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body to its end or its first `limit` bytes (one `read` returns one socket read)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        part = await body.read(limit - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
 
 
 def _error_message(body: bytes) -> str:
@@ -588,6 +619,8 @@ def _retry_after_s(headers: Mapping[str, str]) -> float | None:
         moment = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if moment.tzinfo is None:  # "-0000": UTC, with no claim about the local zone (RFC 5322)
+        moment = moment.replace(tzinfo=UTC)
     return max(0.0, (moment - datetime.now(UTC)).total_seconds())
 
 

@@ -496,15 +496,35 @@ class Runtime:
         return await self.store.get_run(run.id)
 
     async def _take_over_if_dead(self, run: Run) -> bool:
-        """Take the session of a run another process ran and release it at once: that ends
-        the run INTERRUPTED (as any take does) if its lease has run out. False while the
-        session is held under a live lease (or by a later run)."""
+        """Take the session of a run another process ran, and release it at once. A take ends
+        the run INTERRUPTED (as any take does) if its lease has run out; a run found still
+        RUNNING under the taken session had lost its server before its end was stored, and
+        is ended INTERRUPTED here. False while the session is held under a live lease (or by
+        a later run). Shielded: a caller cancelled meanwhile leaves no session held."""
+        return await asyncio.shield(self._take_over(run))
+
+    async def _take_over(self, run: Run) -> bool:
         taker = new_id("run")
         try:
             await self.store.acquire_session(run.session_id, taker)
         except SessionBusyError:
             return False
-        await self._release_quietly(run.session_id, taker)
+        try:
+            stored = await self.store.get_run(run.id)
+            if stored.status is RunStatus.RUNNING:
+                last_sequence = await self.store.count_steps(run.session_id)
+                stored.status = RunStatus.INTERRUPTED
+                stored.stop_signal = StopSignal(
+                    StopReason.INTERRUPTED,
+                    "the run's server stopped before it stored the run's end",
+                    "server",
+                    retryable=True,
+                    resume_from_sequence=last_sequence + 1,
+                )
+                stored.end_time = utc_now()
+                await self.store.update_run(stored)
+        finally:
+            await self._release_quietly(run.session_id, taker)
         return True
 
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
@@ -557,10 +577,19 @@ class Runtime:
                 yield run.end_time or utc_now(), RunFailed(run) if failed else RunCompleted(run)
                 return
             await asyncio.sleep(self._watch_poll_s)
-            if self._leases is not None and loop.time() >= next_check:
-                next_check = loop.time() + check_every
-                await self._take_over_if_dead(run)
+            if self._closing:
+                raise RuntimeClosedError(
+                    "the server is shutting down: watch the run again through another one"
+                )
             run = await self.store.get_run(run.id)
+            if (
+                run.status is RunStatus.RUNNING
+                and self._leases is not None
+                and loop.time() >= next_check
+            ):
+                next_check = loop.time() + check_every
+                if await self._take_over_if_dead(run):
+                    run = await self.store.get_run(run.id)
             start = start or run.first_sequence
 
     async def shutdown(self, grace_s: float) -> None:

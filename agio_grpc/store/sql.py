@@ -477,9 +477,12 @@ class SqlStepStore:
         released = {"session_id": run.session_id, "run_id": run.id}
 
         def work(conn: Connection) -> bool:
+            # The session row first, as every take does (then the run's): one lock order,
+            # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
+            release = conn.execute(_RELEASE_SESSION, released).rowcount == 1
             if conn.execute(_END_RUN, values).rowcount != 1:
                 raise NotFoundError("run", run.id)
-            return conn.execute(_RELEASE_SESSION, released).rowcount == 1
+            return release
 
         return await self._write(work)
 

@@ -21,6 +21,7 @@ from agio_grpc.engine.model import (
     OpenAIModelDriver,
     RetryPolicy,
     _ReplyBuilder,
+    _retry_after_s,
     provider_name,
 )
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
@@ -367,6 +368,33 @@ async def test_an_error_answer_that_is_not_json_reports_its_text(
     assert server.connections == (FAST_RETRIES.max_retries + 1 if retried else 1)
 
 
+async def test_an_error_answer_read_in_parts_reports_the_whole_message() -> None:
+    body = json.dumps({"error": {"message": "model 'x' does not exist", "type": "invalid"}})
+    head = b"HTTP/1.1 404 Not Found\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    server = RawHttpServer(
+        head + http_chunk(body[:10].encode()), http_chunk(body[10:].encode()) + b"0\r\n\r\n"
+    )
+    async with server as base_url:
+        with pytest.raises(ModelError) as raised:
+            await complete_within(base_url, 5.0)
+    assert raised.value.message == "HTTP 404: model 'x' does not exist"
+
+
+async def test_a_body_left_open_after_done_costs_the_connection_not_the_reply() -> None:
+    answer = json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]}
+    )
+    server = RawHttpServer(  # never sends the chunked body's end
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        + http_chunk(f"data: {answer}\n\ndata: [DONE]\n\n".encode())
+    )
+    async with server as base_url:
+        reply, recorder = await complete_within(base_url, 10.0)
+    assert reply.content == "whole"
+    assert recorder.of(ModelRestart) == []
+    assert server.connections == 1
+
+
 @pytest.mark.parametrize("exempt", [False, True])
 async def test_requests_go_through_the_proxy_the_environment_names(
     fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch, exempt: bool
@@ -404,6 +432,12 @@ def test_retry_after_is_honoured_up_to_the_cap() -> None:
     assert policy.backoff_s(0, 3.0) == 3.0
     assert policy.backoff_s(0, 60.0) == 10.0
     assert [policy.backoff_s(n, None) for n in range(4)] == [1, 2, 4, 4]
+
+
+def test_a_retry_after_date_without_a_zone_is_read_as_utc() -> None:
+    assert _retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 -0000"}) == 0.0
+    assert _retry_after_s({"retry-after": "soon"}) is None
+    assert _retry_after_s({"retry-after-ms": "1500"}) == 1.5
 
 
 def test_provider_is_derived_from_the_base_url() -> None:

@@ -473,6 +473,60 @@ async def test_a_watch_of_a_run_whose_process_died_ends_once_its_lease_runs_out(
     assert final.run.status is RunStatus.INTERRUPTED
 
 
+async def test_a_watch_of_a_run_left_running_without_its_session_ends_it_interrupted(
+    fake_model: FakeModelServer, tmp_path: Path
+) -> None:
+    # Its server released the session but failed to store the run's end, then went away.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    store = await open_store(url, session_lease_s=0.3)
+    other = build_runtime(store, fake_model, Gate(), leases=store, watch_poll_s=0.02)
+    try:
+        session = Session()
+        run = Run(session_id=session.id, agent="assistant")
+        user = Step(session.id, run.id, Role.USER, content="hi")
+        await store.start_run(run, [user], new_session=session)
+        assert await store.release_session(session.id, run.id)
+
+        async with asyncio.timeout(10):  # a watch that never ends fails here
+            watched = [e async for e in other.runtime.watch(run.id)]
+        assert not (await store.get_session(session.id)).active_run_id  # released again
+    finally:
+        await other.runtime.shutdown(grace_s=0)
+        await other.driver.close()
+        await store.close()
+
+    final = watched[-1].event
+    assert isinstance(final, RunCompleted)
+    assert final.run.status is RunStatus.INTERRUPTED
+    assert final.run.stop_signal is not None
+    assert final.run.stop_signal.resume_from_sequence == 2  # after the stored input
+
+
+async def test_a_watch_served_from_the_store_ends_unavailable_when_the_server_stops(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    gate = Gate()
+    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store)
+    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store, watch_poll_s=0.02)
+    try:
+        fake_model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
+        handle = await owner.runtime.start_run(RunInput("work"))
+        await gate.entered.wait()
+        watch = other.runtime.watch(handle.run_id)
+        for _ in range(3):  # run_started, the input and the call: all that is stored yet
+            await anext(watch)
+
+        await other.runtime.shutdown(grace_s=0)
+
+        with pytest.raises(RuntimeClosedError):
+            await asyncio.wait_for(anext(watch), 5)
+        gate.release.set()
+    finally:
+        for harness in (owner, other):
+            await harness.runtime.shutdown(grace_s=0)
+            await harness.driver.close()
+
+
 async def test_shutdown_interrupts_runs_and_a_retry_resumes_them(
     harness: Harness, sqlite_store: StepStore, fake_model: FakeModelServer
 ) -> None:
