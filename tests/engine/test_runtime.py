@@ -4,6 +4,8 @@ CancelRun, WatchRun and shutdown — on the real store and the fake model over H
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -306,14 +308,28 @@ async def test_a_continued_run_does_not_count_as_ended_while_it_runs_again(
         await harness.driver.close()
 
 
+@asynccontextmanager
+async def two_replicas(
+    store: SqlStepStore, fake_model: FakeModelServer, gate: Gate, *, cancel_poll_s: float = 0.5
+) -> AsyncIterator[tuple[Harness, Harness]]:
+    """Two runtimes on one store, as two replicas sharing a database: the first's tools wait
+    on `gate`; the second follows runs elsewhere through the store every 0.02 s."""
+    owner = build_runtime(store, fake_model, gate, leases=store, cancel_poll_s=cancel_poll_s)
+    other = build_runtime(store, fake_model, Gate(), leases=store, watch_poll_s=0.02)
+    try:
+        yield owner, other
+    finally:
+        for harness in (owner, other):
+            await harness.runtime.shutdown(grace_s=0)
+            await harness.driver.close()
+
+
 async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
     # Two replicas sharing a database: the CancelRun reaches the one not running the run.
     gate = Gate()
-    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store, cancel_poll_s=0.05)
-    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
-    try:
+    async with two_replicas(sqlite_store, fake_model, gate, cancel_poll_s=0.05) as (owner, other):
         fake_model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_stuck")]))
         handle = await owner.runtime.start_run(RunInput("work"))
         await gate.entered.wait()
@@ -338,18 +354,11 @@ async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
         assert (await other.run("next", session_id=handle.session_id)).run.status is (
             RunStatus.COMPLETED
         )
-    finally:
-        for harness in (owner, other):
-            await harness.runtime.shutdown(grace_s=0)
-            await harness.driver.close()
 
 
-async def test_a_cancel_takes_over_a_run_whose_process_died(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
-) -> None:
-    # The process that started the run died right after: nobody renews its tiny lease.
-    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
-    crashed = await open_store(url, session_lease_s=0.2)
+async def start_run_then_die(url: str, *, lease_s: float) -> Run:
+    """A run started by a process that died right after: nobody renews its short lease."""
+    crashed = await open_store(url, session_lease_s=lease_s)
     try:
         session = Session()
         run = Run(session_id=session.id, agent="assistant")
@@ -357,7 +366,15 @@ async def test_a_cancel_takes_over_a_run_whose_process_died(
         await crashed.start_run(run, [user], new_session=session)
     finally:
         await crashed.close()
-    await wait_for_expiry(url, session.id)
+    return run
+
+
+async def test_a_cancel_takes_over_a_run_whose_process_died(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    run = await start_run_then_die(url, lease_s=0.2)
+    await wait_for_expiry(url, run.session_id)
     other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
     try:
         ended = await other.runtime.cancel(run.id, "stop it")
@@ -366,7 +383,7 @@ async def test_a_cancel_takes_over_a_run_whose_process_died(
         await other.driver.close()
 
     assert ended.status is RunStatus.INTERRUPTED  # taken over, as any take over would
-    assert (await sqlite_store.get_session(session.id)).active_run_id == ""
+    assert (await sqlite_store.get_session(run.session_id)).active_run_id == ""
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
@@ -396,9 +413,7 @@ async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
 ) -> None:
     # Two replicas sharing a database: the WatchRun reaches the one not running the run.
     gate = Gate()
-    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store)
-    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store, watch_poll_s=0.02)
-    try:
+    async with two_replicas(sqlite_store, fake_model, gate) as (owner, other):
         fake_model.enqueue(
             Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_w")]),
             Turn.text("all done"),
@@ -422,10 +437,6 @@ async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
         gate.release.set()
         outcome = await owner.collect(handle)
         await asyncio.wait_for(watching, 5)
-    finally:
-        for harness in (owner, other):
-            await harness.runtime.shutdown(grace_s=0)
-            await harness.driver.close()
 
     assert [e.seq for e in watched] == list(range(1, len(watched) + 1))
     assert isinstance(watched[0].event, RunStarted)
@@ -447,14 +458,7 @@ async def test_a_watch_of_a_run_whose_process_died_ends_once_its_lease_runs_out(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
-    crashed = await open_store(url, session_lease_s=0.3)
-    try:
-        session = Session()
-        run = Run(session_id=session.id, agent="assistant")
-        user = Step(session.id, run.id, Role.USER, content="hi")
-        await crashed.start_run(run, [user], new_session=session)
-    finally:
-        await crashed.close()
+    run = await start_run_then_die(url, lease_s=0.3)
     watcher_store = await open_store(url, session_lease_s=0.3)
     other = build_runtime(
         watcher_store, fake_model, Gate(), leases=watcher_store, watch_poll_s=0.02
@@ -506,9 +510,7 @@ async def test_a_watch_served_from_the_store_ends_unavailable_when_the_server_st
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
     gate = Gate()
-    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store)
-    other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store, watch_poll_s=0.02)
-    try:
+    async with two_replicas(sqlite_store, fake_model, gate) as (owner, other):
         fake_model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
         handle = await owner.runtime.start_run(RunInput("work"))
         await gate.entered.wait()
@@ -521,10 +523,6 @@ async def test_a_watch_served_from_the_store_ends_unavailable_when_the_server_st
         with pytest.raises(RuntimeClosedError):
             await asyncio.wait_for(anext(watch), 5)
         gate.release.set()
-    finally:
-        for harness in (owner, other):
-            await harness.runtime.shutdown(grace_s=0)
-            await harness.driver.close()
 
 
 async def test_shutdown_interrupts_runs_and_a_retry_resumes_them(

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.store.sql import open_store
 from agio_grpc.store.tables import runs, sessions
 from agio_grpc.testing import FakeModelServer, Turn
+from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.service.conftest import make_settings
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
@@ -63,6 +66,39 @@ async def kill(process: asyncio.subprocess.Process | None) -> None:
     if process is not None and process.returncode is None:
         process.send_signal(signal.SIGKILL)
         await process.wait()
+
+
+@asynccontextmanager
+async def two_servers(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> AsyncIterator[tuple[AgioClient, AgioClient]]:
+    """Two `agio-grpc serve` replicas on one SQLite file, and a client of each."""
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    # Migrated beforehand, so the two servers do not race to create the file.
+    await (await open_store(database_url)).close()
+    first: asyncio.subprocess.Process | None = None
+    second: asyncio.subprocess.Process | None = None
+    try:
+        (first, first_address), (second, second_address) = await asyncio.gather(
+            start_serve(tmp_path, database_url, fake_model.base_url),
+            start_serve(tmp_path, database_url, fake_model.base_url),
+        )
+        async with AgioClient(first_address) as one, AgioClient(second_address) as other:
+            yield one, other
+    finally:
+        await kill(first)
+        await kill(second)
+
+
+async def start_hanging_run(
+    client: AgioClient, fake_model: FakeModelServer
+) -> tuple[str, AsyncIterator[StepEvent]]:
+    """A run that waits on the model for ever: its id and the rest of its stream."""
+    fake_model.enqueue(Turn.hanging())
+    events = client.run("Think forever.")
+    run_id = (await anext(events)).run_id
+    await fake_model.wait_for_requests(1)
+    return run_id, events
 
 
 async def read_column(database_url: str, query: Select[Any]) -> Any:
@@ -143,27 +179,12 @@ async def test_a_session_survives_its_server_being_killed_mid_run(
 async def test_a_cancel_sent_to_another_server_stops_the_run(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
-    await (await open_store(database_url)).close()
-    fake_model.enqueue(Turn.hanging())
-    owner: asyncio.subprocess.Process | None = None
-    other: asyncio.subprocess.Process | None = None
-    try:
-        (owner, owner_address), (other, other_address) = await asyncio.gather(
-            start_serve(tmp_path, database_url, fake_model.base_url),
-            start_serve(tmp_path, database_url, fake_model.base_url),
-        )
-        async with AgioClient(owner_address) as client, AgioClient(other_address) as elsewhere:
-            events = client.run("Think forever.")
-            run_id = (await anext(events)).run_id
-            await fake_model.wait_for_requests(1)  # the run now waits on the model
+    async with two_servers(tmp_path, fake_model) as (client, elsewhere):
+        run_id, events = await start_hanging_run(client, fake_model)
 
-            async with asyncio.timeout(30):  # a lost cancel fails here, not at the test timeout
-                cancelled = await elsewhere.cancel_run(run_id, "no longer needed")
-                rest = [event async for event in events]
-    finally:
-        await kill(owner)
-        await kill(other)
+        async with asyncio.timeout(30):  # a lost cancel fails here, not at the test timeout
+            cancelled = await elsewhere.cancel_run(run_id, "no longer needed")
+            rest = [event async for event in events]
 
     assert cancelled.status == RunStatus.RUN_STATUS_CANCELLED
     stop = cancelled.stop_signal
@@ -180,29 +201,15 @@ async def test_a_cancel_sent_to_another_server_stops_the_run(
 async def test_a_watch_on_another_server_follows_the_run_to_its_terminal_event(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
-    await (await open_store(database_url)).close()
-    fake_model.enqueue(Turn.hanging())
-    owner: asyncio.subprocess.Process | None = None
-    other: asyncio.subprocess.Process | None = None
-    try:
-        (owner, owner_address), (other, other_address) = await asyncio.gather(
-            start_serve(tmp_path, database_url, fake_model.base_url),
-            start_serve(tmp_path, database_url, fake_model.base_url),
-        )
-        async with AgioClient(owner_address) as client, AgioClient(other_address) as elsewhere:
-            events = client.run("Think forever.")
-            run_id = (await anext(events)).run_id
-            await fake_model.wait_for_requests(1)  # the run now waits on the model
+    async with two_servers(tmp_path, fake_model) as (client, elsewhere):
+        # The run's own stream stays open: a caller that left would cancel the run.
+        run_id, _stream = await start_hanging_run(client, fake_model)
 
-            async with asyncio.timeout(30):  # a watch that never ends fails here
-                watch = elsewhere.watch_run(run_id)
-                first = [await anext(watch), await anext(watch)]  # what is stored so far
-                await client.cancel_run(run_id, "enough")
-                rest = [event async for event in watch]
-    finally:
-        await kill(owner)
-        await kill(other)
+        async with asyncio.timeout(30):  # a watch that never ends fails here
+            watch = elsewhere.watch_run(run_id)
+            first = [await anext(watch), await anext(watch)]  # what is stored so far
+            await client.cancel_run(run_id, "enough")
+            rest = [event async for event in watch]
 
     watched = first + rest
     assert [event.seq for event in watched] == list(range(1, len(watched) + 1))
