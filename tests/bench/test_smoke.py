@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import concurrency, procs, store, streaming
+from bench import ab, concurrency, procs, store, streaming
 from bench.store import measure_store
+
+THIS_TREE = str(Path(__file__).resolve().parents[2])  # served as both builds of the A/B
 
 
 async def test_the_load_generator_drives_the_grpc_floor() -> None:
@@ -44,6 +46,17 @@ async def test_the_load_generators_drive_the_service_and_the_sdk() -> None:
     ):
         assert (level.concurrency, level.errors) == (3, 0), level.error_samples
         assert level.gap_p50_ms > 0, level.system
+
+
+async def test_the_ab_comparison_runs_each_build_in_turn_with_the_direct_client() -> None:
+    rounds = await ab.measure([THIS_TREE, THIS_TREE], runs=2, rounds=2, tokens=5, warmup=1)
+    assert len(rounds) == 2
+    for measured in rounds:
+        assert set(measured.ttft_p50_ms) == {ab.DIRECT, THIS_TREE}
+        assert all(ttft > 0 for ttft in measured.ttft_p50_ms.values())
+    row = ab.table([THIS_TREE], rounds).splitlines()[-1]
+    assert row.startswith(f"| {THIS_TREE}: TTFT p50 (added) ms | ")
+    assert row.count(" (+") + row.count(" (-") == 2  # what it adds, per round
 
 
 async def test_the_store_measurements_run_on_sqlite(tmp_path: Path) -> None:
