@@ -4,10 +4,12 @@ the direct client, against one fake model, so both builds meet the same phases o
     python -m bench.ab /path/to/tree-a /path/to/tree-b --runs 100 --rounds 4
 
 A tree is a checkout of the repository (`git worktree add /tmp/before <rev>`); its server
-runs with the tree first on `PYTHONPATH`, the rest of the environment this one's. Each round
+imports `agio_grpc` from the tree (first on `PYTHONPATH`, with `PYTHONSAFEPATH` so the
+working directory cannot shadow it), the rest of the environment this one's. Each round
 starts a fresh fake model and fresh servers and swaps which build goes first, because the run
-right after the direct client's tends to be the slower one. Printed: per round and over all
-rounds, each build's TTFT p50 and what it adds over the direct client's p50 of that round.
+right after the direct client's tends to be the slower one. Printed: per round, each build's
+TTFT p50 and what it adds over the direct client's p50 of that round; then the mean of what
+each build adds over the rounds.
 Full runs of `python -m bench` differ between each other by more than a change to B1's path
 usually moves it; this is how NOTES.md compares builds.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 from contextlib import AsyncExitStack
@@ -35,10 +38,19 @@ DIRECT = "direct"
 class Round:
     """One round: TTFT p50 by path (the direct client and each tree)."""
 
+    order: list[str]
+    """The trees in the order their runs followed the direct client's."""
     ttft_p50_ms: dict[str, float] = field(default_factory=dict)
 
     def added_ms(self, path: str) -> float:
         return self.ttft_p50_ms[path] - self.ttft_p50_ms[DIRECT]
+
+
+def tree_environment(tree: str) -> dict[str, str]:
+    """What makes a server import `agio_grpc` from `tree`: `python -m` would put its working
+    directory ahead of `PYTHONPATH`, so the working directory is kept off the path."""
+    path = os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH", ""))))
+    return {"PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
 
 
 async def measure_round(trees: list[str], runs: int, tokens: int, warmup: int) -> Round:
@@ -53,7 +65,7 @@ async def measure_round(trees: list[str], runs: int, tokens: int, warmup: int) -
         for index, tree in enumerate(trees):
             database = f"sqlite+aiosqlite:///{scratch / f'ab-{index}.db'}"
             server = await stack.enter_async_context(
-                procs.agio_server(model_proc.ready, database, {"PYTHONPATH": tree})
+                procs.agio_server(model_proc.ready, database, tree_environment(tree))
             )
             clients.append(await stack.enter_async_context(AgioClient(server.ready)))
         model = openai.AsyncOpenAI(base_url=model_proc.ready, api_key="bench", max_retries=0)
@@ -64,7 +76,7 @@ async def measure_round(trees: list[str], runs: int, tokens: int, warmup: int) -
             await direct_run(model, sink(DIRECT))
             for tree, client in zip(trees, clients, strict=True):
                 await service_run(client, sink(tree), tokens)
-    return Round({path: statistics.median(s.ttft_ms) for path, s in samples.items()})
+    return Round(list(trees), {path: statistics.median(s.ttft_ms) for path, s in samples.items()})
 
 
 async def measure(
@@ -92,11 +104,18 @@ def table(trees: list[str], rounds: list[Round]) -> str:
     return "\n".join(lines)
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
     parser.add_argument("trees", nargs=2, type=Path, help="two source trees of agio-grpc")
-    parser.add_argument("--runs", type=int, default=100, help="runs per path and round")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--runs", type=positive, default=100, help="runs per path and round")
+    parser.add_argument("--rounds", type=positive, default=4)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()

@@ -6,6 +6,7 @@ tests)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bench import ab, concurrency, procs, store, streaming
@@ -48,15 +49,26 @@ async def test_the_load_generators_drive_the_service_and_the_sdk() -> None:
         assert level.gap_p50_ms > 0, level.system
 
 
-async def test_the_ab_comparison_runs_each_build_in_turn_with_the_direct_client() -> None:
-    rounds = await ab.measure([THIS_TREE, THIS_TREE], runs=2, rounds=2, tokens=5, warmup=1)
-    assert len(rounds) == 2
+async def test_the_ab_comparison_runs_each_build_in_turn_with_the_direct_client(
+    tmp_path: Path,
+) -> None:
+    other = tmp_path / "other-tree"  # the same code under a second name: two builds
+    other.symlink_to(THIS_TREE, target_is_directory=True)
+    trees = [THIS_TREE, str(other)]
+    rounds = await ab.measure(trees, runs=2, rounds=2, tokens=5, warmup=1)
+    assert [measured.order for measured in rounds] == [trees, trees[::-1]]
     for measured in rounds:
-        assert set(measured.ttft_p50_ms) == {ab.DIRECT, THIS_TREE}
+        assert set(measured.ttft_p50_ms) == {ab.DIRECT, *trees}
         assert all(ttft > 0 for ttft in measured.ttft_p50_ms.values())
-    row = ab.table([THIS_TREE], rounds).splitlines()[-1]
-    assert row.startswith(f"| {THIS_TREE}: TTFT p50 (added) ms | ")
-    assert row.count(" (+") + row.count(" (-") == 2  # what it adds, per round
+    rows = ab.table(trees, rounds).splitlines()
+    assert [row.split(":")[0] for row in rows[-2:]] == [f"| {tree}" for tree in trees]
+    assert all(row.count(" (+") + row.count(" (-") == 2 for row in rows[-2:])  # per round
+
+
+def test_a_server_of_the_ab_imports_its_own_tree() -> None:
+    environment = ab.tree_environment("/some/tree")
+    assert environment["PYTHONPATH"].split(os.pathsep)[0] == "/some/tree"
+    assert environment["PYTHONSAFEPATH"] == "1"  # `python -m` would put its cwd first
 
 
 async def test_the_store_measurements_run_on_sqlite(tmp_path: Path) -> None:
