@@ -474,11 +474,12 @@ class Runtime:
             await self._release_quietly(run.session_id, run.id)
 
     async def _cancel_elsewhere(self, leases: SessionLeases, run: Run, signal: StopSignal) -> Run:
-        """Stop a run another process runs: a run whose process died (its lease expired) is
-        taken over (INTERRUPTED, as any take would); else a cancel request is recorded for
+        """Stop a run another process runs: a run whose process died (its lease expired, or
+        it let go of the session without storing the run's end) is ended INTERRUPTED, as a
+        take-over would end it; else a cancel request is recorded for
         that process, and this waits up to `cancel_wait_s` for the run to end and let go
         of its session, as a local cancel does. Returns the run as last read."""
-        if await self._take_over_if_dead(run):
+        if await leases.interrupt_abandoned_run(run.id):
             return await self.store.get_run(run.id)
         logger.info("run %s runs elsewhere: cancel requested", run.id)
         loop = asyncio.get_running_loop()
@@ -495,38 +496,6 @@ class Runtime:
             await asyncio.sleep(_CANCEL_WAIT_POLL_S)
         return await self.store.get_run(run.id)
 
-    async def _take_over_if_dead(self, run: Run) -> bool:
-        """Take the session of a run another process ran, and release it at once. A take ends
-        the run INTERRUPTED (as any take does) if its lease has run out; a run found still
-        RUNNING under the taken session had lost its server before its end was stored, and
-        is ended INTERRUPTED here. False while the session is held under a live lease (or by
-        a later run). Shielded: a caller cancelled meanwhile leaves no session held."""
-        return await asyncio.shield(self._take_over(run))
-
-    async def _take_over(self, run: Run) -> bool:
-        taker = new_id("run")
-        try:
-            await self.store.acquire_session(run.session_id, taker)
-        except SessionBusyError:
-            return False
-        try:
-            stored = await self.store.get_run(run.id)
-            if stored.status is RunStatus.RUNNING:
-                last_sequence = await self.store.count_steps(run.session_id)
-                stored.status = RunStatus.INTERRUPTED
-                stored.stop_signal = StopSignal(
-                    StopReason.INTERRUPTED,
-                    "the run's server stopped before it stored the run's end",
-                    "server",
-                    retryable=True,
-                    resume_from_sequence=last_sequence + 1,
-                )
-                stored.end_time = utc_now()
-                await self.store.update_run(stored)
-        finally:
-            await self._release_quietly(run.session_id, taker)
-        return True
-
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq`: live (replay, then follow) for a run this
         process runs or ran recently; else synthesised from the store and numbered 1, 2, 3...
@@ -534,8 +503,9 @@ class Runtime:
         event once the run has ended (or waits in REQUIRES_ACTION). A run still RUNNING in
         another process (a replica on the same database) is followed through the store every
         `watch_poll_s`: its steps as they are stored, without deltas, then its terminal
-        event; one whose process died is taken over (INTERRUPTED) once its lease has run out,
-        which ends the watch. Raises NotFoundError on the first iteration for an unknown run.
+        event; one whose process died is ended INTERRUPTED once its lease has run out
+        (`SessionLeases.interrupt_abandoned_run`), which ends the watch. A runtime shutting
+        down ends such a watch with RuntimeClosedError. Raises NotFoundError on the first iteration for an unknown run.
         """
         segment = self._segments.get(run_id)
         if segment is not None:
@@ -588,7 +558,7 @@ class Runtime:
                 and loop.time() >= next_check
             ):
                 next_check = loop.time() + check_every
-                if await self._take_over_if_dead(run):
+                if await self._leases.interrupt_abandoned_run(run.id):
                     run = await self.store.get_run(run.id)
             start = start or run.first_sequence
 

@@ -257,6 +257,15 @@ class SessionLeases(Protocol):
         """The cancel requests standing on those of `run_ids` still RUNNING, by run id."""
         ...
 
+    async def interrupt_abandoned_run(self, run_id: str) -> bool:
+        """End the run INTERRUPTED (retryable; its counts from its stored steps) if its server
+        is gone: it is RUNNING and either holds its session under an expired lease (the
+        session is then released, as a take-over would) or no longer holds it at all (its
+        server released the session but could not store the run's end). Returns whether it
+        did. Never takes the session, so it cannot get in the way of the next run. Raises
+        NotFoundError."""
+        ...
+
     async def recover_expired_runs(self) -> list[str]:
         """Release every session whose holder's lease expired, finalising the holder's run
         as a take-over would (INTERRUPTED if still RUNNING). Returns the run ids finalised.

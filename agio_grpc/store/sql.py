@@ -111,6 +111,7 @@ _MIGRATION_LOCK_KEY: Final = 0x6167696F  # "agio"
 
 DEFAULT_SESSION_LEASE_S: Final = 30.0
 LEASE_EXPIRED_MESSAGE: Final = "the server running this run stopped (its lease expired)"
+ABANDONED_MESSAGE: Final = "the server running this run stopped before it stored the run's end"
 
 
 async def open_store(
@@ -624,6 +625,38 @@ class SqlStepStore:
 
         return await self._write(work)
 
+    async def interrupt_abandoned_run(self, run_id: str) -> bool:
+        def work(conn: Connection) -> bool:
+            now = utc_now()
+            run = conn.execute(
+                select(run_table.c.session_id, run_table.c.status).where(run_table.c.id == run_id)
+            ).first()
+            if run is None:
+                raise NotFoundError("run", run_id)
+            if run.status != RunStatus.RUNNING.value:
+                return False
+            # The session row first (the lock order of every take), then the run's.
+            holder = conn.execute(
+                select(
+                    session_table.c.active_run_id,
+                    session_table.c.lease_expires_at,
+                    session_table.c.last_sequence,
+                )
+                .where(session_table.c.id == run.session_id)
+                .with_for_update()
+            ).one()
+            message = ABANDONED_MESSAGE
+            if holder.active_run_id == run_id:
+                expires_at: datetime | None = holder.lease_expires_at
+                if expires_at is not None and expires_at > now:
+                    return False  # its server renews it: alive
+                conn.execute(_RELEASE_SESSION, {"session_id": run.session_id, "run_id": run_id})
+                message = LEASE_EXPIRED_MESSAGE
+            last_sequence = int(holder.last_sequence)
+            return _interrupt_run(conn, run.session_id, run_id, last_sequence, now, message)
+
+        return await self._write(work)
+
     async def close(self) -> None:
         with contextlib.suppress(*DRIVER_ERRORS):
             await self._database.dispose()
@@ -884,13 +917,18 @@ def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -
 
 
 def _interrupt_run(
-    conn: Connection, session_id: str, run_id: str, last_sequence: int, now: datetime
+    conn: Connection,
+    session_id: str,
+    run_id: str,
+    last_sequence: int,
+    now: datetime,
+    message: str = LEASE_EXPIRED_MESSAGE,
 ) -> bool:
-    """Finalise a run whose lease expired, if it is still RUNNING: INTERRUPTED, retryable
+    """Finalise a run whose server is gone, if it is still RUNNING: INTERRUPTED, retryable
     from the session's next sequence. Returns whether it was RUNNING."""
     signal = StopSignal(
         StopReason.INTERRUPTED,
-        LEASE_EXPIRED_MESSAGE,
+        message,
         "server",
         retryable=True,
         resume_from_sequence=last_sequence + 1,

@@ -29,7 +29,12 @@ from agio_grpc.domain import (
 )
 from agio_grpc.store import NotFoundError, SessionBusyError
 from agio_grpc.store.migrations import alembic_config, head_revision
-from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
+from agio_grpc.store.sql import (
+    ABANDONED_MESSAGE,
+    LEASE_EXPIRED_MESSAGE,
+    SqlStepStore,
+    open_store,
+)
 from agio_grpc.store.tables import runs, sessions
 
 TINY_LEASE_S = 0.2
@@ -253,6 +258,55 @@ async def test_recover_expired_runs_finalises_only_expired_holders(
     assert (await store.get_run(live.id)).status is RunStatus.RUNNING
     assert (await lease_of(store_url, live.session_id))[0] == live.id
     assert await store.recover_expired_runs() == []
+
+
+async def test_a_run_whose_lease_expired_is_interrupted_without_taking_its_session(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)
+    await crashing.append_step(Step(crashed.session_id, crashed.id, Role.ASSISTANT, "partial"))
+    assert not await store.interrupt_abandoned_run(crashed.id)  # its lease still runs
+    await wait_for_expiry(store_url, crashed.session_id)
+
+    assert await store.interrupt_abandoned_run(crashed.id)
+
+    interrupted = await store.get_run(crashed.id)
+    assert interrupted.status is RunStatus.INTERRUPTED
+    assert interrupted.stop_signal is not None
+    assert interrupted.stop_signal.message == LEASE_EXPIRED_MESSAGE
+    assert interrupted.stop_signal.resume_from_sequence == 3
+    assert (interrupted.last_sequence, interrupted.step_count) == (2, 2)
+    assert await lease_of(store_url, crashed.session_id) == (None, None)  # free, not taken
+    assert not await store.interrupt_abandoned_run(crashed.id)  # once
+
+
+async def test_a_running_run_that_let_go_of_its_session_is_interrupted(
+    store: SqlStepStore,
+) -> None:
+    # Its server released the session, then failed to store the run's end, then went away.
+    run = await start(store)
+    await store.append_step(Step(run.session_id, run.id, Role.ASSISTANT, "partial"))
+    assert await store.release_session(run.session_id, run.id)
+
+    assert await store.interrupt_abandoned_run(run.id)
+
+    interrupted = await store.get_run(run.id)
+    assert interrupted.status is RunStatus.INTERRUPTED
+    assert interrupted.stop_signal is not None
+    assert interrupted.stop_signal.message == ABANDONED_MESSAGE
+    assert (interrupted.last_sequence, interrupted.step_count) == (2, 2)
+
+
+async def test_a_live_or_ended_run_is_not_interrupted(store: SqlStepStore) -> None:
+    live = await start(store)
+    assert not await store.interrupt_abandoned_run(live.id)
+    assert (await store.get_run(live.id)).status is RunStatus.RUNNING
+    live.status = RunStatus.COMPLETED
+    assert await store.end_run(live)
+    assert not await store.interrupt_abandoned_run(live.id)
+    assert (await store.get_run(live.id)).status is RunStatus.COMPLETED
+    with pytest.raises(NotFoundError):
+        await store.interrupt_abandoned_run("run_missing")
 
 
 async def test_a_cancel_request_stands_on_a_running_run_until_its_segment_ends(
