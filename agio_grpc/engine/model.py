@@ -223,11 +223,15 @@ class OpenAIModelDriver:
         # No read timeout in the transport: `_IdleWatchdog` bounds every wait instead.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        self._closed = False
         self._idle_timeout_s = timeout_s
+        # Well inside the watchdog, so a finished reply is never failed by it.
+        self._body_end_wait_s = min(_BODY_END_WAIT_S, timeout_s / 2)
         self.retry = retry or RetryPolicy()
         self.provider = provider_name(base_url)
 
     async def close(self) -> None:
+        self._closed = True
         http, self._http = self._http, None
         if http is not None:
             await http.close()
@@ -235,6 +239,8 @@ class OpenAIModelDriver:
 
     def _session(self) -> aiohttp.ClientSession:
         """The connection pool, made on first use (inside the event loop that uses it)."""
+        if self._closed:  # a call outliving the server's shutdown fails rather than leaks
+            raise ModelError("the model driver is closed", retryable=True)
         if self._http is None:
             # No `trust_env`: it looks up the proxy and ~/.netrc on a worker thread at every
             # request (two thread hops, ~0.1-0.3 ms each here); the proxy is read once instead.
@@ -299,7 +305,7 @@ class OpenAIModelDriver:
                             reply.first_token_latency_ms = _ms_since(started)
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
-                await _finish_body(response.content)
+                await _finish_body(response.content, self._body_end_wait_s)
         # aiohttp's own timeouts are TimeoutErrors too: its errors are classified first. A
         # malformed response surfaces as an HttpProcessingError with aiohttp's Python parser.
         except (aiohttp.ClientError, HttpProcessingError) as error:
@@ -507,15 +513,15 @@ async def _lines(body: aiohttp.StreamReader) -> AsyncGenerator[str, None]:
         yield pending.rstrip(b"\r\n").decode(errors="replace")
 
 
-async def _finish_body(body: aiohttp.StreamReader) -> None:
+async def _finish_body(body: aiohttp.StreamReader, wait_s: float) -> None:
     """Read what follows `[DONE]` (the chunked body's end, usually already here) so HTTP/1.1
-    can reuse the connection; a server that keeps the body open past that costs the
-    connection (closed when the response is), never the reply."""
+    can reuse the connection. A server that keeps the body open past `wait_s`, or breaks it
+    off, costs the connection (closed with the response), never the reply."""
     try:
-        async with asyncio.timeout(_BODY_END_WAIT_S):
+        async with asyncio.timeout(wait_s):
             while await body.readany():
                 pass
-    except TimeoutError:
+    except (TimeoutError, aiohttp.ClientError, HttpProcessingError, OSError):
         pass
 
 
@@ -588,7 +594,7 @@ def _error_message(body: bytes) -> str:
     """The provider's message: `error.message` of an OpenAI-style body, else the text."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body.decode(errors="replace").strip()[:_ERROR_TEXT_LIMIT]
     error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
     message = error.get("message") if isinstance(error, dict) else None

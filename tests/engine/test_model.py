@@ -20,6 +20,7 @@ from agio_grpc.engine.model import (
     ModelRetry,
     OpenAIModelDriver,
     RetryPolicy,
+    _error_message,
     _ReplyBuilder,
     _retry_after_s,
     provider_name,
@@ -254,10 +255,12 @@ async def test_a_stream_that_goes_silent_after_deltas_restarts(
 
 class RawHttpServer:
     """Answers every request on a socket with fixed bytes (in parts, 0.1 s apart), then holds
-    the connection open: what no well-behaved HTTP server sends."""
+    the connection open (or closes it, without `hold`): what no well-behaved HTTP server
+    sends."""
 
-    def __init__(self, *parts: bytes) -> None:
+    def __init__(self, *parts: bytes, hold: bool = True) -> None:
         self.parts = parts
+        self.hold = hold
         self.connections = 0
         self.heads: list[bytes] = []
         self._server: asyncio.Server | None = None
@@ -283,7 +286,10 @@ class RawHttpServer:
                 await asyncio.sleep(0.1)
             writer.write(part)
             await writer.drain()
-        await reader.read()  # until the client leaves
+        if self.hold:
+            await reader.read()  # until the client leaves
+        else:
+            writer.close()
 
 
 async def test_a_malformed_response_is_a_connection_failure_and_retried() -> None:
@@ -380,16 +386,23 @@ async def test_an_error_answer_read_in_parts_reports_the_whole_message() -> None
     assert raised.value.message == "HTTP 404: model 'x' does not exist"
 
 
-async def test_a_body_left_open_after_done_costs_the_connection_not_the_reply() -> None:
+@pytest.mark.parametrize(
+    ("hold", "idle_timeout_s"),
+    [(True, 10.0), (True, 0.5), (False, 10.0)],  # held open (past a short watchdog), cut off
+)
+async def test_a_body_left_open_or_cut_after_done_costs_the_connection_not_the_reply(
+    hold: bool, idle_timeout_s: float
+) -> None:
     answer = json.dumps(
         {"choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]}
     )
     server = RawHttpServer(  # never sends the chunked body's end
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        + http_chunk(f"data: {answer}\n\ndata: [DONE]\n\n".encode())
+        + http_chunk(f"data: {answer}\n\ndata: [DONE]\n\n".encode()),
+        hold=hold,
     )
     async with server as base_url:
-        reply, recorder = await complete_within(base_url, 10.0)
+        reply, recorder = await complete_within(base_url, idle_timeout_s)
     assert reply.content == "whole"
     assert recorder.of(ModelRestart) == []
     assert server.connections == 1
@@ -432,6 +445,21 @@ def test_retry_after_is_honoured_up_to_the_cap() -> None:
     assert policy.backoff_s(0, 3.0) == 3.0
     assert policy.backoff_s(0, 60.0) == 10.0
     assert [policy.backoff_s(n, None) for n in range(4)] == [1, 2, 4, 4]
+
+
+def test_an_error_body_nested_too_deep_to_parse_is_reported_as_text() -> None:
+    assert _error_message(b"[" * 100_000).startswith("[[[")
+
+
+async def test_a_closed_driver_fails_calls_retryable_instead_of_reconnecting(
+    fake_model: FakeModelServer,
+) -> None:
+    driver = OpenAIModelDriver(base_url=fake_model.base_url, api_key="k", retry=FAST_RETRIES)
+    await driver.close()
+    with pytest.raises(ModelError) as raised:
+        await driver.complete(HELLO, Recorder())
+    assert (raised.value.message, raised.value.retryable) == ("the model driver is closed", True)
+    assert fake_model.requests == []
 
 
 def test_a_retry_after_date_without_a_zone_is_read_as_utc() -> None:
