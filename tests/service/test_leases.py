@@ -76,18 +76,22 @@ async def two_servers(
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
     # Migrated beforehand, so the two servers do not race to create the file.
     await (await open_store(database_url)).close()
-    first: asyncio.subprocess.Process | None = None
-    second: asyncio.subprocess.Process | None = None
+    started = await asyncio.gather(
+        start_serve(tmp_path, database_url, fake_model.base_url),
+        start_serve(tmp_path, database_url, fake_model.base_url),
+        return_exceptions=True,
+    )
+    servers = [each for each in started if not isinstance(each, BaseException)]
     try:
-        (first, first_address), (second, second_address) = await asyncio.gather(
-            start_serve(tmp_path, database_url, fake_model.base_url),
-            start_serve(tmp_path, database_url, fake_model.base_url),
-        )
+        for each in started:
+            if isinstance(each, BaseException):
+                raise each  # the one that did start is killed all the same
+        (_, first_address), (_, second_address) = servers
         async with AgioClient(first_address) as one, AgioClient(second_address) as other:
             yield one, other
     finally:
-        await kill(first)
-        await kill(second)
+        for process, _ in servers:
+            await kill(process)
 
 
 async def start_hanging_run(
