@@ -505,7 +505,8 @@ class Runtime:
         `watch_poll_s`: its steps as they are stored, without deltas, then its terminal
         event; one whose process died is ended INTERRUPTED once its lease has run out
         (`SessionLeases.interrupt_abandoned_run`), which ends the watch. A runtime shutting
-        down ends such a watch with RuntimeClosedError. Raises NotFoundError on the first iteration for an unknown run.
+        down ends such a watch with RuntimeClosedError. Raises NotFoundError on the first
+        iteration for an unknown run.
         """
         segment = self._segments.get(run_id)
         if segment is not None:
