@@ -135,6 +135,13 @@ Event = (
 """Every kind of run event."""
 
 
+def terminal_event(run: Run) -> RunCompleted | RunFailed:
+    """The event that ends the run's stream: `run_failed` for an error reason, else
+    `run_completed`."""
+    failed = run.stop_signal is not None and run.stop_signal.reason.is_error
+    return RunFailed(run) if failed else RunCompleted(run)
+
+
 @dataclass(frozen=True, slots=True)
 class SequencedEvent:
     """An event as streamed: with its run, session, per-run gapless `seq` and time."""

@@ -65,11 +65,10 @@ from agio_grpc.engine.context import build_context
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
-    RunCompleted,
-    RunFailed,
     StepCompleted,
     StepDelta,
     StepStarted,
+    terminal_event,
 )
 from agio_grpc.engine.executor import ToolResult, execute_tool_calls, unfinished_result
 from agio_grpc.engine.history import HistoryCache
@@ -555,7 +554,7 @@ class RunLoop:
             # event, so the client's next run on the session starts from it.
             self.services.histories.remember(run.session_id, self.history)
         final = run.snapshot()
-        terminal = RunFailed(final) if signal.reason.is_error else RunCompleted(final)
+        terminal = terminal_event(final)
         self.trace.end(run)  # before the terminal event: a client that saw it sees the trace
         self.channel.publish(terminal)
         try:

@@ -64,11 +64,10 @@ from agio_grpc.engine.errors import (
 )
 from agio_grpc.engine.events import (
     Event,
-    RunCompleted,
-    RunFailed,
     RunStarted,
     SequencedEvent,
     StepCompleted,
+    terminal_event,
 )
 from agio_grpc.engine.executor import unfinished_result
 from agio_grpc.engine.history import HeldHistory, HistoryCache
@@ -330,10 +329,7 @@ class Runtime:
             # Everything is read holding the session: a Retry or DeleteSteps before it was
             # taken would otherwise leave the model a conversation that is no longer stored.
             run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
-            held = self._histories.held(run.session_id)
-            read = await self.store.get_history_since(run.session_id, held.mark)
-            history = held.join(read.start, read.steps)
-            kept = len(history) - len(read.steps)
+            history, kept = await self._read_through_cache(run.session_id)
             _, pending = open_tool_calls(history)
             by_id = _check_outputs(outputs, pending)
             settings = self._settings_of(run)
@@ -431,10 +427,20 @@ class Runtime:
                 f"must be between 2 and {last.sequence + 1} "
                 "(at least one step must remain to regenerate from)",
             )
-        held = self._histories.held(session_id).up_to(sequence - 1)
-        read = await self.store.get_history_since(session_id, held.mark, sequence - 1)
+        history, kept = await self._read_through_cache(session_id, sequence - 1)
+        return history, _retry_plan(history, sequence, kept_steps=kept)
+
+    async def _read_through_cache(
+        self, session_id: str, end: int | None = None
+    ) -> tuple[list[Step], int]:
+        """The session's history up to `end` (None: all of it): what the cache kept, then the
+        steps stored after it, read from the store; with how many came from the cache."""
+        held = self._histories.held(session_id)
+        if end is not None:
+            held = held.up_to(end)
+        read = await self.store.get_history_since(session_id, held.mark, end)
         history = held.join(read.start, read.steps)
-        return history, _retry_plan(history, sequence, kept_steps=len(history) - len(read.steps))
+        return history, len(history) - len(read.steps)
 
     # -- stopping and watching --------------------------------------------------------------
 
@@ -544,8 +550,7 @@ class Runtime:
                 if steps:
                     start = steps[-1].sequence + 1
             if ended:
-                failed = run.stop_signal is not None and run.stop_signal.reason.is_error
-                yield run.end_time or utc_now(), RunFailed(run) if failed else RunCompleted(run)
+                yield run.end_time or utc_now(), terminal_event(run)
                 return
             await asyncio.sleep(self._watch_poll_s)
             if self._closing:

@@ -454,34 +454,21 @@ class SqlStepStore:
         return await self._write(work)
 
     async def update_run(self, run: Run) -> Run:
-        stored = stored_run(run)
-        # A segment's end spends a cancel request, and a continuation (SubmitToolOutputs,
-        # the only other writer of a run row) must not inherit one: the loop never writes
-        # the row mid-run, so clearing on every write drops no standing request.
-        values = {**run_mutable_values(stored), "cancel_request": None}
-
-        def work(conn: Connection) -> Any:
-            return conn.execute(
-                update(run_table)
-                .where(run_table.c.id == run.id)
-                .values(**values)
-                .returning(*run_table.c)
-            ).first()
-
-        row = await self._write(work)
+        values = _run_update(run)
+        row = await self._write(lambda conn: conn.execute(_UPDATE_RUN_RETURNING, values).first())
         if row is None:
             raise NotFoundError("run", run.id)
         return run_from_row(row)
 
     async def end_run(self, run: Run) -> bool:
-        values = {**run_mutable_values(stored_run(run)), "cancel_request": None, "run_id": run.id}
+        values = _run_update(run)
         released = {"session_id": run.session_id, "run_id": run.id}
 
         def work(conn: Connection) -> bool:
             # The session row first, as every take does (then the run's): one lock order,
             # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
             release = conn.execute(_RELEASE_SESSION, released).rowcount == 1
-            if conn.execute(_END_RUN, values).rowcount != 1:
+            if conn.execute(_UPDATE_RUN, values).rowcount != 1:
                 raise NotFoundError("run", run.id)
             return release
 
@@ -647,8 +634,7 @@ class SqlStepStore:
             ).one()
             message = ABANDONED_MESSAGE
             if holder.active_run_id == run_id:
-                expires_at: datetime | None = holder.lease_expires_at
-                if expires_at is not None and expires_at > now:
+                if _lease_live(holder.lease_expires_at, now):
                     return False  # its server renews it: alive
                 conn.execute(_RELEASE_SESSION, {"session_id": run.session_id, "run_id": run_id})
                 message = LEASE_EXPIRED_MESSAGE
@@ -760,12 +746,13 @@ _TAKE_LOCKED_SESSION: Final = (
     .where(session_table.c.id == bindparam("session_id"))
     .values(active_run_id=bindparam("run_id"), lease_expires_at=bindparam("expires"))
 )
-# What `update_run` writes, as one prepared statement (`end_run` runs it on every run).
-_END_RUN: Final = (
+# A run's mutable columns, as `update_run` and `end_run` (on every run) write them.
+_UPDATE_RUN: Final = (
     update(run_table)
     .where(run_table.c.id == bindparam("run_id"))
     .values({name: bindparam(name) for name in (*RUN_MUTABLE_COLUMNS, "cancel_request")})
 )
+_UPDATE_RUN_RETURNING: Final = _UPDATE_RUN.returning(*run_table.c)
 _RELEASE_SESSION: Final = (
     update(session_table)
     .where(
@@ -774,6 +761,22 @@ _RELEASE_SESSION: Final = (
     )
     .values(active_run_id=None, lease_expires_at=None)
 )
+
+
+def _run_update(run: Run) -> dict[str, Any]:
+    """The parameters of `_UPDATE_RUN` for `run`.
+
+    Every write clears a cancel request: a segment's end spends one, and a continuation
+    (SubmitToolOutputs, the only other writer of a run row) must not inherit it; the loop
+    never writes the row mid-run, so no standing request is dropped.
+    """
+    return {**run_mutable_values(stored_run(run)), "cancel_request": None, "run_id": run.id}
+
+
+def _lease_live(expires_at: datetime | None, now: datetime) -> bool:
+    """A holder's lease still runs (one with no lease was taken before leases existed,
+    revision 0002, and outlived its server: not live; `_lease_expired` in SQL)."""
+    return expires_at is not None and expires_at > now
 
 
 def _read_history(
@@ -908,8 +911,7 @@ def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -
     if holder is None:
         raise NotFoundError("session", session_id)
     previous = str(holder.active_run_id or "")
-    expires_at: datetime | None = holder.lease_expires_at
-    if previous and expires_at is not None and expires_at > now:
+    if previous and _lease_live(holder.lease_expires_at, now):
         raise SessionBusyError(session_id, previous)
     conn.execute(_TAKE_LOCKED_SESSION, values)
     if previous and previous != run_id:
