@@ -115,9 +115,10 @@ class StepStore(Protocol):
     ) -> list[Step]:
         """Steps as `get_steps` returns them, with only what a conversation needs: id, run_id,
         sequence and the message fields (role, content, reasoning_content, tool_calls,
-        tool_call_id, name, is_error). Metrics, create_time and trace ids keep their
-        defaults. What the engine reads to build a model's context: about half the columns,
-        so about half the cost of reading a long session. Raises NotFoundError."""
+        tool_call_id, name, is_error). create_time and trace ids keep their defaults; the
+        steps share one empty `StepMetrics`, which must not be changed (replace a step's
+        metrics instead). What the engine reads to build a model's context: about half the
+        columns, so about half the cost of reading a long session. Raises NotFoundError."""
         ...
 
     async def get_history_since(
