@@ -83,8 +83,8 @@ from agio_grpc.engine.model import (
 )
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
-from agio_grpc.store.errors import StoreError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.errors import LeaseLostError, StoreError
+from agio_grpc.store.protocol import RunEnd, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +208,8 @@ class RunLoop:
             signal = stop.signal
         except StopRun as stop:
             signal = stop.signal
+        except LeaseLostError:
+            signal = lease_lost()
         except Exception as error:
             signal = _internal_error(error)
         finally:
@@ -477,7 +479,7 @@ class RunLoop:
     async def _store_steps(self, steps: list[Step]) -> list[Step]:
         """Store steps atomically, then publish them and call the after_step hooks."""
         with self.control.protected():
-            stored = await self.services.store.append_steps(steps)
+            stored = await self.services.store.append_steps(steps, held_by=self.run_row.id)
             self._record_stored(stored)
             for step in stored:
                 self.channel.publish(StepCompleted(step))
@@ -530,6 +532,8 @@ class RunLoop:
                 first_written = await self._close_pending_calls(signal)
                 if signal.retryable and not signal.resume_from_sequence:
                     signal.resume_from_sequence = first_written
+        except LeaseLostError:
+            logger.warning("run %s: its session is no longer its own to close calls in", run.id)
         except Exception:
             logger.exception("run %s: could not store results for open tool calls", run.id)
         if signal.retryable and not signal.resume_from_sequence:
@@ -539,16 +543,21 @@ class RunLoop:
         if run.status.is_terminal:
             run.end_time = utc_now()
         run.last_event_seq = self.channel.last_seq + 1  # the terminal event's seq
-        released = False
+        ended = RunEnd(released=False)
         try:
-            released = await self.services.store.end_run(run)
+            ended = await self.services.store.end_run(run)
         except Exception:
             logger.exception("run %s: could not store its final state", run.id)
             try:  # the session at least, so the next run need not wait for the lease to expire
                 await self.services.store.release_session(run.session_id, run.id)
             except Exception:
                 logger.exception("run %s: could not release session %s", run.id, run.session_id)
-        if released and self.segment.history_held:
+        if ended.earlier_end is not None:
+            # Ended first by the server that took the session over once this run's lease ran
+            # out (this one stalled past it): that end is the run's, and the stream says so.
+            logger.warning("run %s was ended by a take-over of its session", run.id)
+            run = self.run_row = ended.earlier_end
+        if ended.released and self.segment.history_held:
             # The history is the stored log exactly: read under the session, extended only by
             # this run's own writes, the session held throughout. Kept before the terminal
             # event, so the client's next run on the session starts from it.
@@ -580,7 +589,8 @@ class RunLoop:
             [
                 self._tool_step(result, self.tool_step_ids.get(result.call.id) or new_id("step"))
                 for result in finished + unfinished
-            ]
+            ],
+            held_by=self.run_row.id,
         )
         self._record_stored(stored)
         for step in stored:
@@ -602,6 +612,17 @@ def _unfinished_reason(signal: StopSignal) -> str:
             return f"the call was not run: the model's reply was cut off{detail}"
         case _:
             return f"the call was not run: the run stopped with {signal.reason.value}{detail}"
+
+
+def lease_lost() -> StopSignal:
+    """The stop of a run that lost its session lease: its server stalled past the lease, and
+    the session was taken over or released meanwhile."""
+    return StopSignal(
+        StopReason.INTERRUPTED,
+        "this run lost its session lease (the server stalled past it)",
+        "server",
+        retryable=True,
+    )
 
 
 def _internal_error(error: Exception) -> StopSignal:

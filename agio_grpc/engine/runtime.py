@@ -72,7 +72,7 @@ from agio_grpc.engine.events import (
 from agio_grpc.engine.executor import unfinished_result
 from agio_grpc.engine.history import HeldHistory, HistoryCache
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
+from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment, lease_lost
 from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
@@ -667,14 +667,7 @@ class Runtime:
             # Released meanwhile (its loop is finishing: the stop is ignored) or taken over
             # after this process stalled past the lease: the session is no longer ours.
             logger.warning("run %s lost its lease on session %s", run_id, segment.session_id)
-            segment.control.request_stop(
-                StopSignal(
-                    StopReason.INTERRUPTED,
-                    "this run lost its session lease (the server stalled past it)",
-                    "server",
-                    retryable=True,
-                )
-            )
+            segment.control.request_stop(lease_lost())
 
     # -- internals --------------------------------------------------------------------------
 

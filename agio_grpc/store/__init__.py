@@ -5,6 +5,7 @@ This package's top level imports no database driver; `open_store` loads SQLAlche
 
 from agio_grpc.store.errors import (
     InvalidRangeError,
+    LeaseLostError,
     NotFoundError,
     SequenceConflictError,
     SessionBusyError,
@@ -15,6 +16,7 @@ from agio_grpc.store.protocol import StepStore
 
 __all__ = [
     "InvalidRangeError",
+    "LeaseLostError",
     "NotFoundError",
     "SequenceConflictError",
     "SessionBusyError",

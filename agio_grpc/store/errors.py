@@ -33,6 +33,17 @@ class SessionBusyError(StoreError):
         self.active_run_id = active_run_id
 
 
+class LeaseLostError(StoreError):
+    """A run wrote as its session's holder, but no longer holds it: its lease ran out (its
+    server stalled past it) and the session was taken over or released. Nothing was written;
+    the run must stop writing to the session."""
+
+    def __init__(self, session_id: str, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} no longer holds session {session_id!r}")
+        self.session_id = session_id
+        self.run_id = run_id
+
+
 class InvalidRangeError(StoreError):
     """A sequence argument is outside the session's steps (e.g. a fork past the last step)."""
 

@@ -22,6 +22,10 @@ Session leases (one active run per session that survives a crashed server):
   still RUNNING: INTERRUPTED, retryable, source `server`, resume_from_sequence = the
   session's last sequence + 1 (steps are stored whole, so everything before it is complete;
   `Retry` from there continues, running any tool call left without a result).
+- A holder whose server only stalled past its lease finds the session gone when it wakes:
+  the run's own writes name it (`append_steps(held_by=...)`) and fail with LeaseLostError
+  once it no longer holds the session, and `end_run` keeps the end the take-over stored, so
+  a late writer never adds steps to a session another run holds.
 - `now` is the store process's UTC wall clock (as for every other time the store writes):
   replicas sharing a database need clocks in sync well within the lease (NTP is plenty).
 """
@@ -71,6 +75,16 @@ class RunStart:
     `since` mark when that mark still holds."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """What `StepStore.end_run` did."""
+
+    released: bool
+    """The session was the run's and is now free (what `release_session` returns)."""
+    earlier_end: Run | None = None
+    """The run as another server ended it first (then the given end was not stored)."""
+
+
 class StepStore(Protocol):
     """Storage of sessions, their step logs and runs."""
 
@@ -92,11 +106,13 @@ class StepStore(Protocol):
         """Delete a session with its steps and runs; returns the steps deleted."""
         ...
 
-    async def append_steps(self, steps: Sequence[Step]) -> list[Step]:
+    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
         """Store steps of one session in one transaction, allocating consecutive sequences.
 
-        Returns the stored steps (sequence and create_time set). Raises NotFoundError for an
-        unknown session and SequenceConflictError on a collision.
+        With `held_by` (a run id), only while that run holds the session: else nothing is
+        written and LeaseLostError is raised (see the module docstring). Returns the stored
+        steps (sequence and create_time set). Raises NotFoundError for an unknown session and
+        SequenceConflictError on a collision.
         """
         ...
 
@@ -189,10 +205,12 @@ class StepStore(Protocol):
         """Overwrite a run's mutable fields (status, stop signal, usage, counts, end time)."""
         ...
 
-    async def end_run(self, run: Run) -> bool:
+    async def end_run(self, run: Run) -> RunEnd:
         """`update_run` and `release_session(run.session_id, run.id)` in one transaction, as
         a run ends: its final state and its session's release are stored together or not at
-        all. Returns what `release_session` would. Raises NotFoundError."""
+        all. A run that is no longer RUNNING in the store was ended first by another server
+        (a take-over after its lease ran out): that end stays, and is returned. Raises
+        NotFoundError."""
         ...
 
     async def get_run(self, run_id: str) -> Run:

@@ -70,6 +70,7 @@ from agio_grpc.store.database import (
 )
 from agio_grpc.store.errors import (
     InvalidRangeError,
+    LeaseLostError,
     NotFoundError,
     SessionBusyError,
 )
@@ -77,6 +78,7 @@ from agio_grpc.store.migrations import upgrade_to_head
 from agio_grpc.store.protocol import (
     HistoryMark,
     HistoryRead,
+    RunEnd,
     RunStart,
     SessionLeases,
     StepStore,
@@ -216,13 +218,13 @@ class SqlStepStore:
 
     # -- steps ---------------------------------------------------------------------------
 
-    async def append_steps(self, steps: Sequence[Step]) -> list[Step]:
+    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
         if not steps:
             return []
         session_id = steps[0].session_id
         if any(step.session_id != session_id for step in steps):
             raise ValueError("append_steps takes steps of one session per call")
-        return await self._write(lambda conn: _append(conn, session_id, steps))
+        return await self._write(lambda conn: _append(conn, session_id, steps, held_by))
 
     async def append_step(self, step: Step) -> Step:
         return (await self.append_steps([step]))[0]
@@ -460,17 +462,20 @@ class SqlStepStore:
             raise NotFoundError("run", run.id)
         return run_from_row(row)
 
-    async def end_run(self, run: Run) -> bool:
+    async def end_run(self, run: Run) -> RunEnd:
         values = _run_update(run)
         released = {"session_id": run.session_id, "run_id": run.id}
 
-        def work(conn: Connection) -> bool:
+        def work(conn: Connection) -> RunEnd:
             # The session row first, as every take does (then the run's): one lock order,
             # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
             release = conn.execute(_RELEASE_SESSION, released).rowcount == 1
-            if conn.execute(_UPDATE_RUN, values).rowcount != 1:
+            if conn.execute(_END_RUNNING_RUN, values).rowcount == 1:
+                return RunEnd(release)
+            row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
+            if row is None:
                 raise NotFoundError("run", run.id)
-            return release
+            return RunEnd(release, run_from_row(row))  # ended first by a take-over
 
         return await self._write(work)
 
@@ -678,6 +683,9 @@ _ALLOCATE_SEQUENCES: Final = (
     )
     .returning(session_table.c.last_sequence)
 )
+_ALLOCATE_HELD_SEQUENCES: Final = _ALLOCATE_SEQUENCES.where(
+    session_table.c.active_run_id == bindparam("run_id")
+)
 # A session's steps as `steps_from_rows` reads them.
 _SELECT_SESSION_STEPS: Final = select(*STEP_READ_COLUMNS).where(
     step_table.c.session_id == bindparam("session_id")
@@ -753,6 +761,8 @@ _UPDATE_RUN: Final = (
     .values({name: bindparam(name) for name in (*RUN_MUTABLE_COLUMNS, "cancel_request")})
 )
 _UPDATE_RUN_RETURNING: Final = _UPDATE_RUN.returning(*run_table.c)
+# A run's end, unless another server ended it first (a take-over after its lease ran out).
+_END_RUNNING_RUN: Final = _UPDATE_RUN.where(run_table.c.status == RunStatus.RUNNING.value)
 _RELEASE_SESSION: Final = (
     update(session_table)
     .where(
@@ -857,9 +867,11 @@ def _insert_run(conn: Connection, run: Run) -> None:
     )
 
 
-def _append(conn: Connection, session_id: str, steps: Sequence[Step]) -> list[Step]:
+def _append(
+    conn: Connection, session_id: str, steps: Sequence[Step], held_by: str = ""
+) -> list[Step]:
     count = len(steps)
-    last = _allocate_sequences(conn, session_id, count)
+    last = _allocate_sequences(conn, session_id, count, held_by)
     first = last - count + 1
     # Read the clock only once the sequences are ours, so create_time follows sequence
     # order even when writers queued for the session.
@@ -872,16 +884,24 @@ def _append(conn: Connection, session_id: str, steps: Sequence[Step]) -> list[St
     return stored
 
 
-def _allocate_sequences(conn: Connection, session_id: str, count: int) -> int:
-    """Reserve `count` sequences in the session; returns the last one reserved.
+def _allocate_sequences(conn: Connection, session_id: str, count: int, held_by: str = "") -> int:
+    """Reserve `count` sequences in the session (only while run `held_by` holds it, when
+    given); returns the last one reserved.
 
     The UPDATE row-locks the session on PostgreSQL until commit, so concurrent appends
-    queue here and each sees the counter the previous one committed.
+    queue here and each sees the counter the previous one committed; a take-over of the
+    session queues there too, so a held write and a take-over never interleave.
     """
-    last = conn.execute(
-        _ALLOCATE_SEQUENCES, {"session_id": session_id, "count": count, "now": utc_now()}
-    ).scalar_one_or_none()
+    params = {"session_id": session_id, "count": count, "now": utc_now()}
+    if held_by:
+        statement, params["run_id"] = _ALLOCATE_HELD_SEQUENCES, held_by
+    else:
+        statement = _ALLOCATE_SEQUENCES
+    last = conn.execute(statement, params).scalar_one_or_none()
     if last is None:
+        if held_by:
+            _require_session(conn, session_id)
+            raise LeaseLostError(session_id, held_by)
         raise NotFoundError("session", session_id)
     return int(last)
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 from opentelemetry.semconv.attributes import error_attributes
 
 from agio_grpc.domain import ContextSummary, Run, Session, Step
-from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunStart, StepStore
+from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunEnd, RunStart, StepStore
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import Instruments
 
@@ -55,8 +55,8 @@ class InstrumentedStepStore:
     async def delete_session(self, session_id: str) -> int:
         return await self._timed("delete_session", self.inner.delete_session(session_id))
 
-    async def append_steps(self, steps: Sequence[Step]) -> list[Step]:
-        stored = await self._timed("append_steps", self.inner.append_steps(steps))
+    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
+        stored = await self._timed("append_steps", self.inner.append_steps(steps, held_by=held_by))
         self._written(stored)
         return stored
 
@@ -126,7 +126,7 @@ class InstrumentedStepStore:
     async def update_run(self, run: Run) -> Run:
         return await self._timed("update_run", self.inner.update_run(run))
 
-    async def end_run(self, run: Run) -> bool:
+    async def end_run(self, run: Run) -> RunEnd:
         return await self._timed("end_run", self.inner.end_run(run))
 
     async def get_run(self, run_id: str) -> Run:

@@ -518,10 +518,10 @@ class FailingStore:
         self._store = store
         self._error = error
 
-    async def append_steps(self, steps: Sequence[Step]) -> list[Step]:
+    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
         if any(step.role is Role.ASSISTANT for step in steps):
             raise self._error
-        return await self._store.append_steps(steps)
+        return await self._store.append_steps(steps, held_by=held_by)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

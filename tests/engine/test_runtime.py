@@ -26,7 +26,7 @@ from agio_grpc.engine import (
 )
 from agio_grpc.store.errors import NotFoundError
 from agio_grpc.store.protocol import StepStore
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
 from tests.store.test_leases import wait_for_expiry
@@ -384,6 +384,48 @@ async def test_a_cancel_takes_over_a_run_whose_process_died(
 
     assert ended.status is RunStatus.INTERRUPTED  # taken over, as any take over would
     assert (await sqlite_store.get_session(run.session_id)).active_run_id == ""
+
+
+async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_over(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+) -> None:
+    # A replica whose lease runs out while its tool runs (nothing renews it: a stalled
+    # server); another replica takes the session over; then the tool returns.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    stalled_store = await open_store(url, session_lease_s=0.2)
+    gate = Gate()
+    stalled = build_runtime(stalled_store, fake_model, gate)
+    taker = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
+    try:
+        fake_model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_slow")]))
+        handle = await stalled.runtime.start_run(RunInput("work"))
+        await gate.entered.wait()
+        await wait_for_expiry(url, handle.session_id)
+        fake_model.enqueue(Turn.text("taken over"))
+        took = await taker.run("mine now", session_id=handle.session_id)
+        gate.release.set()
+        late = await stalled.collect(handle)
+    finally:
+        for harness in (stalled, taker):
+            await harness.runtime.shutdown(grace_s=0)
+            await harness.driver.close()
+        await stalled_store.close()
+
+    assert took.run.status is RunStatus.COMPLETED
+    # The stalled run's stream ends as the store has it: interrupted by the take-over.
+    assert late.run == await sqlite_store.get_run(handle.run_id)
+    assert late.run.status is RunStatus.INTERRUPTED
+    assert late.run.stop_signal is not None
+    assert late.run.stop_signal.message == LEASE_EXPIRED_MESSAGE
+    assert not late.steps_of(Role.TOOL)
+    stored = await sqlite_store.get_steps(handle.session_id)
+    assert [(step.run_id, step.role) for step in stored] == [
+        (handle.run_id, Role.USER),
+        (handle.run_id, Role.ASSISTANT),
+        (took.run.id, Role.USER),
+        (took.run.id, Role.ASSISTANT),
+    ]
+    assert (await sqlite_store.get_session(handle.session_id)).active_run_id == ""
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(

@@ -40,7 +40,7 @@ from agio_grpc.store import (
     StoreUnavailableError,
 )
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
-from agio_grpc.store.protocol import HistoryMark
+from agio_grpc.store.protocol import HistoryMark, RunEnd
 from agio_grpc.store.sql import SqlStepStore, open_store
 from agio_grpc.store.tables import metadata, runs, sessions, steps
 from tests.postgres import free_local_port
@@ -912,14 +912,14 @@ async def test_end_run_stores_the_final_state_and_frees_the_session_together(
     run.usage = Usage(input_tokens=3, output_tokens=2, total_tokens=5)
     run.last_event_seq = 9
 
-    assert await store.end_run(run) is True
+    assert await store.end_run(run) == RunEnd(released=True)
 
     assert await store.get_run(run.id) == run
     assert not (await store.get_session(session.id)).active_run_id
     run.status = RunStatus.RUNNING  # continued: it must not inherit the spent request
     await store.update_run(run)
     assert await store.cancel_requests([run.id]) == {}
-    assert await store.end_run(run) is False  # the session is no longer its to release
+    assert await store.end_run(run) == RunEnd(released=False)  # no longer its to release
 
 
 async def test_end_run_of_a_run_that_lost_its_session_keeps_the_new_holder(
@@ -930,7 +930,7 @@ async def test_end_run_of_a_run_that_lost_its_session_keeps_the_new_holder(
     await store.acquire_session(session.id, "run_newer")
     run.status = RunStatus.INTERRUPTED
 
-    assert await store.end_run(run) is False
+    assert await store.end_run(run) == RunEnd(released=False)
 
     assert (await store.get_run(run.id)).status is RunStatus.INTERRUPTED
     assert (await store.get_session(session.id)).active_run_id == "run_newer"

@@ -27,7 +27,7 @@ from agio_grpc.domain import (
     StopSignal,
     utc_now,
 )
-from agio_grpc.store import NotFoundError, SessionBusyError
+from agio_grpc.store import LeaseLostError, NotFoundError, SessionBusyError
 from agio_grpc.store.migrations import alembic_config, head_revision
 from agio_grpc.store.sql import (
     ABANDONED_MESSAGE,
@@ -138,6 +138,53 @@ async def test_a_take_over_an_expired_lease_interrupts_the_previous_run(
     assert holder == taker.id
     assert expires is not None
     assert expires > utc_now() + timedelta(seconds=store.session_lease_s / 2)
+
+
+async def test_a_run_whose_session_was_taken_over_can_no_longer_write_to_it(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    # The holder's server only stalled past its lease: it wakes up after the take-over.
+    stalled = await start(crashing)
+    await wait_for_expiry(store_url, stalled.session_id)
+    taker = await start(store, await store.get_session(stalled.session_id), "again")
+
+    late = Step(stalled.session_id, stalled.id, Role.ASSISTANT, content="too late")
+    with pytest.raises(LeaseLostError):
+        await crashing.append_steps([late], held_by=stalled.id)
+    stalled.status = RunStatus.COMPLETED
+    stalled.stop_signal = StopSignal(StopReason.COMPLETED, "", "model")
+    ended = await crashing.end_run(stalled)
+
+    assert not ended.released
+    assert ended.earlier_end is not None
+    assert ended.earlier_end.status is RunStatus.INTERRUPTED
+    assert ended.earlier_end == await store.get_run(stalled.id)  # the take-over's end stays
+    assert [step.run_id for step in await store.get_steps(stalled.session_id)] == [
+        stalled.id,
+        taker.id,
+    ]
+    holder, _ = await lease_of(store_url, stalled.session_id)
+    assert holder == taker.id
+    reply = Step(taker.session_id, taker.id, Role.ASSISTANT, content="mine")
+    (stored,) = await store.append_steps([reply], held_by=taker.id)
+    assert stored.sequence == 3
+
+
+async def test_a_held_write_needs_the_session_held_by_that_run(store: SqlStepStore) -> None:
+    run = await start(store)
+    step = Step(run.session_id, run.id, Role.ASSISTANT, content="x")
+    with pytest.raises(LeaseLostError):
+        await store.append_steps([step], held_by="run_other")
+    assert await store.release_session(run.session_id, run.id)
+    with pytest.raises(LeaseLostError):
+        await store.append_steps([step], held_by=run.id)
+    assert await store.count_steps(run.session_id) == 1
+    with pytest.raises(NotFoundError):
+        await store.append_steps(
+            [Step("sess_missing", run.id, Role.ASSISTANT, content="x")], held_by=run.id
+        )
+    # Without `held_by`, a write does not look at the holder (imports, forks, tools).
+    assert (await store.append_steps([step]))[0].sequence == 2
 
 
 async def test_acquire_over_an_expired_lease_interrupts_the_previous_run(
@@ -302,7 +349,7 @@ async def test_a_live_or_ended_run_is_not_interrupted(store: SqlStepStore) -> No
     assert not await store.interrupt_abandoned_run(live.id)
     assert (await store.get_run(live.id)).status is RunStatus.RUNNING
     live.status = RunStatus.COMPLETED
-    assert await store.end_run(live)
+    assert (await store.end_run(live)).released
     assert not await store.interrupt_abandoned_run(live.id)
     assert (await store.get_run(live.id)).status is RunStatus.COMPLETED
     with pytest.raises(NotFoundError):
