@@ -29,7 +29,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from agio_grpc.domain import (
@@ -306,7 +306,7 @@ class Runtime:
             history = await self.store.get_history(session_id)
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
-            await self._release_quietly(session_id, run.id)
+            await self._end_unstarted(run, run.last_sequence + 1)
             raise
         plan = _RunPlan(history, history_held=True)  # read after taking the session
         return self._spawn(run, settings, plan, [user], request.deadline_s, trace)
@@ -353,19 +353,21 @@ class Runtime:
                 )
                 for call in pending
             ]
-            stored = await self.store.append_steps(steps)
+            # RUNNING before the outputs are stored: a call that ends between the two leaves a
+            # run `_end_unstarted` ends retryable, not one waiting for outputs already stored.
+            run.status = RunStatus.RUNNING
+            run.stop_signal = None
+            run.last_event_seq = self._last_event_seq(run)
+            await self.store.update_run(run)
+            stored = await self.store.append_steps(steps, held_by=run.id)
             for step in stored:
                 trace.step_stored(step.id, step.sequence)
             history.extend(stored)
-            run.status = RunStatus.RUNNING
-            run.stop_signal = None
             run.step_count += len(stored)
             run.last_sequence = stored[-1].sequence
-            run.last_event_seq = self._last_event_seq(run)
-            await self.store.update_run(run)
         except BaseException:
             trace.end(run)
-            await self._release_quietly(run.session_id, run.id)
+            await self._end_unstarted(run, run.last_sequence + 1)
             raise
         model_calls = sum(
             1 for step in history if step.run_id == run.id and step.role is Role.ASSISTANT
@@ -412,7 +414,7 @@ class Runtime:
             await self.store.create_run(run)
         except BaseException:
             trace.end(run)
-            await self._release_quietly(session_id, run_id)
+            await self._end_unstarted(run, sequence)
             raise
         return self._spawn(run, settings, plan, [], deadline_s, trace)
 
@@ -813,6 +815,28 @@ class Runtime:
         run.end_time = utc_now()
         await self.store.update_run(run)
         return run
+
+    async def _end_unstarted(self, run: Run, resume_from_sequence: int) -> None:
+        """End a run whose call ended (cancelled, or failed) once its row may be stored
+        RUNNING but before its loop started: INTERRUPTED, retryable from
+        `resume_from_sequence`, its session released; else its row would say RUNNING with
+        no server running it. A row that is not RUNNING (the write never committed) stays as
+        it is. Never raises."""
+        signal = StopSignal(
+            StopReason.INTERRUPTED,
+            "the call that started this run ended before the run did anything",
+            "server",
+            retryable=True,
+            resume_from_sequence=resume_from_sequence,
+        )
+        ended = replace(run, status=RunStatus.INTERRUPTED, stop_signal=signal, end_time=utc_now())
+        try:
+            await self.store.end_run(ended)
+        except NotFoundError:  # the run was never stored
+            await self._release_quietly(run.session_id, run.id)
+        except Exception:
+            logger.exception("could not end run %s, which never started", run.id)
+            await self._release_quietly(run.session_id, run.id)
 
     async def _release_quietly(self, session_id: str, run_id: str) -> None:
         try:

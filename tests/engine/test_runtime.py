@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -173,6 +174,99 @@ async def test_cancel_is_idempotent_and_leaves_ended_runs_alone(harness: Harness
     assert run.stop_signal.reason is StopReason.COMPLETED
     with pytest.raises(NotFoundError):
         await harness.runtime.cancel("run_missing", "x")
+
+
+class CancelledAfter:
+    """The real store, except that once `armed`, the task that calls `method` is cancelled
+    as the method returns: a call whose client left just after its write committed."""
+
+    def __init__(self, store: StepStore, method: str) -> None:
+        self._store = store
+        self._method = method
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if name != self._method or not self.armed:
+            return attribute
+
+        async def then_cancelled(*args: Any, **kwargs: Any) -> Any:
+            self.armed = False
+            result = await attribute(*args, **kwargs)
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+            return result
+
+        return then_cancelled
+
+
+@asynccontextmanager
+async def cancelled_after(
+    store: StepStore, fake_model: FakeModelServer, method: str
+) -> AsyncIterator[tuple[Harness, CancelledAfter]]:
+    wrapped = CancelledAfter(store, method)
+    harness = build_runtime(cast(StepStore, wrapped), fake_model, Gate())
+    try:
+        yield harness, wrapped
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+
+
+async def test_a_submit_whose_client_left_as_the_run_went_on_leaves_it_retryable(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    async with cancelled_after(sqlite_store, fake_model, "update_run") as (harness, wrapped):
+        waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
+        wrapped.armed = True
+        submit = asyncio.create_task(
+            harness.runtime.submit_tool_outputs(
+                waiting.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
+            )
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await submit
+
+        # Not RUNNING with no server running it: ended, retryable where the outputs go.
+        run = await sqlite_store.get_run(waiting.run_id)
+        assert run.status is RunStatus.INTERRUPTED
+        assert run.stop_signal is not None
+        assert (run.stop_signal.retryable, run.stop_signal.resume_from_sequence) == (True, 4)
+        assert (await sqlite_store.get_session(waiting.session_id)).active_run_id == ""
+        assert len(await sqlite_store.get_steps(waiting.session_id)) == 3
+
+        asked = await harness.collect(await harness.runtime.retry(waiting.session_id, 4))
+        assert asked.run.status is RunStatus.REQUIRES_ACTION  # the client call, asked again
+        harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
+        done = await harness.collect(
+            await harness.runtime.submit_tool_outputs(
+                asked.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
+            )
+        )
+        assert done.run.status is RunStatus.COMPLETED
+
+
+async def test_a_retry_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    async with cancelled_after(sqlite_store, fake_model, "create_run") as (harness, wrapped):
+        harness.model.enqueue(Turn.text("first try"))
+        first = await harness.run("hello")
+        wrapped.armed = True
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(harness.runtime.retry(first.session_id, 2))
+
+        (retried, _) = await sqlite_store.list_runs(first.session_id, limit=10)
+        assert retried.id != first.run_id
+        assert retried.status is RunStatus.INTERRUPTED
+        assert retried.stop_signal is not None
+        assert retried.stop_signal.resume_from_sequence == 2
+        assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
+        harness.model.enqueue(Turn.text("second try"))
+        again = await harness.collect(await harness.runtime.retry(first.session_id, 2))
+        assert again.run.status is RunStatus.COMPLETED
 
 
 async def two_turn_session(harness: Harness) -> Outcome:
