@@ -26,6 +26,7 @@ from agio_grpc.engine.errors import (
 )
 from agio_grpc.store.errors import (
     InvalidRangeError,
+    LeaseLostError,
     NotFoundError,
     SequenceConflictError,
     SessionBusyError,
@@ -101,6 +102,13 @@ def from_store_error(error: StoreError) -> ServiceError:
         )
     if isinstance(error, SequenceConflictError):
         return ServiceError(grpc.StatusCode.ABORTED, "SEQUENCE_CONFLICT", str(error))
+    if isinstance(error, LeaseLostError):
+        return ServiceError(
+            grpc.StatusCode.ABORTED,
+            "SESSION_LEASE_LOST",
+            f"{error}: its lease ran out and another run took the session; nothing was stored",
+            metadata={"sessionId": error.session_id, "runId": error.run_id},
+        )
     if isinstance(error, StoreUnavailableError):
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the step store is unavailable"
