@@ -77,7 +77,7 @@ from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreError
-from agio_grpc.store.protocol import SessionLeases, StepStore
+from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -244,15 +244,19 @@ class Runtime:
             span_id=trace.span_id,
         )
         held = HeldHistory() if new_session else self._histories.held(run.session_id)
+        # One transaction: take (or create) the session, store the input and the run, read
+        # the history back (after what this process still holds of it). The model call needs
+        # nothing else from the store. In a task of its own, so that a call cancelled while
+        # it runs still learns whether it stored the run.
+        starting = asyncio.ensure_future(
+            self.store.start_run(run, [user], new_session=new_session, since=held.mark)
+        )
         try:
-            # One transaction: take (or create) the session, store the input and the run,
-            # read the history back (after what this process still holds of it). The model
-            # call needs nothing else from the store.
-            started = await self.store.start_run(
-                run, [user], new_session=new_session, since=held.mark
-            )
-        except BaseException:
+            started = await asyncio.shield(starting)
+        except BaseException as error:
             trace.end(run)  # no stop signal: the run never started
+            if isinstance(error, asyncio.CancelledError):
+                await self._end_if_started(starting)
             raise
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
@@ -815,6 +819,16 @@ class Runtime:
         run.end_time = utc_now()
         await self.store.update_run(run)
         return run
+
+    async def _end_if_started(self, starting: asyncio.Future[RunStart]) -> None:
+        """After a `Run` call was cancelled during its start transaction: wait for the
+        transaction and end the run it stored, if it did (else the run would stay RUNNING,
+        its session refusing the client's next call until the lease ran out)."""
+        try:
+            started = await asyncio.shield(starting)
+        except Exception:
+            return  # nothing was stored
+        await self._end_unstarted(started.run, started.run.last_sequence + 1)
 
     async def _end_unstarted(self, run: Run, resume_from_sequence: int) -> None:
         """End a run whose call ended (cancelled, or failed) once its row may be stored

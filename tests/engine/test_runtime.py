@@ -4,8 +4,9 @@ CancelRun, WatchRun and shutdown — on the real store and the fake model over H
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,7 +27,7 @@ from agio_grpc.engine import (
     ToolOutput,
 )
 from agio_grpc.store.errors import NotFoundError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.protocol import RunStart, StepStore
 from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
@@ -213,6 +214,66 @@ async def cancelled_after(
     finally:
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
+
+
+@contextmanager
+def write_lock(database: Path) -> Iterator[None]:
+    """Another process's write lock on a SQLite file: write transactions wait for it."""
+    blocker = sqlite3.connect(database, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+
+class AnnouncedStarts:
+    """The real store; `starting` is set once a run start has been asked of it."""
+
+    def __init__(self, store: StepStore) -> None:
+        self._store = store
+        self.starting = asyncio.Event()
+
+    async def start_run(self, *args: Any, **kwargs: Any) -> RunStart:
+        self.starting.set()
+        return await self._store.start_run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_free(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+) -> None:
+    announced = AnnouncedStarts(sqlite_store)
+    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
+    try:
+        fake_model.enqueue(Turn.text("first"))
+        first = await harness.run("one")  # user 1, assistant 2
+        with write_lock(tmp_path / "engine.db"):
+            starting = asyncio.create_task(
+                harness.runtime.start_run(RunInput("two", session_id=first.session_id))
+            )
+            announced.starting.clear()
+            await announced.starting.wait()
+            starting.cancel()  # the client leaves while its run is being stored
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+
+        # The transaction stored the run; the cancelled call ended it and freed the session.
+        (left, _) = await sqlite_store.list_runs(first.session_id, limit=10)
+        assert left.status is RunStatus.INTERRUPTED
+        assert left.stop_signal is not None
+        assert (left.stop_signal.retryable, left.stop_signal.resume_from_sequence) == (True, 4)
+        assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
+        fake_model.enqueue(Turn.text("third"))
+        third = await harness.run("three", session_id=first.session_id)
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+    assert third.run.status is RunStatus.COMPLETED
+    assert len(fake_model.requests) == 2  # the cancelled run never called the model
 
 
 async def test_a_submit_whose_client_left_as_the_run_went_on_leaves_it_retryable(
