@@ -15,6 +15,8 @@ from typing import NoReturn
 
 import pytest
 
+from agio_grpc.domain import StepMetrics
+from agio_grpc.store.rows import HISTORY_METRICS
 from agio_grpc.store.sql import SqlStepStore, open_store
 from tests.postgres import (
     PostgresUnavailableError,
@@ -27,6 +29,14 @@ BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
+
+
+@pytest.fixture(autouse=True)
+def history_metrics_untouched() -> Iterator[None]:
+    """Steps read as history share one empty StepMetrics (store/rows.py): no test's path
+    may change it."""
+    yield
+    assert StepMetrics() == HISTORY_METRICS, "something changed the shared history metrics"
 
 
 def _no_postgres(reason: str) -> NoReturn:

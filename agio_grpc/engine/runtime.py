@@ -24,13 +24,15 @@ Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any, TypeVar
 
 from agio_grpc.domain import (
     Role,
@@ -80,6 +82,8 @@ from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreError
 from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _REQUEST_ID_SCAN = 100  # how many recent runs of a session are checked for a reused request_id
 _CANCEL_WAIT_POLL_S = 0.1  # how often a cancel for a run elsewhere rereads the run
@@ -189,6 +193,8 @@ class Runtime:
         self._leases = leases
         self._renewal: asyncio.Task[None] | None = None
         self._cancel_watch: asyncio.Task[None] | None = None
+        # Clean-ups of failed or cancelled calls still running (`_clean_up`).
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -253,10 +259,9 @@ class Runtime:
         )
         try:
             started = await asyncio.shield(starting)
-        except BaseException as error:
+        except BaseException:
             trace.end(run)  # no stop signal: the run never started
-            if isinstance(error, asyncio.CancelledError):
-                await self._end_if_started(starting)
+            await self._clean_up(self._after_write(starting, self._end_started))
             raise
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
@@ -264,7 +269,7 @@ class Runtime:
             history = held.join(started.history_start, started.history)
         except ValueError:
             trace.end(started.run)
-            await self._release_quietly(run.session_id, run.id)
+            await self._clean_up(self._end_started(started))
             raise
         kept = len(history) - len(started.history)
         return self._spawn(
@@ -288,10 +293,10 @@ class Runtime:
             metadata=dict(request.metadata),
             options=settings.to_options(),
         )
-        await self.store.acquire_session(session_id, run.id)
         trace = self._tracer.start_run(run, settings, "run")
         run.trace_id = trace.trace_id
         try:
+            await self.store.acquire_session(session_id, run.id)
             await self._check_request_id(session_id, request.request_id)
             user = await self.store.append_step(
                 Step(
@@ -310,7 +315,7 @@ class Runtime:
             history = await self.store.get_history(session_id)
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
-            await self._end_unstarted(run, run.last_sequence + 1)
+            await self._clean_up(self._end_unstarted(run, run.last_sequence + 1))
             raise
         plan = _RunPlan(history, history_held=True)  # read after taking the session
         return self._spawn(run, settings, plan, [user], request.deadline_s, trace)
@@ -328,8 +333,9 @@ class Runtime:
         """
         self._check_open()
         run = await self._run_requiring_action(run_id)
-        await self.store.acquire_session(run.session_id, run.id)
+        session_id = run.session_id
         try:
+            await self.store.acquire_session(session_id, run_id)
             # Everything is read holding the session: a Retry or DeleteSteps before it was
             # taken would otherwise leave the model a conversation that is no longer stored.
             run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
@@ -339,40 +345,45 @@ class Runtime:
             settings = self._settings_of(run)
             trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         except BaseException:
-            await self._release_quietly(run.session_id, run.id)
+            await self._clean_up(self._release_quietly(session_id, run_id))
             raise
+        run.trace_id = run.trace_id or trace.trace_id
+        steps = [
+            Step(
+                session_id,
+                run_id,
+                Role.TOOL,
+                content=by_id[call.id].output,
+                tool_call_id=call.id,
+                name=call.name,
+                is_error=by_id[call.id].is_error,
+                trace_id=trace.trace_id,
+                span_id=trace.span_id,
+            )
+            for call in pending
+        ]
+        run.stop_signal = None
+        run.last_event_seq = self._last_event_seq(run)
+        # The outputs and the run, RUNNING again, in one transaction (in a task of its own,
+        # as `start_run`'s): the run goes on, or it still waits for these outputs.
+        continuing = asyncio.ensure_future(self.store.continue_run(run, steps))
         try:
-            run.trace_id = run.trace_id or trace.trace_id
-            steps = [
-                Step(
-                    run.session_id,
-                    run.id,
-                    Role.TOOL,
-                    content=by_id[call.id].output,
-                    tool_call_id=call.id,
-                    name=call.name,
-                    is_error=by_id[call.id].is_error,
-                    trace_id=trace.trace_id,
-                    span_id=trace.span_id,
-                )
-                for call in pending
-            ]
-            # RUNNING before the outputs are stored: a call that ends between the two leaves a
-            # run `_end_unstarted` ends retryable, not one waiting for outputs already stored.
-            run.status = RunStatus.RUNNING
-            run.stop_signal = None
-            run.last_event_seq = self._last_event_seq(run)
-            await self.store.update_run(run)
-            stored = await self.store.append_steps(steps, held_by=run.id)
-            for step in stored:
-                trace.step_stored(step.id, step.sequence)
-            history.extend(stored)
-            run.step_count += len(stored)
-            run.last_sequence = stored[-1].sequence
+            continued = await asyncio.shield(continuing)
         except BaseException:
             trace.end(run)
-            await self._end_unstarted(run, run.last_sequence + 1)
+            await self._clean_up(
+                self._after_write(
+                    continuing,
+                    lambda stored: self._end_unstarted(stored.run, stored.run.last_sequence + 1),
+                    failed=lambda: self._release_quietly(session_id, run_id),
+                )
+            )
             raise
+        run = continued.run
+        stored = continued.steps
+        for step in stored:
+            trace.step_stored(step.id, step.sequence)
+        history.extend(stored)
         model_calls = sum(
             1 for step in history if step.run_id == run.id and step.role is Role.ASSISTANT
         )
@@ -402,15 +413,15 @@ class Runtime:
         """
         self._check_open()
         run_id = new_id("run")
-        await self.store.acquire_session(session_id, run_id)
         try:
+            await self.store.acquire_session(session_id, run_id)
             # Read holding the session, so the history regenerated from is the stored one.
             history, plan = await self._retry_history(session_id, sequence)
             agent, settings = await self._settings_of_step(history[-1])
             run = Run(session_id=session_id, agent=agent, id=run_id, options=settings.to_options())
             trace = self._tracer.start_run(run, settings, "retry")
         except BaseException:
-            await self._release_quietly(session_id, run_id)
+            await self._clean_up(self._release_quietly(session_id, run_id))
             raise
         run.trace_id = trace.trace_id
         try:
@@ -418,7 +429,7 @@ class Runtime:
             await self.store.create_run(run)
         except BaseException:
             trace.end(run)
-            await self._end_unstarted(run, sequence)
+            await self._clean_up(self._end_unstarted(run, sequence))
             raise
         return self._spawn(run, settings, plan, [], deadline_s, trace)
 
@@ -581,6 +592,8 @@ class Runtime:
         self._closing = True
         try:
             await self._drain(grace_s)
+            if self._cleanups:  # each is a transaction or two
+                await asyncio.wait(set(self._cleanups), timeout=self._cancel_wait_s)
         finally:
             # Last: the leases of runs still finishing are kept until they have released.
             await self._stop_renewal()
@@ -820,14 +833,36 @@ class Runtime:
         await self.store.update_run(run)
         return run
 
-    async def _end_if_started(self, starting: asyncio.Future[RunStart]) -> None:
-        """After a `Run` call was cancelled during its start transaction: wait for the
-        transaction and end the run it stored, if it did (else the run would stay RUNNING,
-        its session refusing the client's next call until the lease ran out)."""
+    async def _clean_up(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` (undoing what a failed or cancelled call took) in a task of its own:
+        it runs to its end even when the call is cancelled again while waiting for it."""
+        task = asyncio.ensure_future(work)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+
+    @staticmethod
+    async def _after_write(
+        writing: asyncio.Future[T],
+        stored: Callable[[T], Awaitable[None]],
+        *,
+        failed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Once a write the call stopped waiting for has ended (a transaction runs to its
+        end): `stored` with what it stored if it committed, else `failed`."""
         try:
-            started = await asyncio.shield(starting)
-        except Exception:
-            return  # nothing was stored
+            result = await writing
+        except BaseException:
+            if failed is not None:
+                await failed()
+            return
+        await stored(result)
+
+    async def _end_started(self, started: RunStart) -> None:
+        """End a run whose start transaction committed but whose call ended before the
+        loop started: else it would stay RUNNING, its session refusing the client's next
+        call until the lease ran out."""
         await self._end_unstarted(started.run, started.run.last_sequence + 1)
 
     async def _end_unstarted(self, run: Run, resume_from_sequence: int) -> None:

@@ -76,6 +76,16 @@ class RunStart:
 
 
 @dataclass(frozen=True, slots=True)
+class RunContinuation:
+    """What `StepStore.continue_run` stored."""
+
+    run: Run
+    """The run as stored: RUNNING, step_count and last_sequence covering `steps`."""
+    steps: list[Step]
+    """The steps as stored (sequences and create times set)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnd:
     """What `StepStore.end_run` did."""
 
@@ -203,6 +213,13 @@ class StepStore(Protocol):
 
     async def update_run(self, run: Run) -> Run:
         """Overwrite a run's mutable fields (status, stop signal, usage, counts, end time)."""
+        ...
+
+    async def continue_run(self, run: Run, steps: Sequence[Step]) -> RunContinuation:
+        """Store `steps` (the run's, of its session) and `run` (RUNNING again, its counts
+        extended by them) in one transaction, while the run holds its session (else
+        LeaseLostError): a continuation (SubmitToolOutputs) starts whole or not at all.
+        Raises NotFoundError, SequenceConflictError."""
         ...
 
     async def end_run(self, run: Run) -> RunEnd:

@@ -78,6 +78,7 @@ from agio_grpc.store.migrations import upgrade_to_head
 from agio_grpc.store.protocol import (
     HistoryMark,
     HistoryRead,
+    RunContinuation,
     RunEnd,
     RunStart,
     SessionLeases,
@@ -461,6 +462,28 @@ class SqlStepStore:
         if row is None:
             raise NotFoundError("run", run.id)
         return run_from_row(row)
+
+    async def continue_run(self, run: Run, steps: Sequence[Step]) -> RunContinuation:
+        if not steps:
+            raise ValueError("continue_run needs the steps that continue the run")
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("continue_run takes steps of the run's session")
+
+        def work(conn: Connection) -> RunContinuation:
+            stored = _append(conn, run.session_id, steps, held_by=run.id)
+            continued = stored_run(
+                replace(
+                    run,
+                    status=RunStatus.RUNNING,
+                    step_count=run.step_count + len(stored),
+                    last_sequence=stored[-1].sequence,
+                )
+            )
+            if conn.execute(_UPDATE_RUN, _run_update(continued)).rowcount != 1:
+                raise NotFoundError("run", run.id)
+            return RunContinuation(continued, stored)
+
+        return await self._write(work)
 
     async def end_run(self, run: Run) -> RunEnd:
         values = _run_update(run)

@@ -11,7 +11,14 @@ from typing import TypeVar
 from opentelemetry.semconv.attributes import error_attributes
 
 from agio_grpc.domain import ContextSummary, Run, Session, Step
-from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunEnd, RunStart, StepStore
+from agio_grpc.store.protocol import (
+    HistoryMark,
+    HistoryRead,
+    RunContinuation,
+    RunEnd,
+    RunStart,
+    StepStore,
+)
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import Instruments
 
@@ -125,6 +132,11 @@ class InstrumentedStepStore:
 
     async def update_run(self, run: Run) -> Run:
         return await self._timed("update_run", self.inner.update_run(run))
+
+    async def continue_run(self, run: Run, steps: Sequence[Step]) -> RunContinuation:
+        continued = await self._timed("continue_run", self.inner.continue_run(run, steps))
+        self._written(continued.steps)
+        return continued
 
     async def end_run(self, run: Run) -> RunEnd:
         return await self._timed("end_run", self.inner.end_run(run))

@@ -4,6 +4,7 @@ CancelRun, WatchRun and shutdown — on the real store and the fake model over H
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -26,8 +27,8 @@ from agio_grpc.engine import (
     StepDelta,
     ToolOutput,
 )
-from agio_grpc.store.errors import NotFoundError
-from agio_grpc.store.protocol import RunStart, StepStore
+from agio_grpc.store.errors import NotFoundError, StoreUnavailableError
+from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
@@ -228,25 +229,48 @@ def write_lock(database: Path) -> Iterator[None]:
         blocker.close()
 
 
-class AnnouncedStarts:
-    """The real store; `starting` is set once a run start has been asked of it."""
+class Announced:
+    """The real store; `asked` is set each time `method` is called. With `failure` set, that
+    call raises it (once) instead of writing anything; with `gate` set, it writes only once
+    the gate opens."""
 
-    def __init__(self, store: StepStore) -> None:
+    def __init__(self, store: StepStore, method: str) -> None:
         self._store = store
-        self.starting = asyncio.Event()
-
-    async def start_run(self, *args: Any, **kwargs: Any) -> RunStart:
-        self.starting.set()
-        return await self._store.start_run(*args, **kwargs)
+        self._method = method
+        self.asked = asyncio.Event()
+        self.failure: Exception | None = None
+        self.gate: asyncio.Event | None = None
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+        attribute = getattr(self._store, name)
+        if name != self._method:
+            return attribute
+
+        async def announced(*args: Any, **kwargs: Any) -> Any:
+            self.asked.set()
+            failure, self.failure = self.failure, None
+            if failure is not None:
+                raise failure
+            if self.gate is not None:
+                await self.gate.wait()
+            return await attribute(*args, **kwargs)
+
+        return announced
+
+
+async def cancel_twice(task: asyncio.Task[Any]) -> None:
+    """Cancel `task`, and again once it is undoing what its call took (a server stopping
+    after its client left): a few turns of the loop, with no I/O on the way."""
+    task.cancel()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    task.cancel()
 
 
 async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_free(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
-    announced = AnnouncedStarts(sqlite_store)
+    announced = Announced(sqlite_store, "start_run")
     harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
     try:
         fake_model.enqueue(Turn.text("first"))
@@ -255,58 +279,119 @@ async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_f
             starting = asyncio.create_task(
                 harness.runtime.start_run(RunInput("two", session_id=first.session_id))
             )
-            announced.starting.clear()
-            await announced.starting.wait()
-            starting.cancel()  # the client leaves while its run is being stored
+            announced.asked.clear()
+            await announced.asked.wait()
+            await cancel_twice(starting)  # the client leaves while its run is being stored
         with pytest.raises(asyncio.CancelledError):
             await starting
+    finally:
+        await harness.runtime.shutdown(grace_s=0)  # waits for what the call left to undo
+        await harness.driver.close()
 
-        # The transaction stored the run; the cancelled call ended it and freed the session.
-        (left, _) = await sqlite_store.list_runs(first.session_id, limit=10)
-        assert left.status is RunStatus.INTERRUPTED
-        assert left.stop_signal is not None
-        assert (left.stop_signal.retryable, left.stop_signal.resume_from_sequence) == (True, 4)
-        assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
-        fake_model.enqueue(Turn.text("third"))
-        third = await harness.run("three", session_id=first.session_id)
+    # The transaction stored the run; the cancelled call ended it and freed the session.
+    (left, _) = await sqlite_store.list_runs(first.session_id, limit=10)
+    assert left.status is RunStatus.INTERRUPTED
+    assert left.stop_signal is not None
+    assert (left.stop_signal.retryable, left.stop_signal.resume_from_sequence) == (True, 4)
+    assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
+    assert len(fake_model.requests) == 1  # the cancelled run never called the model
+
+
+async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outputs(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    announced = Announced(sqlite_store, "continue_run")
+    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
+    try:
+        waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
+        announced.failure = StoreUnavailableError("database is locked")
+        outputs = [ToolOutput("call_client", '{"status": "packed"}')]
+        with pytest.raises(StoreUnavailableError):
+            await harness.runtime.submit_tool_outputs(waiting.run_id, outputs)
+
+        # Nothing was stored: the run still waits, and sending the outputs again works.
+        assert (await sqlite_store.get_run(waiting.run_id)).status is RunStatus.REQUIRES_ACTION
+        assert (await sqlite_store.get_session(waiting.session_id)).active_run_id == ""
+        assert len(await sqlite_store.get_steps(waiting.session_id)) == 3
+        harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
+        done = await harness.collect(
+            await harness.runtime.submit_tool_outputs(waiting.run_id, outputs)
+        )
     finally:
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
-    assert third.run.status is RunStatus.COMPLETED
-    assert len(fake_model.requests) == 2  # the cancelled run never called the model
+    assert done.run.status is RunStatus.COMPLETED
+    assert (done.run.step_count, done.run.last_sequence) == (5, 5)
 
 
-async def test_a_submit_whose_client_left_as_the_run_went_on_leaves_it_retryable(
+async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    async with cancelled_after(sqlite_store, fake_model, "update_run") as (harness, wrapped):
+    announced = Announced(sqlite_store, "continue_run")
+    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
+    try:
         waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
-        wrapped.armed = True
+        announced.gate = asyncio.Event()
         submit = asyncio.create_task(
             harness.runtime.submit_tool_outputs(
                 waiting.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
             )
         )
+        await announced.asked.wait()
+        await cancel_twice(submit)  # the client leaves as the outputs are being stored
+        announced.gate.set()
         with pytest.raises(asyncio.CancelledError):
             await submit
+    finally:
+        await harness.runtime.shutdown(grace_s=0)  # waits for what the call left to undo
+        await harness.driver.close()
 
-        # Not RUNNING with no server running it: ended, retryable where the outputs go.
-        run = await sqlite_store.get_run(waiting.run_id)
-        assert run.status is RunStatus.INTERRUPTED
-        assert run.stop_signal is not None
-        assert (run.stop_signal.retryable, run.stop_signal.resume_from_sequence) == (True, 4)
-        assert (await sqlite_store.get_session(waiting.session_id)).active_run_id == ""
-        assert len(await sqlite_store.get_steps(waiting.session_id)) == 3
+    # The outputs were stored with the run going on; the call's end ended it, retryable
+    # after them, and freed the session.
+    run = await sqlite_store.get_run(waiting.run_id)
+    assert run.status is RunStatus.INTERRUPTED
+    assert run.stop_signal is not None
+    assert (run.stop_signal.retryable, run.stop_signal.resume_from_sequence) == (True, 5)
+    assert (run.step_count, run.last_sequence) == (4, 4)
+    (*_, output) = await sqlite_store.get_steps(waiting.session_id)
+    assert (output.sequence, output.tool_call_id) == (4, "call_client")
+    assert (await sqlite_store.get_session(waiting.session_id)).active_run_id == ""
 
-        asked = await harness.collect(await harness.runtime.retry(waiting.session_id, 4))
-        assert asked.run.status is RunStatus.REQUIRES_ACTION  # the client call, asked again
-        harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
-        done = await harness.collect(
-            await harness.runtime.submit_tool_outputs(
-                asked.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
-            )
-        )
-        assert done.run.status is RunStatus.COMPLETED
+    again = build_runtime(sqlite_store, fake_model, Gate())
+    try:
+        fake_model.enqueue(Turn.text("Order A1 ships tomorrow."))
+        resumed = await again.collect(await again.runtime.retry(waiting.session_id, 5))
+    finally:
+        await again.runtime.shutdown(grace_s=0)
+        await again.driver.close()
+    assert resumed.run.status is RunStatus.COMPLETED
+    sent = fake_model.requests[-1]["messages"]
+    assert [message.get("tool_call_id") for message in sent[-2:]] == ["call_client", "call_server"]
+    assert sent[-2]["content"] == '{"status": "packed"}'  # the output the call stored
+
+
+@pytest.mark.parametrize("request_id", ["", "req-1"])
+async def test_a_run_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, request_id: str
+) -> None:
+    # With a request_id on an existing session the run is stored by separate writes (the
+    # session taken, the request_id checked, the input, then the run): the last one counts.
+    async with cancelled_after(sqlite_store, fake_model, "create_run") as (harness, wrapped):
+        harness.model.enqueue(Turn.text("first"))
+        first = await harness.run("one")
+        wrapped.armed = True
+        second = RunInput("two", session_id=first.session_id, request_id=request_id)
+        starting = asyncio.create_task(harness.runtime.start_run(second))
+        if request_id:
+            with pytest.raises(asyncio.CancelledError):
+                await starting
+            (left, _) = await sqlite_store.list_runs(first.session_id, limit=10)
+            assert left.status is RunStatus.INTERRUPTED
+            assert left.stop_signal is not None
+            assert left.stop_signal.resume_from_sequence == 4
+        else:  # one transaction, create_run never called
+            await harness.collect(await starting)
+        assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
 
 
 async def test_a_retry_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
@@ -542,7 +627,10 @@ async def test_a_cancel_takes_over_a_run_whose_process_died(
 
 
 async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_over(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+    sqlite_store: SqlStepStore,
+    fake_model: FakeModelServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A replica whose lease runs out while its tool runs (nothing renews it: a stalled
     # server); another replica takes the session over; then the tool returns.
@@ -581,6 +669,8 @@ async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_o
         (took.run.id, Role.ASSISTANT),
     ]
     assert (await sqlite_store.get_session(handle.session_id)).active_run_id == ""
+    # A lost lease is an outcome the loop expects, not an error with a traceback.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(

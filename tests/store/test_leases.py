@@ -187,6 +187,51 @@ async def test_a_held_write_needs_the_session_held_by_that_run(store: SqlStepSto
     assert (await store.append_steps([step]))[0].sequence == 2
 
 
+async def waiting_run(store: SqlStepStore) -> Run:
+    """A run ended REQUIRES_ACTION (its session released), as a client tool call leaves it."""
+    run = await start(store)
+    run.status = RunStatus.REQUIRES_ACTION
+    run.stop_signal = StopSignal(StopReason.REQUIRES_ACTION, "client tools", "model")
+    assert (await store.end_run(run)).released
+    return run
+
+
+def output(run: Run) -> Step:
+    return Step(run.session_id, run.id, Role.TOOL, content="done", tool_call_id="call_1")
+
+
+async def test_continue_run_stores_the_outputs_and_the_running_run_together(
+    store: SqlStepStore,
+) -> None:
+    run = await waiting_run(store)
+    await store.acquire_session(run.session_id, run.id)
+    run.stop_signal = None
+
+    continued = await store.continue_run(run, [output(run)])
+
+    assert [step.sequence for step in continued.steps] == [2]
+    assert continued.run.status is RunStatus.RUNNING
+    assert (continued.run.step_count, continued.run.last_sequence) == (2, 2)
+    assert await store.get_run(run.id) == continued.run
+    assert await store.get_steps(run.session_id, 2) == continued.steps
+
+
+async def test_continue_run_stores_nothing_without_the_session_or_the_run(
+    store: SqlStepStore,
+) -> None:
+    run = await waiting_run(store)
+    with pytest.raises(LeaseLostError):  # not taken: a take-over may have ended it
+        await store.continue_run(run, [output(run)])
+    assert (await store.get_run(run.id)).status is RunStatus.REQUIRES_ACTION
+    assert await store.count_steps(run.session_id) == 1
+
+    ghost = Run(session_id=run.session_id, agent="a")
+    await store.acquire_session(run.session_id, ghost.id)
+    with pytest.raises(NotFoundError):
+        await store.continue_run(ghost, [output(ghost)])
+    assert await store.count_steps(run.session_id) == 1
+
+
 async def test_acquire_over_an_expired_lease_interrupts_the_previous_run(
     store: SqlStepStore, crashing: SqlStepStore, store_url: str
 ) -> None:
