@@ -293,10 +293,10 @@ class Runtime:
             metadata=dict(request.metadata),
             options=settings.to_options(),
         )
+        await self._take_session(session_id, run.id)
         trace = self._tracer.start_run(run, settings, "run")
         run.trace_id = trace.trace_id
         try:
-            await self.store.acquire_session(session_id, run.id)
             await self._check_request_id(session_id, request.request_id)
             user = await self.store.append_step(
                 Step(
@@ -334,8 +334,8 @@ class Runtime:
         self._check_open()
         run = await self._run_requiring_action(run_id)
         session_id = run.session_id
+        await self._take_session(session_id, run_id)
         try:
-            await self.store.acquire_session(session_id, run_id)
             # Everything is read holding the session: a Retry or DeleteSteps before it was
             # taken would otherwise leave the model a conversation that is no longer stored.
             run = await self._run_requiring_action(run_id)  # not cancelled meanwhile
@@ -413,8 +413,8 @@ class Runtime:
         """
         self._check_open()
         run_id = new_id("run")
+        await self._take_session(session_id, run_id)
         try:
-            await self.store.acquire_session(session_id, run_id)
             # Read holding the session, so the history regenerated from is the stored one.
             history, plan = await self._retry_history(session_id, sequence)
             agent, settings = await self._settings_of_step(history[-1])
@@ -832,6 +832,19 @@ class Runtime:
         run.end_time = utc_now()
         await self.store.update_run(run)
         return run
+
+    async def _take_session(self, session_id: str, run_id: str) -> None:
+        """`acquire_session`, in a task of its own: a call cancelled meanwhile releases the
+        session once the take has committed. A take that failed touches nothing: the holder
+        may be another call of the same run (a second SubmitToolOutputs, a CancelRun)."""
+        taking = asyncio.ensure_future(self.store.acquire_session(session_id, run_id))
+        try:
+            await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            await self._clean_up(
+                self._after_write(taking, lambda _: self._release_quietly(session_id, run_id))
+            )
+            raise
 
     async def _clean_up(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` (undoing what a failed or cancelled call took) in a task of its own:

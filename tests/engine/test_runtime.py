@@ -27,7 +27,7 @@ from agio_grpc.engine import (
     StepDelta,
     ToolOutput,
 )
-from agio_grpc.store.errors import NotFoundError, StoreUnavailableError
+from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreUnavailableError
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
@@ -317,6 +317,31 @@ async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outp
         done = await harness.collect(
             await harness.runtime.submit_tool_outputs(waiting.run_id, outputs)
         )
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+    assert done.run.status is RunStatus.COMPLETED
+    assert (done.run.step_count, done.run.last_sequence) == (5, 5)
+
+
+async def test_a_second_submit_for_the_same_run_leaves_the_first_ones_session_alone(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    announced = Announced(sqlite_store, "continue_run")
+    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
+    try:
+        waiting = await start_waiting_for_client(harness)
+        announced.gate = asyncio.Event()
+        outputs = [ToolOutput("call_client", '{"status": "packed"}')]
+        first = asyncio.create_task(harness.runtime.submit_tool_outputs(waiting.run_id, outputs))
+        await announced.asked.wait()  # the first holds the session, storing its outputs
+
+        with pytest.raises(SessionBusyError):
+            await harness.runtime.submit_tool_outputs(waiting.run_id, outputs)
+
+        announced.gate.set()
+        harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
+        done = await harness.collect(await first)
     finally:
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
