@@ -24,7 +24,6 @@ Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import time
@@ -592,11 +591,18 @@ class Runtime:
         self._closing = True
         try:
             await self._drain(grace_s)
-            if self._cleanups:  # each is a transaction or two
-                await asyncio.wait(set(self._cleanups), timeout=self._cancel_wait_s)
+            await self.settle()
         finally:
             # Last: the leases of runs still finishing are kept until they have released.
             await self._stop_renewal()
+
+    async def settle(self) -> None:
+        """Wait (up to `cancel_wait_s`) for the clean-ups of failed or cancelled calls: runs
+        they end and sessions they release (a transaction or two each). For a server
+        stopping: after its calls are cancelled, before the store closes."""
+        deadline = time.monotonic() + self._cancel_wait_s
+        while self._cleanups and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(set(self._cleanups), timeout=left)
 
     async def _drain(self, grace_s: float) -> None:
         tasks = {s.task for s in self._segments.values() if s.task is not None}
@@ -848,12 +854,12 @@ class Runtime:
 
     async def _clean_up(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` (undoing what a failed or cancelled call took) in a task of its own:
-        it runs to its end even when the call is cancelled again while waiting for it."""
+        it runs to its end even when the call is cancelled (again) while waiting for it;
+        `settle` waits for what is still running."""
         task = asyncio.ensure_future(work)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(task)
+        await asyncio.shield(task)  # a cancel goes on to the caller; the task runs on
 
     @staticmethod
     async def _after_write(

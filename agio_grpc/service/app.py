@@ -173,6 +173,9 @@ class AgioApp:
             self.bound.server.stop(grace_s),
             self.runtime.shutdown(max(grace_s - RUN_DRAIN_MARGIN_S, 0.0)),
         )
+        # Calls cancelled by the server's stop may have left runs to end and sessions to
+        # release (Runtime._clean_up): they need the store.
+        await self.runtime.settle()
         await self.model.close()
         if self.fake_model is not None:
             await self.fake_model.stop()

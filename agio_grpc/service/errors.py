@@ -106,8 +106,8 @@ def from_store_error(error: StoreError) -> ServiceError:
         return ServiceError(
             grpc.StatusCode.ABORTED,
             "SESSION_LEASE_LOST",
-            f"{error}: its lease ran out and another run took the session, ending it "
-            "INTERRUPTED; nothing was stored (GetRun has its stop signal)",
+            f"{error}: the call stalled past the session's lease and another call took "
+            "the session; nothing was stored",
             metadata={"sessionId": error.session_id, "runId": error.run_id},
         )
     if isinstance(error, StoreUnavailableError):

@@ -395,6 +395,34 @@ async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
     assert sent[-2]["content"] == '{"status": "packed"}'  # the output the call stored
 
 
+async def test_a_call_cancelled_while_it_undoes_a_failure_is_cancelled_not_failed(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    # The store refuses a Retry's run; while the call ends that run, its client leaves.
+    creating = Announced(sqlite_store, "create_run")
+    ending = Announced(cast(StepStore, creating), "end_run")
+    harness = build_runtime(cast(StepStore, ending), fake_model, Gate())
+    try:
+        fake_model.enqueue(Turn.text("first try"))
+        first = await harness.run("hello")
+        creating.failure = StoreUnavailableError("database is locked")
+        ending.gate = asyncio.Event()
+        ending.asked.clear()  # the first run's end asked too
+        retrying = asyncio.create_task(harness.runtime.retry(first.session_id, 2))
+        await ending.asked.wait()
+        retrying.cancel()
+        with pytest.raises(asyncio.CancelledError):  # the cancel is not lost
+            await retrying
+        ending.gate.set()
+    finally:
+        await harness.runtime.shutdown(grace_s=0)  # the undoing still runs to its end
+        await harness.driver.close()
+    assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
+    assert [run.id for run in await sqlite_store.list_runs(first.session_id, limit=10)] == [
+        first.run_id
+    ]
+
+
 @pytest.mark.parametrize("request_id", ["", "req-1"])
 async def test_a_run_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer, request_id: str
