@@ -892,7 +892,7 @@ class Runtime:
         it is. Never raises."""
         signal = StopSignal(
             StopReason.INTERRUPTED,
-            "the call that started this run ended before the run did anything",
+            "the call that started (or continued) this run ended before the run went on",
             "server",
             retryable=True,
             resume_from_sequence=resume_from_sequence,
