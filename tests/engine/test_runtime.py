@@ -205,16 +205,24 @@ class CancelledAfter:
 
 
 @asynccontextmanager
+async def runtime_on(store: object, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+    """A runtime on `store` (the real one, or a wrapper passing through to it), shut down
+    after the block."""
+    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    try:
+        yield harness
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+
+
+@asynccontextmanager
 async def cancelled_after(
     store: StepStore, fake_model: FakeModelServer, method: str
 ) -> AsyncIterator[tuple[Harness, CancelledAfter]]:
     wrapped = CancelledAfter(store, method)
-    harness = build_runtime(cast(StepStore, wrapped), fake_model, Gate())
-    try:
+    async with runtime_on(wrapped, fake_model) as harness:
         yield harness, wrapped
-    finally:
-        await harness.runtime.shutdown(grace_s=0)
-        await harness.driver.close()
 
 
 @contextmanager
@@ -271,8 +279,8 @@ async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_f
     sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
     announced = Announced(sqlite_store, "start_run")
-    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
-    try:
+    # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
+    async with runtime_on(announced, fake_model) as harness:
         fake_model.enqueue(Turn.text("first"))
         first = await harness.run("one")  # user 1, assistant 2
         with write_lock(tmp_path / "engine.db"):
@@ -284,9 +292,6 @@ async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_f
             await cancel_twice(starting)  # the client leaves while its run is being stored
         with pytest.raises(asyncio.CancelledError):
             await starting
-    finally:
-        await harness.runtime.shutdown(grace_s=0)  # waits for what the call left to undo
-        await harness.driver.close()
 
     # The transaction stored the run; the cancelled call ended it and freed the session.
     (left, _) = await sqlite_store.list_runs(first.session_id, limit=10)
@@ -301,8 +306,7 @@ async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outp
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
     announced = Announced(sqlite_store, "continue_run")
-    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
-    try:
+    async with runtime_on(announced, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
         announced.failure = StoreUnavailableError("database is locked")
         outputs = [ToolOutput("call_client", '{"status": "packed"}')]
@@ -317,9 +321,6 @@ async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outp
         done = await harness.collect(
             await harness.runtime.submit_tool_outputs(waiting.run_id, outputs)
         )
-    finally:
-        await harness.runtime.shutdown(grace_s=0)
-        await harness.driver.close()
     assert done.run.status is RunStatus.COMPLETED
     assert (done.run.step_count, done.run.last_sequence) == (5, 5)
 
@@ -328,8 +329,7 @@ async def test_a_second_submit_for_the_same_run_leaves_the_first_ones_session_al
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
     announced = Announced(sqlite_store, "continue_run")
-    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
-    try:
+    async with runtime_on(announced, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)
         announced.gate = asyncio.Event()
         outputs = [ToolOutput("call_client", '{"status": "packed"}')]
@@ -342,9 +342,6 @@ async def test_a_second_submit_for_the_same_run_leaves_the_first_ones_session_al
         announced.gate.set()
         harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
         done = await harness.collect(await first)
-    finally:
-        await harness.runtime.shutdown(grace_s=0)
-        await harness.driver.close()
     assert done.run.status is RunStatus.COMPLETED
     assert (done.run.step_count, done.run.last_sequence) == (5, 5)
 
@@ -353,8 +350,8 @@ async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
     announced = Announced(sqlite_store, "continue_run")
-    harness = build_runtime(cast(StepStore, announced), fake_model, Gate())
-    try:
+    # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
+    async with runtime_on(announced, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
         announced.gate = asyncio.Event()
         submit = asyncio.create_task(
@@ -367,9 +364,6 @@ async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
         announced.gate.set()
         with pytest.raises(asyncio.CancelledError):
             await submit
-    finally:
-        await harness.runtime.shutdown(grace_s=0)  # waits for what the call left to undo
-        await harness.driver.close()
 
     # The outputs were stored with the run going on; the call's end ended it, retryable
     # after them, and freed the session.
@@ -401,8 +395,8 @@ async def test_a_call_cancelled_while_it_undoes_a_failure_is_cancelled_not_faile
     # The store refuses a Retry's run; while the call ends that run, its client leaves.
     creating = Announced(sqlite_store, "create_run")
     ending = Announced(cast(StepStore, creating), "end_run")
-    harness = build_runtime(cast(StepStore, ending), fake_model, Gate())
-    try:
+    # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
+    async with runtime_on(ending, fake_model) as harness:
         fake_model.enqueue(Turn.text("first try"))
         first = await harness.run("hello")
         creating.failure = StoreUnavailableError("database is locked")
@@ -414,9 +408,6 @@ async def test_a_call_cancelled_while_it_undoes_a_failure_is_cancelled_not_faile
         with pytest.raises(asyncio.CancelledError):  # the cancel is not lost
             await retrying
         ending.gate.set()
-    finally:
-        await harness.runtime.shutdown(grace_s=0)  # the undoing still runs to its end
-        await harness.driver.close()
     assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
     assert [run.id for run in await sqlite_store.list_runs(first.session_id, limit=10)] == [
         first.run_id
