@@ -374,7 +374,7 @@ class Runtime:
                 self._after_write(
                     continuing,
                     lambda stored: self._end_unstarted(stored.run, stored.run.last_sequence + 1),
-                    failed=lambda: self._release_quietly(session_id, run_id),
+                    failed=lambda: self._end_if_continued(session_id, run_id),
                 )
             )
             raise
@@ -877,6 +877,20 @@ class Runtime:
                 await failed()
             return
         await stored(result)
+
+    async def _end_if_continued(self, session_id: str, run_id: str) -> None:
+        """After a continuation write that raised: it may have committed all the same (a
+        connection lost after COMMIT). The session is still this call's, so a RUNNING row
+        is its doing: end it after the outputs it stored. Else release the session; the run
+        still waits for its outputs."""
+        try:
+            run = await self.store.get_run(run_id)
+        except Exception:
+            run = None
+        if run is not None and run.status is RunStatus.RUNNING:
+            await self._end_unstarted(run, run.last_sequence + 1)
+        else:
+            await self._release_quietly(session_id, run_id)
 
     async def _end_started(self, started: RunStart) -> None:
         """End a run whose start transaction committed but whose call ended before the

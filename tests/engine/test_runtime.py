@@ -237,6 +237,28 @@ def write_lock(database: Path) -> Iterator[None]:
         blocker.close()
 
 
+class CommittedThenFailed:
+    """The real store, except that once `armed`, `method` writes and then raises as if the
+    connection dropped after COMMIT: a write whose caller cannot know it committed."""
+
+    def __init__(self, store: StepStore, method: str) -> None:
+        self._store = store
+        self._method = method
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if name != self._method or not self.armed:
+            return attribute
+
+        async def then_failed(*args: Any, **kwargs: Any) -> Any:
+            self.armed = False
+            await attribute(*args, **kwargs)
+            raise StoreUnavailableError("connection lost")
+
+        return then_failed
+
+
 class Announced:
     """The real store; `asked` is set each time `method` is called. With `failure` set, that
     call raises it (once) instead of writing anything; with `gate` set, it writes only once
@@ -323,6 +345,24 @@ async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outp
         )
     assert done.run.status is RunStatus.COMPLETED
     assert (done.run.step_count, done.run.last_sequence) == (5, 5)
+
+
+async def test_a_submit_whose_write_committed_but_failed_ends_the_run_after_its_outputs(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    unclear = CommittedThenFailed(sqlite_store, "continue_run")
+    async with runtime_on(unclear, fake_model) as harness:
+        waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
+        unclear.armed = True
+        with pytest.raises(StoreUnavailableError):
+            await harness.runtime.submit_tool_outputs(
+                waiting.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
+            )
+    run = await sqlite_store.get_run(waiting.run_id)
+    assert run.status is RunStatus.INTERRUPTED  # not RUNNING with nobody running it
+    assert run.stop_signal is not None
+    assert (run.stop_signal.retryable, run.stop_signal.resume_from_sequence) == (True, 5)
+    assert (await sqlite_store.get_session(waiting.session_id)).active_run_id == ""
 
 
 async def test_a_second_submit_for_the_same_run_leaves_the_first_ones_session_alone(
