@@ -178,32 +178,6 @@ async def test_cancel_is_idempotent_and_leaves_ended_runs_alone(harness: Harness
         await harness.runtime.cancel("run_missing", "x")
 
 
-class CancelledAfter:
-    """The real store, except that once `armed`, the task that calls `method` is cancelled
-    as the method returns: a call whose client left just after its write committed."""
-
-    def __init__(self, store: StepStore, method: str) -> None:
-        self._store = store
-        self._method = method
-        self.armed = False
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._store, name)
-        if name != self._method or not self.armed:
-            return attribute
-
-        async def then_cancelled(*args: Any, **kwargs: Any) -> Any:
-            self.armed = False
-            result = await attribute(*args, **kwargs)
-            task = asyncio.current_task()
-            assert task is not None
-            task.cancel()
-            await asyncio.sleep(0)
-            return result
-
-        return then_cancelled
-
-
 @asynccontextmanager
 async def runtime_on(store: object, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     """A runtime on `store` (the real one, or a wrapper passing through to it), shut down
@@ -214,15 +188,6 @@ async def runtime_on(store: object, fake_model: FakeModelServer) -> AsyncIterato
     finally:
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
-
-
-@asynccontextmanager
-async def cancelled_after(
-    store: StepStore, fake_model: FakeModelServer, method: str
-) -> AsyncIterator[tuple[Harness, CancelledAfter]]:
-    wrapped = CancelledAfter(store, method)
-    async with runtime_on(wrapped, fake_model) as harness:
-        yield harness, wrapped
 
 
 @contextmanager
@@ -237,55 +202,47 @@ def write_lock(database: Path) -> Iterator[None]:
         blocker.close()
 
 
-class CommittedThenFailed:
-    """The real store, except that once `armed`, `method` writes and then raises as if the
-    connection dropped after COMMIT: a write whose caller cannot know it committed."""
-
-    def __init__(self, store: StepStore, method: str) -> None:
-        self._store = store
-        self._method = method
-        self.armed = False
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._store, name)
-        if name != self._method or not self.armed:
-            return attribute
-
-        async def then_failed(*args: Any, **kwargs: Any) -> Any:
-            self.armed = False
-            await attribute(*args, **kwargs)
-            raise StoreUnavailableError("connection lost")
-
-        return then_failed
-
-
-class Announced:
-    """The real store; `asked` is set each time `method` is called. With `failure` set, that
-    call raises it (once) instead of writing anything; with `gate` set, it writes only once
-    the gate opens."""
+class Intercepted:
+    """The real store with one method watched: `asked` is set at each call. With `gate`
+    set, calls write only once it opens. For the next call only: `failure` raises instead
+    of writing; `failure_after` raises after writing (a connection lost after COMMIT: the
+    caller cannot know the write committed); `cancel_after` cancels the calling task as the
+    write returns (a client leaving just after its write committed)."""
 
     def __init__(self, store: StepStore, method: str) -> None:
         self._store = store
         self._method = method
         self.asked = asyncio.Event()
-        self.failure: Exception | None = None
         self.gate: asyncio.Event | None = None
+        self.failure: Exception | None = None
+        self.failure_after: Exception | None = None
+        self.cancel_after = False
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._store, name)
         if name != self._method:
             return attribute
 
-        async def announced(*args: Any, **kwargs: Any) -> Any:
+        async def intercepted(*args: Any, **kwargs: Any) -> Any:
             self.asked.set()
             failure, self.failure = self.failure, None
+            failure_after, self.failure_after = self.failure_after, None
+            cancel_after, self.cancel_after = self.cancel_after, False
             if failure is not None:
                 raise failure
             if self.gate is not None:
                 await self.gate.wait()
-            return await attribute(*args, **kwargs)
+            result = await attribute(*args, **kwargs)
+            if failure_after is not None:
+                raise failure_after
+            if cancel_after:
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()
+                await asyncio.sleep(0)
+            return result
 
-        return announced
+        return intercepted
 
 
 async def cancel_twice(task: asyncio.Task[Any]) -> None:
@@ -300,7 +257,7 @@ async def cancel_twice(task: asyncio.Task[Any]) -> None:
 async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_free(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
-    announced = Announced(sqlite_store, "start_run")
+    announced = Intercepted(sqlite_store, "start_run")
     # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
     async with runtime_on(announced, fake_model) as harness:
         fake_model.enqueue(Turn.text("first"))
@@ -327,7 +284,7 @@ async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_f
 async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outputs(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    announced = Announced(sqlite_store, "continue_run")
+    announced = Intercepted(sqlite_store, "continue_run")
     async with runtime_on(announced, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
         announced.failure = StoreUnavailableError("database is locked")
@@ -350,10 +307,10 @@ async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outp
 async def test_a_submit_whose_write_committed_but_failed_ends_the_run_after_its_outputs(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    unclear = CommittedThenFailed(sqlite_store, "continue_run")
+    unclear = Intercepted(sqlite_store, "continue_run")
     async with runtime_on(unclear, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
-        unclear.armed = True
+        unclear.failure_after = StoreUnavailableError("connection lost")
         with pytest.raises(StoreUnavailableError):
             await harness.runtime.submit_tool_outputs(
                 waiting.run_id, [ToolOutput("call_client", '{"status": "packed"}')]
@@ -368,7 +325,7 @@ async def test_a_submit_whose_write_committed_but_failed_ends_the_run_after_its_
 async def test_a_second_submit_for_the_same_run_leaves_the_first_ones_session_alone(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    announced = Announced(sqlite_store, "continue_run")
+    announced = Intercepted(sqlite_store, "continue_run")
     async with runtime_on(announced, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)
         announced.gate = asyncio.Event()
@@ -389,7 +346,7 @@ async def test_a_second_submit_for_the_same_run_leaves_the_first_ones_session_al
 async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    announced = Announced(sqlite_store, "continue_run")
+    announced = Intercepted(sqlite_store, "continue_run")
     # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
     async with runtime_on(announced, fake_model) as harness:
         waiting = await start_waiting_for_client(harness)  # user 1, assistant 2, result 3
@@ -433,8 +390,8 @@ async def test_a_call_cancelled_while_it_undoes_a_failure_is_cancelled_not_faile
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
     # The store refuses a Retry's run; while the call ends that run, its client leaves.
-    creating = Announced(sqlite_store, "create_run")
-    ending = Announced(cast(StepStore, creating), "end_run")
+    creating = Intercepted(sqlite_store, "create_run")
+    ending = Intercepted(cast(StepStore, creating), "end_run")
     # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
     async with runtime_on(ending, fake_model) as harness:
         fake_model.enqueue(Turn.text("first try"))
@@ -460,10 +417,11 @@ async def test_a_run_whose_client_left_as_its_run_was_stored_leaves_no_run_runni
 ) -> None:
     # With a request_id on an existing session the run is stored by separate writes (the
     # session taken, the request_id checked, the input, then the run): the last one counts.
-    async with cancelled_after(sqlite_store, fake_model, "create_run") as (harness, wrapped):
+    wrapped = Intercepted(sqlite_store, "create_run")
+    async with runtime_on(wrapped, fake_model) as harness:
         harness.model.enqueue(Turn.text("first"))
         first = await harness.run("one")
-        wrapped.armed = True
+        wrapped.cancel_after = True
         second = RunInput("two", session_id=first.session_id, request_id=request_id)
         starting = asyncio.create_task(harness.runtime.start_run(second))
         if request_id:
@@ -481,10 +439,11 @@ async def test_a_run_whose_client_left_as_its_run_was_stored_leaves_no_run_runni
 async def test_a_retry_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    async with cancelled_after(sqlite_store, fake_model, "create_run") as (harness, wrapped):
+    wrapped = Intercepted(sqlite_store, "create_run")
+    async with runtime_on(wrapped, fake_model) as harness:
         harness.model.enqueue(Turn.text("first try"))
         first = await harness.run("hello")
-        wrapped.armed = True
+        wrapped.cancel_after = True
         with pytest.raises(asyncio.CancelledError):
             await asyncio.create_task(harness.runtime.retry(first.session_id, 2))
 
