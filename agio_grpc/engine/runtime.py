@@ -78,7 +78,7 @@ from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreError
-from agio_grpc.store.protocol import RunStart, SessionLeases, StepStore
+from agio_grpc.store.protocol import SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +260,9 @@ class Runtime:
             started = await asyncio.shield(starting)
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
-            await self._clean_up(self._after_write(starting, self._end_started))
+            await self._clean_up(
+                self._after_write(starting, lambda started: self._end_unstarted(started.run))
+            )
             raise
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
@@ -268,7 +270,7 @@ class Runtime:
             history = held.join(started.history_start, started.history)
         except ValueError:
             trace.end(started.run)
-            await self._clean_up(self._end_started(started))
+            await self._clean_up(self._end_unstarted(started.run))
             raise
         kept = len(history) - len(started.history)
         return self._spawn(
@@ -314,7 +316,7 @@ class Runtime:
             history = await self.store.get_history(session_id)
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
-            await self._clean_up(self._end_unstarted(run, run.last_sequence + 1))
+            await self._clean_up(self._end_unstarted(run))
             raise
         plan = _RunPlan(history, history_held=True)  # read after taking the session
         return self._spawn(run, settings, plan, [user], request.deadline_s, trace)
@@ -373,7 +375,7 @@ class Runtime:
             await self._clean_up(
                 self._after_write(
                     continuing,
-                    lambda stored: self._end_unstarted(stored.run, stored.run.last_sequence + 1),
+                    lambda stored: self._end_unstarted(stored.run),
                     failed=lambda: self._end_if_continued(session_id, run_id),
                 )
             )
@@ -888,28 +890,23 @@ class Runtime:
         except Exception:
             run = None
         if run is not None and run.status is RunStatus.RUNNING:
-            await self._end_unstarted(run, run.last_sequence + 1)
+            await self._end_unstarted(run)
         else:
             await self._release_quietly(session_id, run_id)
 
-    async def _end_started(self, started: RunStart) -> None:
-        """End a run whose start transaction committed but whose call ended before the
-        loop started: else it would stay RUNNING, its session refusing the client's next
-        call until the lease ran out."""
-        await self._end_unstarted(started.run, started.run.last_sequence + 1)
-
-    async def _end_unstarted(self, run: Run, resume_from_sequence: int) -> None:
+    async def _end_unstarted(self, run: Run, resume_from_sequence: int = 0) -> None:
         """End a run whose call ended (cancelled, or failed) once its row may be stored
         RUNNING but before its loop started: INTERRUPTED, retryable from
-        `resume_from_sequence`, its session released; else its row would say RUNNING with
-        no server running it. A row that is not RUNNING (the write never committed) stays as
-        it is. Never raises."""
+        `resume_from_sequence` (0: after its last step), its session released; else its row
+        would say RUNNING with no server running it, its session refusing the client's next
+        call until the lease ran out. A row that is not RUNNING (the write never committed)
+        stays as it is. Never raises."""
         signal = StopSignal(
             StopReason.INTERRUPTED,
             "the call that started (or continued) this run ended before the run went on",
             "server",
             retryable=True,
-            resume_from_sequence=resume_from_sequence,
+            resume_from_sequence=resume_from_sequence or run.last_sequence + 1,
         )
         ended = replace(run, status=RunStatus.INTERRUPTED, stop_signal=signal, end_time=utc_now())
         try:
