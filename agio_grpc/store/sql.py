@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from sqlalchemy import (
     Connection,
-    Select,
     and_,
     bindparam,
     case,
@@ -75,6 +74,7 @@ from agio_grpc.store.errors import (
     SessionBusyError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
+from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.protocol import (
     HistoryMark,
     HistoryRead,
@@ -479,7 +479,7 @@ class SqlStepStore:
                     last_sequence=stored[-1].sequence,
                 )
             )
-            if conn.execute(_UPDATE_RUN, _run_update(continued)).rowcount != 1:
+            if _CONTINUE_RUN.execute(conn, _run_update(continued)) != 1:
                 raise NotFoundError("run", run.id)
             return RunContinuation(continued, stored)
 
@@ -492,8 +492,8 @@ class SqlStepStore:
         def work(conn: Connection) -> RunEnd:
             # The session row first, as every take does (then the run's): one lock order,
             # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
-            release = conn.execute(_RELEASE_SESSION, released).rowcount == 1
-            if conn.execute(_END_RUNNING_RUN, values).rowcount == 1:
+            release = _RELEASE_SESSION.execute(conn, released) == 1
+            if _END_RUNNING_RUN.execute(conn, values) == 1:
                 return RunEnd(release)
             row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
             if row is None:
@@ -542,8 +542,8 @@ class SqlStepStore:
 
     async def release_session(self, session_id: str, run_id: str) -> bool:
         def work(conn: Connection) -> bool:
-            released = conn.execute(_RELEASE_SESSION, {"session_id": session_id, "run_id": run_id})
-            return released.rowcount == 1
+            held = {"session_id": session_id, "run_id": run_id}
+            return _RELEASE_SESSION.execute(conn, held) == 1
 
         return await self._write(work)
 
@@ -664,7 +664,7 @@ class SqlStepStore:
             if holder.active_run_id == run_id:
                 if _lease_live(holder.lease_expires_at, now):
                     return False  # its server renews it: alive
-                conn.execute(_RELEASE_SESSION, {"session_id": run.session_id, "run_id": run_id})
+                _RELEASE_SESSION.execute(conn, {"session_id": run.session_id, "run_id": run_id})
                 message = LEASE_EXPIRED_MESSAGE
             last_sequence = int(holder.last_sequence)
             return _interrupt_run(conn, run.session_id, run_id, last_sequence, now, message)
@@ -694,10 +694,11 @@ class SqlStepStore:
 
 # The hot statements are built once, values passed as parameters: building a statement
 # with `.values(...)` costs more CPU than running it (its cache key is rebuilt each time).
-_INSERT_SESSION: Final = insert(session_table)
-_INSERT_RUN: Final = insert(run_table)
-_INSERT_STEPS: Final = insert(step_table)
-_ALLOCATE_SEQUENCES: Final = (
+# Those every run runs are `Prepared` (prepared.py): compiled once, run on the DBAPI cursor.
+_INSERT_SESSION: Final = Prepared(insert(session_table))
+_INSERT_RUN: Final = Prepared(insert(run_table))
+_INSERT_STEPS: Final = Prepared(insert(step_table))
+_ALLOCATE: Final = (
     update(session_table)
     .where(session_table.c.id == bindparam("session_id"))
     .values(
@@ -706,8 +707,9 @@ _ALLOCATE_SEQUENCES: Final = (
     )
     .returning(session_table.c.last_sequence)
 )
-_ALLOCATE_HELD_SEQUENCES: Final = _ALLOCATE_SEQUENCES.where(
-    session_table.c.active_run_id == bindparam("run_id")
+_ALLOCATE_SEQUENCES: Final = Prepared(_ALLOCATE)
+_ALLOCATE_HELD_SEQUENCES: Final = Prepared(
+    _ALLOCATE.where(session_table.c.active_run_id == bindparam("run_id"))
 )
 # A session's steps as `steps_from_rows` reads them.
 _SELECT_SESSION_STEPS: Final = select(*STEP_READ_COLUMNS).where(
@@ -717,16 +719,22 @@ _SELECT_SESSION_STEPS: Final = select(*STEP_READ_COLUMNS).where(
 _SELECT_SESSION_HISTORY: Final = select(*HISTORY_READ_COLUMNS).where(
     step_table.c.session_id == bindparam("session_id")
 )
-_SELECT_STEP: Final = _SELECT_SESSION_STEPS.where(step_table.c.sequence == bindparam("sequence"))
-_SELECT_STEP_ID: Final = select(step_table.c.id).where(
-    step_table.c.session_id == bindparam("session_id"),
-    step_table.c.sequence == bindparam("sequence"),
+_SELECT_STEP: Final = Prepared(
+    _SELECT_SESSION_STEPS.where(step_table.c.sequence == bindparam("sequence"))
 )
-_SELECT_LAST_STEP: Final = _SELECT_SESSION_STEPS.order_by(step_table.c.sequence.desc()).limit(1)
+_SELECT_STEP_ID: Final = Prepared(
+    select(step_table.c.id).where(
+        step_table.c.session_id == bindparam("session_id"),
+        step_table.c.sequence == bindparam("sequence"),
+    )
+)
+_SELECT_LAST_STEP: Final = Prepared(
+    _SELECT_SESSION_STEPS.order_by(step_table.c.sequence.desc()).limit(1)
+)
 
 
 @functools.cache
-def _select_steps(*, bounded: bool, limited: bool, history: bool = False) -> Select[Any]:
+def _select_steps(*, bounded: bool, limited: bool, history: bool = False) -> Prepared:
     """Steps from `:start`, up to `:end` when `bounded`, at most `:limit` when `limited`;
     with `history`, only the columns `history_from_rows` reads."""
     base = _SELECT_SESSION_HISTORY if history else _SELECT_SESSION_STEPS
@@ -734,13 +742,13 @@ def _select_steps(*, bounded: bool, limited: bool, history: bool = False) -> Sel
     if bounded:
         query = query.where(step_table.c.sequence <= bindparam("end"))
     query = query.order_by(step_table.c.sequence)
-    return query.limit(bindparam("limit")) if limited else query
+    return Prepared(query.limit(bindparam("limit")) if limited else query)
 
 
 def _read_steps(
     conn: Connection,
     session_id: str,
-    query: Select[Any],
+    query: Prepared,
     params: Mapping[str, Any],
     decode: Callable[[str, Iterable[Sequence[Any]]], list[Step]] = steps_from_rows,
 ) -> list[Step]:
@@ -751,18 +759,14 @@ def _read_steps(
     long session. Iterated rather than fetched whole, so each row tuple is freed as soon as
     its step is built instead of all of them piling up for the garbage collector.
     """
-    result = conn.execute(query, params)
-    try:
+    with query.cursor(conn, params) as cursor:
         # Both drivers' cursors iterate (PEP 249's optional extension; asyncpg's adapter
-        # has the rows in memory already), which SQLAlchemy's cursor protocol leaves out.
-        rows = cast("Iterable[Sequence[Any]]", result.cursor)
-        return decode(session_id, rows)
-    finally:
-        result.close()
+        # has the rows in memory already), which the DBAPI cursor protocol leaves out.
+        return decode(session_id, cast("Iterable[Sequence[Any]]", cursor))
 
 
 _HELD: Final = and_(session_table.c.active_run_id.is_not(None), session_table.c.active_run_id != "")
-_TAKE_FREE_SESSION: Final = (
+_TAKE_FREE_SESSION: Final = Prepared(
     update(session_table)
     .where(
         session_table.c.id == bindparam("session_id"),
@@ -784,9 +788,10 @@ _UPDATE_RUN: Final = (
     .values({name: bindparam(name) for name in (*RUN_MUTABLE_COLUMNS, "cancel_request")})
 )
 _UPDATE_RUN_RETURNING: Final = _UPDATE_RUN.returning(*run_table.c)
+_CONTINUE_RUN: Final = Prepared(_UPDATE_RUN)
 # A run's end, unless another server ended it first (a take-over after its lease ran out).
-_END_RUNNING_RUN: Final = _UPDATE_RUN.where(run_table.c.status == RunStatus.RUNNING.value)
-_RELEASE_SESSION: Final = (
+_END_RUNNING_RUN: Final = Prepared(_UPDATE_RUN.where(run_table.c.status == RunStatus.RUNNING.value))
+_RELEASE_SESSION: Final = Prepared(
     update(session_table)
     .where(
         session_table.c.id == bindparam("session_id"),
@@ -840,7 +845,8 @@ def _read_start(
     if since is None or since.sequence < 1 or (end is not None and since.sequence > end):
         return 1
     held = {"session_id": session_id, "sequence": since.sequence}
-    if conn.execute(_SELECT_STEP_ID, held).scalar() == since.step_id:
+    row = _SELECT_STEP_ID.first(conn, held)
+    if row is not None and row[0] == since.step_id:
         return since.sequence + 1
     return 1
 
@@ -861,8 +867,8 @@ def _insert_session(
     active_run_id: str = "",
 ) -> None:
     holder = active_run_id or session.active_run_id or None
-    conn.execute(
-        _INSERT_SESSION,
+    _INSERT_SESSION.execute(
+        conn,
         {
             "id": session.id,
             "parent_session_id": session.parent_session_id or None,
@@ -877,8 +883,8 @@ def _insert_session(
 
 
 def _insert_run(conn: Connection, run: Run) -> None:
-    conn.execute(
-        _INSERT_RUN,
+    _INSERT_RUN.execute(
+        conn,
         {
             "id": run.id,
             "session_id": run.session_id,
@@ -903,7 +909,7 @@ def _append(
         stored_copy(step, sequence=first + offset, create_time=now)
         for offset, step in enumerate(steps)
     ]
-    conn.execute(_INSERT_STEPS, [step_row(step) for step in stored])
+    _INSERT_STEPS.execute_many(conn, [step_row(step) for step in stored])
     return stored
 
 
@@ -920,13 +926,13 @@ def _allocate_sequences(conn: Connection, session_id: str, count: int, held_by: 
         statement, params["run_id"] = _ALLOCATE_HELD_SEQUENCES, held_by
     else:
         statement = _ALLOCATE_SEQUENCES
-    last = conn.execute(statement, params).scalar_one_or_none()
-    if last is None:
+    row = statement.first(conn, params)
+    if row is None:
         if held_by:
             _require_session(conn, session_id)
             raise LeaseLostError(session_id, held_by)
         raise NotFoundError("session", session_id)
-    return int(last)
+    return int(row[0])
 
 
 def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -> None:
@@ -938,7 +944,7 @@ def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -
     # re-entrant: two continuations of one run (a submit and a cancel) exclude each other.
     now = utc_now()
     values = {"session_id": session_id, "run_id": run_id, "expires": now + lease}
-    if conn.execute(_TAKE_FREE_SESSION, values).first() is not None:
+    if _TAKE_FREE_SESSION.first(conn, values) is not None:
         return
     # Held (or unknown): read the holder under a row lock, so a renewal or another take
     # waits for this transaction and then sees its outcome.
