@@ -92,7 +92,9 @@ def step_row(step: Step) -> dict[str, Any]:
         "trace_id": step.trace_id,
         "span_id": step.span_id,
     }
-    row.update(dataclasses.asdict(step.metrics))
+    metrics = step.metrics
+    # Flat fields: `dataclasses.asdict`'s deep copy cost more than the rest of the row.
+    row.update({name: getattr(metrics, name) for name in METRIC_FIELDS})
     return row
 
 
