@@ -11,6 +11,9 @@ sqlite3: one thread hop per transaction instead of several per statement, which 
 of CPU per transaction through aiosqlite), on PostgreSQL through asyncpg with
 `AsyncConnection.run_sync`. SQLite writes are funnelled through one writer thread per
 process and take the database lock up front (`BEGIN IMMEDIATE`) against other processes.
+The statements every run runs (taking a session, storing steps and runs, ending a run,
+reading steps) are `Prepared` (prepared.py): compiled by SQLAlchemy once and run on the
+DBAPI cursor, without SQLAlchemy's per-execution layer.
 
 The one active run per session is held under a lease (`sessions.lease_expires_at`, see the
 protocol's docstring): taking a free session is one compare-and-set UPDATE; only when that
