@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 import asyncpg
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Dialect, Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -99,6 +99,14 @@ class Database(Protocol):
     async def dispose(self) -> None:
         """Close every connection."""
         ...
+
+
+def executes_directly(dialect: Dialect) -> bool:
+    """Whether `prepared.Prepared` may run this dialect's statements on the DBAPI cursor,
+    skipping SQLAlchemy's execution layer: SQLite's (pysqlite) does nothing per execution
+    that it would skip. asyncpg's does: it keeps the driver's prepared-statement cache in
+    step with DDL run elsewhere, and takes a cancelled statement for a lost connection."""
+    return dialect.name == "sqlite"
 
 
 def open_database(url: URL, sqlite_synchronous: str) -> Database:

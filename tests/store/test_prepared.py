@@ -1,9 +1,11 @@
-"""Prepared statements write and read exactly what `Connection.execute` does, on both backends,
-and fail the way it fails.
+"""Prepared statements write and read exactly what `Connection.execute` does, and fail the way
+it fails.
 
 Each test runs transactions through the store's own `Database` on a migrated database
 (the `store` fixture migrates it) and compares a prepared statement with the same Core
-statement run through SQLAlchemy's execution layer.
+statement run through SQLAlchemy's execution layer. On SQLite they run on the DBAPI
+cursor; on PostgreSQL through `Connection.execute` (`database.executes_directly`), and the
+same tests hold that nothing changes for the store there.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy import exc as sa_exc
 
 from agio_grpc.store import SequenceConflictError, StoreError, StoreUnavailableError
-from agio_grpc.store.database import Database, open_database, parse_url
+from agio_grpc.store.database import Database, executes_directly, open_database, parse_url
 from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.store.tables import runs, sessions, steps
@@ -113,8 +115,14 @@ async def test_a_statement_keeps_its_own_literals_and_takes_the_callers_paramete
         .values(status=bindparam("status"))
     )
     latest = Prepared(select(runs.c.id).order_by(runs.c.create_time.desc()).limit(1))
+    # One parameter in two places.
+    named_twice = Prepared(
+        select(runs.c.id).where(
+            runs.c.agent == bindparam("name"), runs.c.trace_id != bindparam("name")
+        )
+    )
 
-    def work(conn: Connection) -> tuple[int, int, Any]:
+    def work(conn: Connection) -> tuple[int, int, Any, Any]:
         Prepared(insert(sessions)).execute(conn, session_row("sess_a"))
         for index, status in enumerate(["RUNNING", "COMPLETED"]):
             row = {
@@ -128,13 +136,15 @@ async def test_a_statement_keeps_its_own_literals_and_takes_the_callers_paramete
         ended = end_running.execute(conn, {"run_id": "run_0", "status": "FAILED"})
         # Only a RUNNING row matches the statement's literal.
         not_running = end_running.execute(conn, {"run_id": "run_1", "status": "FAILED"})
-        return ended, not_running, latest.first(conn, {})
+        return ended, not_running, latest.first(conn, {}), named_twice.first(conn, {"name": "a"})
 
-    ended, not_running, newest = await write(database, work)
+    ended, not_running, newest, named = await write(database, work)
 
     assert (ended, not_running) == (1, 0)
     assert newest is not None
     assert newest[0] == "run_1"
+    assert named is not None
+    assert named[0] in ("run_0", "run_1")
 
 
 async def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(database: Database) -> None:
@@ -165,11 +175,64 @@ async def test_a_sequence_collision_through_a_prepared_insert_is_a_conflict(
         await write(database, work)
 
 
-async def test_an_in_list_parameter_is_refused(database: Database) -> None:
-    in_list = Prepared(select(runs.c.id).where(runs.c.id.in_(bindparam("ids", expanding=True))))
+async def test_a_value_its_column_type_refuses_is_a_store_error(database: Database) -> None:
+    naive = session_row("sess_a") | {"create_time": datetime(2026, 1, 1)}
 
-    with pytest.raises(ValueError, match="expanding"):
-        await database.run(lambda conn: in_list.first(conn, {"ids": ["run_1"]}), write=False)
+    with pytest.raises(StoreError, match="naive datetime"):
+        await write(database, lambda conn: Prepared(insert(sessions)).execute(conn, naive))
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.parametrize(
+    "parameter",
+    [
+        bindparam("ids", expanding=True),
+        bindparam("ids", callable_=lambda: ["run_1"]),
+        bindparam("ids", ["run_1"], literal_execute=True, expanding=True),
+    ],
+    ids=["expanding", "callable", "literal_execute"],
+)
+async def test_a_parameter_rendered_or_computed_per_call_is_refused(
+    database: Database, parameter: Any
+) -> None:
+    per_call = Prepared(select(runs.c.id).where(runs.c.id.in_(parameter)))
+
+    with pytest.raises(ValueError, match="prepared statement cannot take"):
+        await database.run(lambda conn: per_call.first(conn, {"ids": ["run_1"]}), write=False)
+
+
+def test_only_sqlite_statements_skip_sqlalchemys_execution_layer() -> None:
+    sqlite_dialect = parse_url("sqlite:///agio.db").get_dialect()()
+    postgres_dialect = parse_url("postgresql://localhost/agio").get_dialect()()
+
+    assert executes_directly(sqlite_dialect)
+    assert not executes_directly(postgres_dialect)
+
+
+async def test_a_connection_closed_under_a_transaction_is_invalidated_and_replaced(
+    database: Database,
+) -> None:
+    seen: list[bool] = []
+
+    def work(conn: Connection) -> None:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        dbapi.close()  # as a driver whose connection went away
+        try:
+            Prepared(insert(sessions)).execute(conn, session_row("sess_a"))
+        except sa_exc.DBAPIError as error:
+            seen.append(error.connection_invalidated)
+            assert conn.invalidated
+            raise
+
+    with pytest.raises(StoreUnavailableError):
+        await write(database, work)
+
+    assert seen == [True]
+    await write(database, lambda conn: Prepared(insert(sessions)).execute(conn, session_row("s")))
+    assert await database.run(
+        lambda conn: conn.execute(select(sessions.c.id)).scalars().all(), write=False
+    ) == ["s"]
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
