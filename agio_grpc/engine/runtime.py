@@ -77,7 +77,12 @@ from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment, lease_lost
 from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
-from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreError
+from agio_grpc.store.errors import (
+    NotFoundError,
+    SessionBusyError,
+    StoreError,
+    StoreUnavailableError,
+)
 from agio_grpc.store.protocol import SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
@@ -261,7 +266,11 @@ class Runtime:
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
             await self._clean_up(
-                self._after_write(starting, lambda started: self._end_unstarted(started.run))
+                self._after_write(
+                    starting,
+                    lambda started: self._end_unstarted(started.run),
+                    failed=lambda error: self._end_if_stored(run.id, error),
+                )
             )
             raise
         for step in started.steps:
@@ -376,7 +385,7 @@ class Runtime:
                 self._after_write(
                     continuing,
                     lambda stored: self._end_unstarted(stored.run),
-                    failed=lambda: self._end_if_continued(session_id, run_id),
+                    failed=lambda _: self._end_if_continued(session_id, run_id),
                 )
             )
             raise
@@ -868,17 +877,34 @@ class Runtime:
         writing: asyncio.Future[T],
         stored: Callable[[T], Awaitable[None]],
         *,
-        failed: Callable[[], Awaitable[None]] | None = None,
+        failed: Callable[[BaseException], Awaitable[None]] | None = None,
     ) -> None:
         """Once a write the call stopped waiting for has ended (a transaction runs to its
-        end): `stored` with what it stored if it committed, else `failed`."""
+        end): `stored` with what it stored if it committed, else `failed` with the error it
+        raised."""
         try:
             result = await writing
-        except BaseException:
+        except BaseException as error:
             if failed is not None:
-                await failed()
+                await failed(error)
             return
         await stored(result)
+
+    async def _end_if_stored(self, run_id: str, error: BaseException) -> None:
+        """After a run's start transaction raised `error`: one that lost its connection may
+        have committed all the same (at COMMIT). The run id is this call's own, so a
+        RUNNING row is its doing: end it, freeing the session, rather than leave the
+        client's retry refused as busy until the lease runs out. A refusal (busy, unknown
+        session) stored nothing, and a store that cannot answer leaves the run to its
+        lease."""
+        if not isinstance(error, StoreUnavailableError):
+            return
+        try:
+            run = await self.store.get_run(run_id)
+        except Exception:
+            return
+        if run.status is RunStatus.RUNNING:
+            await self._end_unstarted(run)
 
     async def _end_if_continued(self, session_id: str, run_id: str) -> None:
         """After a continuation write that raised: it may have committed all the same (a

@@ -281,6 +281,45 @@ async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_f
     assert len(fake_model.requests) == 1  # the cancelled run never called the model
 
 
+async def test_a_run_whose_start_committed_but_failed_ends_and_frees_the_session(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    unclear = Intercepted(sqlite_store, "start_run")
+    async with runtime_on(unclear, fake_model) as harness:
+        fake_model.enqueue(Turn.text("first"))
+        first = await harness.run("one")  # user 1, assistant 2
+        unclear.failure_after = StoreUnavailableError("connection lost")
+        with pytest.raises(StoreUnavailableError):
+            await harness.runtime.start_run(RunInput("two", session_id=first.session_id))
+
+        (lost, _first) = await sqlite_store.list_runs(first.session_id, limit=10)
+        assert lost.status is RunStatus.INTERRUPTED  # not RUNNING with nobody running it
+        assert lost.stop_signal is not None
+        assert (lost.stop_signal.retryable, lost.stop_signal.resume_from_sequence) == (True, 4)
+        # The client's retry is served at once, not refused as busy until the lease ends.
+        fake_model.enqueue(Turn.text("again"))
+        retried = await harness.run("two", session_id=first.session_id)
+    assert retried.run.status is RunStatus.COMPLETED
+    assert len(fake_model.requests) == 2  # the failed start never called the model
+
+
+async def test_a_run_whose_start_failed_before_committing_leaves_nothing_behind(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    failing = Intercepted(sqlite_store, "start_run")
+    async with runtime_on(failing, fake_model) as harness:
+        fake_model.enqueue(Turn.text("first"))
+        first = await harness.run("one")
+        failing.failure = StoreUnavailableError("database is locked")
+        with pytest.raises(StoreUnavailableError):
+            await harness.runtime.start_run(RunInput("two", session_id=first.session_id))
+
+    runs = await sqlite_store.list_runs(first.session_id, limit=10)
+    assert [run.id for run in runs] == [first.run_id]
+    assert (await sqlite_store.get_session(first.session_id)).active_run_id == ""
+    assert len(await sqlite_store.get_steps(first.session_id)) == 2
+
+
 async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outputs(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
