@@ -500,13 +500,26 @@ async def _lines(body: aiohttp.StreamReader) -> AsyncGenerator[str, None]:
     One await per read of the socket rather than one per line: an SSE event is two lines.
     """
     pending = b""
+    # The last read ended in `\r`: a `\n` opening the next one is the rest of that line's
+    # ending (`\r\n` is one ending, not two), not an empty line.
+    after_cr = False
     async for data in body.iter_any():
+        if after_cr and data:
+            after_cr = False
+            if data.startswith(b"\n"):
+                data = data[1:]
         if not data:
             continue
         lines = (pending + data).splitlines(keepends=True)
-        # An unfinished last line waits for the next read; so does one ending in `\r`, whose
-        # `\n` may come next (`\r\n` is one ending, not two).
-        pending = b"" if lines[-1].endswith(b"\n") else lines.pop()
+        last = lines[-1]
+        if last.endswith(b"\r"):
+            # Ended already: waiting to see whether `\n` follows would hold the line (and
+            # the event it may end) until the next read.
+            pending, after_cr = b"", True
+        elif last.endswith(b"\n"):
+            pending = b""
+        else:  # unfinished: the next read brings the rest
+            pending = lines.pop()
         for line in lines:
             yield line.rstrip(b"\r\n").decode(errors="replace")
     if pending:

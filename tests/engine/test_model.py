@@ -254,13 +254,16 @@ async def test_a_stream_that_goes_silent_after_deltas_restarts(
 
 
 class RawHttpServer:
-    """Answers every request on a socket with fixed bytes (in parts, 0.1 s apart), then holds
-    the connection open (or closes it, without `hold`): what no well-behaved HTTP server
-    sends."""
+    """Answers every request on a socket with fixed bytes (in parts, 0.1 s apart, the last
+    only once `before_last` is set, when given), then holds the connection open (or closes
+    it, without `hold`): what no well-behaved HTTP server sends."""
 
-    def __init__(self, *parts: bytes, hold: bool = True) -> None:
+    def __init__(
+        self, *parts: bytes, hold: bool = True, before_last: asyncio.Event | None = None
+    ) -> None:
         self.parts = parts
         self.hold = hold
+        self.before_last = before_last
         self.connections = 0
         self.heads: list[bytes] = []
         self._server: asyncio.Server | None = None
@@ -284,6 +287,8 @@ class RawHttpServer:
         for index, part in enumerate(self.parts):
             if index:
                 await asyncio.sleep(0.1)
+            if index == len(self.parts) - 1 and self.before_last is not None:
+                await self.before_last.wait()
             writer.write(part)
             await writer.drain()
         if self.hold:
@@ -356,6 +361,40 @@ async def test_events_split_across_reads_and_any_line_ending_are_joined() -> Non
         reply, recorder = await complete_within(base_url, 5.0)
     assert reply.content == "one two three"
     assert [d.content for d in recorder.of(ModelDelta)] == ["one ", "two ", "three"]
+
+
+async def test_an_event_ended_by_lone_crs_is_delivered_before_the_next_read() -> None:
+    def event(content: str, finish: str | None = None) -> bytes:
+        delta = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
+        return f"data: {json.dumps(delta)}".encode()
+
+    class FirstDelta(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = asyncio.Event()
+
+        def __call__(self, event: ModelEvent) -> None:
+            super().__call__(event)
+            if isinstance(event, ModelDelta):
+                self.seen.set()
+
+    # The first read ends in `\r`, which may be half of a `\r\n` the next read completes;
+    # the server sends that next read only once the first delta is out.
+    body = [event("one ") + b"\r\r", event("two", "stop") + b"\r\rdata: [DONE]\r\r"]
+    length = sum(map(len, body))
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {length}"
+    recorder = FirstDelta()
+    server = RawHttpServer(f"{head}\r\n\r\n".encode() + body[0], body[1], before_last=recorder.seen)
+    async with server as base_url:
+        driver = OpenAIModelDriver(
+            base_url=base_url, api_key="k", retry=FAST_RETRIES, timeout_s=2.0
+        )
+        try:
+            reply = await driver.complete(HELLO, recorder)
+        finally:
+            await driver.close()
+    assert reply.content == "one two"
+    assert recorder.of(ModelRestart) == []
 
 
 @pytest.mark.parametrize(("status", "retried"), [(503, True), (400, False)])
