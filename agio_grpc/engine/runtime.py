@@ -91,6 +91,8 @@ T = TypeVar("T")
 
 _REQUEST_ID_SCAN = 100  # how many recent runs of a session are checked for a reused request_id
 _CANCEL_WAIT_POLL_S = 0.1  # how often a cancel for a run elsewhere rereads the run
+# How long a call whose start transaction failed waits to learn whether it committed.
+_UNCLEAR_WRITE_CHECK_S = 1.0
 
 
 @dataclass(slots=True)
@@ -895,13 +897,16 @@ class Runtime:
         have committed all the same (at COMMIT). The run id is this call's own, so a
         RUNNING row is its doing: end it, freeing the session, rather than leave the
         client's retry refused as busy until the lease runs out. A refusal (busy, unknown
-        session) stored nothing, and a store that cannot answer leaves the run to its
-        lease."""
+        session) stored nothing, and a store that cannot answer within
+        `_UNCLEAR_WRITE_CHECK_S` leaves the run to its lease."""
         if not isinstance(error, StoreUnavailableError):
             return
         try:
-            run = await self.store.get_run(run_id)
-        except Exception:
+            # Bounded: the caller's error waits for this, and a store that just failed may
+            # take its connect timeout to fail again.
+            async with asyncio.timeout(_UNCLEAR_WRITE_CHECK_S):
+                run = await self.store.get_run(run_id)
+        except Exception:  # TimeoutError included
             return
         if run.status is RunStatus.RUNNING:
             await self._end_unstarted(run)

@@ -27,6 +27,7 @@ from agio_grpc.engine import (
     StepDelta,
     ToolOutput,
 )
+from agio_grpc.engine import runtime as runtime_module
 from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreUnavailableError
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
@@ -301,6 +302,25 @@ async def test_a_run_whose_start_committed_but_failed_ends_and_frees_the_session
         retried = await harness.run("two", session_id=first.session_id)
     assert retried.run.status is RunStatus.COMPLETED
     assert len(fake_model.requests) == 2  # the failed start never called the model
+
+
+async def test_a_start_that_failed_answers_soon_when_the_store_cannot_say_what_it_stored(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime_module, "_UNCLEAR_WRITE_CHECK_S", 0.05)
+    unclear = Intercepted(sqlite_store, "start_run")
+    unanswered = Intercepted(unclear, "get_run")
+    unanswered.gate = asyncio.Event()  # never opens: the store stays silent
+    async with runtime_on(unanswered, fake_model) as harness:
+        unclear.failure_after = StoreUnavailableError("connection lost")
+        async with asyncio.timeout(5):  # not the whole connect timeout of a store that is down
+            with pytest.raises(StoreUnavailableError):
+                await harness.runtime.start_run(RunInput("hello"))
+        assert unanswered.asked.is_set()
+    # The run is left to its lease.
+    (session,) = await sqlite_store.list_sessions(limit=10)
+    (left,) = await sqlite_store.list_runs(session.id, limit=10)
+    assert left.status is RunStatus.RUNNING
 
 
 async def test_a_run_whose_start_failed_before_committing_leaves_nothing_behind(
