@@ -12,8 +12,8 @@ of CPU per transaction through aiosqlite), on PostgreSQL through asyncpg with
 `AsyncConnection.run_sync`. SQLite writes are funnelled through one writer thread per
 process and take the database lock up front (`BEGIN IMMEDIATE`) against other processes.
 The statements every run runs (taking a session, storing steps and runs, ending a run,
-reading steps) are `Prepared` (prepared.py): compiled by SQLAlchemy once and run on the
-DBAPI cursor, without SQLAlchemy's per-execution layer.
+reading steps) are `Prepared` (prepared.py): compiled by SQLAlchemy once and, on SQLite,
+run on the DBAPI cursor without SQLAlchemy's per-execution layer.
 
 The one active run per session is held under a lease (`sessions.lease_expires_at`, see the
 protocol's docstring): taking a free session is one compare-and-set UPDATE; only when that
@@ -697,7 +697,8 @@ class SqlStepStore:
 
 # The hot statements are built once, values passed as parameters: building a statement
 # with `.values(...)` costs more CPU than running it (its cache key is rebuilt each time).
-# Those every run runs are `Prepared` (prepared.py): compiled once, run on the DBAPI cursor.
+# Those every run runs are `Prepared` (prepared.py): on SQLite, compiled once and run on the
+# DBAPI cursor.
 _INSERT_SESSION: Final = Prepared(insert(session_table))
 _INSERT_RUN: Final = Prepared(insert(run_table))
 _INSERT_STEPS: Final = Prepared(insert(step_table))
