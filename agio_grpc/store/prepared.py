@@ -175,7 +175,9 @@ def _run(
         arguments = [compiled.arguments(row) for row in rows]
     except Exception as error:
         # As SQLAlchemy reports a value its bind processor refused (a naive datetime).
-        raise sa_exc.StatementError(str(error), compiled.sql, rows, error) from error
+        raise sa_exc.StatementError(
+            str(error), compiled.sql, rows, error, hide_parameters=True
+        ) from error
     dbapi = conn.connection.dbapi_connection
     if dbapi is None:  # only after the connection was closed or detached
         raise sa_exc.ResourceClosedError("the connection is closed")
