@@ -91,7 +91,7 @@ T = TypeVar("T")
 
 _REQUEST_ID_SCAN = 100  # how many recent runs of a session are checked for a reused request_id
 _CANCEL_WAIT_POLL_S = 0.1  # how often a cancel for a run elsewhere rereads the run
-# How long a call whose start transaction failed waits to learn whether it committed.
+# How long a call whose write failed waits to learn whether it committed.
 _UNCLEAR_WRITE_CHECK_S = 1.0
 
 
@@ -897,18 +897,11 @@ class Runtime:
         have committed all the same (at COMMIT). The run id is this call's own, so a
         RUNNING row is its doing: end it, freeing the session, rather than leave the
         client's retry refused as busy until the lease runs out. A refusal (busy, unknown
-        session) stored nothing, and a store that cannot answer within
-        `_UNCLEAR_WRITE_CHECK_S` leaves the run to its lease."""
+        session) stored nothing, and a store that cannot say leaves the run to its lease."""
         if not isinstance(error, StoreUnavailableError):
             return
-        try:
-            # Bounded: the caller's error waits for this, and a store that just failed may
-            # take its connect timeout to fail again.
-            async with asyncio.timeout(_UNCLEAR_WRITE_CHECK_S):
-                run = await self.store.get_run(run_id)
-        except Exception:  # TimeoutError included
-            return
-        if run.status is RunStatus.RUNNING:
+        run = await self._stored_running(run_id)
+        if run is not None:
             await self._end_unstarted(run)
 
     async def _end_if_continued(self, session_id: str, run_id: str) -> None:
@@ -916,14 +909,23 @@ class Runtime:
         connection lost after COMMIT). The session is still this call's, so a RUNNING row
         is its doing: end it after the outputs it stored. Else release the session; the run
         still waits for its outputs."""
-        try:
-            run = await self.store.get_run(run_id)
-        except Exception:
-            run = None
-        if run is not None and run.status is RunStatus.RUNNING:
+        run = await self._stored_running(run_id)
+        if run is not None:
             await self._end_unstarted(run)
         else:
             await self._release_quietly(session_id, run_id)
+
+    async def _stored_running(self, run_id: str) -> Run | None:
+        """The run as stored, if it is RUNNING: what a write whose outcome was unclear left.
+        None as well when the store cannot say within `_UNCLEAR_WRITE_CHECK_S`: the caller's
+        error waits for this, and a store that just failed may take its connect timeout to
+        fail again."""
+        try:
+            async with asyncio.timeout(_UNCLEAR_WRITE_CHECK_S):
+                run = await self.store.get_run(run_id)
+        except Exception:  # TimeoutError included
+            return None
+        return run if run.status is RunStatus.RUNNING else None
 
     async def _end_unstarted(self, run: Run, resume_from_sequence: int = 0) -> None:
         """End a run whose call ended (cancelled, or failed) once its row may be stored

@@ -26,14 +26,15 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     """
     if value is None:
         return None
-    since = _utc(value) - _EPOCH
-    return timestamp_pb2.Timestamp(
-        seconds=since.days * 86_400 + since.seconds, nanos=since.microseconds * 1_000
-    )
+    stamp = timestamp_pb2.Timestamp()
+    _set_time(stamp, value)
+    return stamp
 
 
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+def _set_time(stamp: timestamp_pb2.Timestamp, value: datetime) -> None:
+    since = (value if value.tzinfo is not None else value.replace(tzinfo=UTC)) - _EPOCH
+    stamp.seconds = since.days * 86_400 + since.seconds
+    stamp.nanos = since.microseconds * 1_000
 
 
 # Enum values are passed by name: the message constructors accept the label and raise on an
@@ -159,9 +160,7 @@ def event_to_proto(sequenced: events.SequencedEvent) -> events_pb2.StepEvent:
     message = events_pb2.StepEvent(
         run_id=sequenced.run_id, session_id=sequenced.session_id, seq=sequenced.seq
     )
-    since = _utc(sequenced.time) - _EPOCH
-    message.time.seconds = since.days * 86_400 + since.seconds
-    message.time.nanos = since.microseconds * 1_000
+    _set_time(message.time, sequenced.time)
     event = sequenced.event
     match event:
         case events.StepDelta():
