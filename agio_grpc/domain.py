@@ -178,6 +178,50 @@ def pick_stop_signal(signals: Iterable[StopSignal]) -> StopSignal | None:
     return best
 
 
+_COMPLETED_REASONS: Final = frozenset(
+    {
+        StopReason.COMPLETED,
+        StopReason.MAX_STEPS,
+        StopReason.MAX_TOKENS,
+        StopReason.CONTENT_FILTER,
+        StopReason.TOKEN_BUDGET,
+        StopReason.TOOL_STOP,
+    }
+)
+
+
+def status_for(reason: StopReason) -> RunStatus:
+    """The status a run stopped for `reason` is left in:
+    - COMPLETED, MAX_STEPS, MAX_TOKENS, CONTENT_FILTER, TOKEN_BUDGET, TOOL_STOP -> COMPLETED;
+    - REQUIRES_ACTION -> REQUIRES_ACTION (the pending client calls stay open);
+    - CANCELLED and TIMEOUT -> CANCELLED (cut off, not finished: the signal says which);
+    - INTERRUPTED -> INTERRUPTED;
+    - MODEL_ERROR, TOOL_ERROR, INTERNAL_ERROR -> FAILED.
+    """
+    if reason.is_error:
+        return RunStatus.FAILED
+    if reason in _COMPLETED_REASONS:
+        return RunStatus.COMPLETED
+    if reason is StopReason.REQUIRES_ACTION:
+        return RunStatus.REQUIRES_ACTION
+    if reason is StopReason.INTERRUPTED:
+        return RunStatus.INTERRUPTED
+    return RunStatus.CANCELLED
+
+
+def abandoned_run_signal(message: str, resume_from_sequence: int) -> StopSignal:
+    """The stop of a run whose server is gone (its lease expired, or it let go of the
+    session without storing the run's end): INTERRUPTED, retryable from the step after the
+    last one stored, which is complete (steps are stored whole)."""
+    return StopSignal(
+        StopReason.INTERRUPTED,
+        message,
+        "server",
+        retryable=True,
+        resume_from_sequence=resume_from_sequence,
+    )
+
+
 @dataclass(slots=True)
 class Usage:
     """Token counts of a run."""
@@ -216,6 +260,18 @@ class Run:
     options: dict[str, Any] = field(default_factory=dict)
     # The last StepEvent seq the run emitted: a continuation keeps counting from here.
     last_event_seq: int = 0
+
+    def ended(self, signal: StopSignal, at: datetime | None = None) -> Run:
+        """This run stopped by `signal`: a copy with the status the signal's reason leaves it
+        in (`status_for`), the signal, and an end time unless it only waits
+        (REQUIRES_ACTION). The only way a run's status changes, with `resumed`."""
+        status = status_for(signal.reason)
+        end_time = (at or utc_now()) if status.is_terminal else None
+        return replace(self, status=status, stop_signal=signal, end_time=end_time)
+
+    def resumed(self) -> Run:
+        """This run going on after it waited (SubmitToolOutputs): RUNNING, no stop signal."""
+        return replace(self, status=RunStatus.RUNNING, stop_signal=None, end_time=None)
 
     def snapshot(self) -> Run:
         """A copy for an event, cheaper than a deep copy: what the loop goes on changing

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from agio_grpc.domain import Role, Run, Step, ToolCall
 from agio_grpc.engine.context import build_context
-from agio_grpc.engine.history import HeldHistory, HistoryCache
+from agio_grpc.engine.history import CachedHistory, HistoryCache
 from agio_grpc.store.sql import SqlStepStore, open_store
 from bench.stats import median, percentile
 
@@ -166,7 +166,7 @@ async def _run_start(
         run = Run(session_id=session_id, agent="bench")
         user = Step(session_id, run.id, Role.USER, content="one more question")
         began = time.perf_counter()
-        kept = histories.held(session_id) if hold else HeldHistory()
+        kept = histories.cached(session_id) if hold else CachedHistory()
         started = await store.start_run(run, [user], since=kept.mark)
         history = kept.join(started.history_start, started.history)
         build_context("You are a helpful assistant.", history, None)

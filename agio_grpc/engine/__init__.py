@@ -18,7 +18,6 @@ from agio_grpc.engine.builtin_tools import TOOLS as BUILTIN_TOOLS
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.errors import (
     AgentNotFoundError,
-    DuplicateRequestError,
     EngineError,
     InvalidInputError,
     RunStateError,
@@ -38,7 +37,7 @@ from agio_grpc.engine.events import (
 )
 from agio_grpc.engine.hooks import Hooks, StopRun
 from agio_grpc.engine.model import ModelDriver, OpenAIModelDriver, RetryPolicy
-from agio_grpc.engine.runtime import RunHandle, Runtime
+from agio_grpc.engine.runtime import RunHandle, Runtime, RuntimeOptions
 from agio_grpc.engine.tools import Tool, ToolContext, ToolRegistry, ToolStop, load_tools
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 
@@ -48,7 +47,6 @@ __all__ = [
     "AgentNotFoundError",
     "AgentSpec",
     "ClientTool",
-    "DuplicateRequestError",
     "EngineError",
     "ErrorNotice",
     "Event",
@@ -71,6 +69,7 @@ __all__ = [
     "RunTracer",
     "Runtime",
     "RuntimeClosedError",
+    "RuntimeOptions",
     "SequencedEvent",
     "StepCompleted",
     "StepDelta",

@@ -10,16 +10,26 @@ the journal's tail when the tail is a delta of the same step that no subscriber 
 yet. Every subscriber therefore sees the same events under the same seqs, a client that
 keeps up gets each delta as it arrives, and no timer ever delays the first one.
 
+Durable events (engine/journal.py) go through `journal_for`: the events a store write
+announces get their seqs before the write, are stored with it, and are published after it
+under those seqs by `publish_journaled`; the `step_started` and `error` events published
+since the last write ride along with the next one.
+
 Never imports grpc; never blocks the producer on a slow consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 
-from agio_grpc.domain import utc_now
+from agio_grpc.domain import Run, Step, utc_now
 from agio_grpc.engine.events import Event, SequencedEvent, StepDelta
+from agio_grpc.engine.journal import record_of
+from agio_grpc.store.protocol import Journal, JournalRecord
+
+Announce = Callable[[Run | None, Sequence[Step]], list[Event]]
+"""The events a store write announces, made from what it stored (as `Journal` is called)."""
 
 
 class ChannelClosedError(RuntimeError):
@@ -37,6 +47,10 @@ class RunChannel:
         self._taken_seq = start_after_seq  # highest seq any subscriber has taken
         self._wakeup = asyncio.Event()
         self._closed = False
+        # Published events a replay needs that no store write has journaled yet.
+        self._unjournaled: list[SequencedEvent] = []
+        # What the last `journal_for` write announced, to publish once it committed.
+        self._announced: list[SequencedEvent] = []
 
     @property
     def last_seq(self) -> int:
@@ -68,11 +82,53 @@ class RunChannel:
             sequenced = SequencedEvent(
                 self.run_id, self.session_id, self.last_seq + 1, utc_now(), event
             )
-            self._journal.append(sequenced)
-            self._closed = sequenced.is_terminal
+            self._append(sequenced)
+            if not isinstance(event, StepDelta):
+                self._unjournaled.append(sequenced)
+        self._wake()
+        return sequenced
+
+    def journal_for(self, announce: Announce) -> Journal:
+        """The journal of the next store write: the events published since the last one
+        that a replay needs, then the events `announce` makes of what the write stored,
+        under the seqs they get when `publish_journaled` publishes them after it. Nothing
+        may be published between this call and that one (the run's task is writing)."""
+        pending = list(self._unjournaled)
+        first = self.last_seq + 1
+        time = utc_now()
+
+        def journal(run: Run | None, steps: Sequence[Step]) -> list[JournalRecord]:
+            events = announce(run, steps)
+            self._announced = [
+                SequencedEvent(self.run_id, self.session_id, first + offset, time, event)
+                for offset, event in enumerate(events)
+            ]
+            return [record_of(sequenced) for sequenced in (*pending, *self._announced)]
+
+        self._announced = []
+        return journal
+
+    def publish_journaled(self) -> list[SequencedEvent]:
+        """After the write of the last `journal_for` committed: publish what it announced;
+        what was published before it is journaled now."""
+        announced, self._announced = self._announced, []
+        self._unjournaled.clear()
+        if announced and announced[0].seq != self.last_seq + 1:
+            raise RuntimeError(f"run {self.run_id}: an event was published during a write")
+        for sequenced in announced:
+            if self._closed:
+                raise ChannelClosedError(f"run {self.run_id} already ended")
+            self._append(sequenced)
+        self._wake()
+        return announced
+
+    def _append(self, sequenced: SequencedEvent) -> None:
+        self._journal.append(sequenced)
+        self._closed = sequenced.is_terminal
+
+    def _wake(self) -> None:
         self._wakeup.set()
         self._wakeup = asyncio.Event()
-        return sequenced
 
     async def subscribe(self, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """Replay events with seq > after_seq, then follow live; ends after the terminal event.

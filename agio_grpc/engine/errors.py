@@ -2,8 +2,8 @@
 
 Outcomes of a run are never exceptions: they are StopSignals. These exceptions are for calls
 that cannot be served (bad input, unknown agent, wrong run state); the service layer maps
-each to one gRPC status. Store errors (`NotFoundError`, `SessionBusyError`) propagate as they
-are. Never imports grpc.
+each to one gRPC status. Store errors (`NotFoundError`, `SessionBusyError`,
+`DuplicateRequestError`, ...) propagate as they are. Never imports grpc.
 """
 
 from __future__ import annotations
@@ -38,15 +38,6 @@ class RunStateError(EngineError):
         super().__init__(message)
         self.run_id = run_id
         self.status = status
-
-
-class DuplicateRequestError(EngineError):
-    """A run with the same `request_id` already exists on the session."""
-
-    def __init__(self, request_id: str, run_id: str) -> None:
-        super().__init__(f"request_id {request_id!r} was already used by run {run_id!r}")
-        self.request_id = request_id
-        self.run_id = run_id
 
 
 class RuntimeClosedError(EngineError):

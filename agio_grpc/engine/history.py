@@ -14,7 +14,7 @@ What goes in must be the stored log exactly: the loop hands its history over onl
 history was read while its run held the session and the run still held it at its end
 (`StepStore.release_session` says so); a history read before the session was taken, or
 extended while another holder rewrote the log, is never kept. Bounded by an estimate of the
-memory the held steps take (`step_bytes`; the least recently used sessions go first), so a
+memory the cached steps take (`step_bytes`; the least recently used sessions go first), so a
 few sessions with long tool outputs cannot take more than a crowd of short ones. Holds only
 whole histories (sequences 1..N). Never reads the store.
 """
@@ -30,14 +30,14 @@ from typing import Final
 from agio_grpc.domain import Step
 from agio_grpc.store.protocol import HistoryMark
 
-# What a held step costs besides its texts: the Step, its StepMetrics, ids and list
+# What a cached step costs besides its texts: the Step, its StepMetrics, ids and list
 # (measured with tracemalloc on decoded history steps: ~400 B, plus the id strings).
 STEP_OVERHEAD_BYTES: Final = 512
 TOOL_CALL_OVERHEAD_BYTES: Final = 160
 
 
 def step_bytes(step: Step) -> int:
-    """About how much memory a held step takes: its texts (as Python holds them, so a
+    """About how much memory a cached step takes: its texts (as Python holds them, so a
     non-ASCII text counts up to 4 bytes a character) and a fixed overhead."""
     size = STEP_OVERHEAD_BYTES + sys.getsizeof(step.content)
     if step.reasoning_content:
@@ -48,25 +48,25 @@ def step_bytes(step: Step) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class HeldHistory:
-    """What the cache held for a session when a run started on it (possibly nothing)."""
+class CachedHistory:
+    """What the cache kept for a session when a run started on it (possibly nothing)."""
 
     steps: tuple[Step, ...] = ()
 
     @property
     def mark(self) -> HistoryMark | None:
-        """The last held step, for `StepStore.start_run(since=...)`."""
+        """The last cached step, for `StepStore.start_run(since=...)`."""
         if not self.steps:
             return None
         last = self.steps[-1]
         return HistoryMark(last.sequence, last.id)
 
-    def up_to(self, sequence: int) -> HeldHistory:
-        """The held steps up to `sequence` (what a retry from `sequence + 1` keeps)."""
-        return HeldHistory(self.steps[: max(sequence, 0)]) if sequence < len(self.steps) else self
+    def up_to(self, sequence: int) -> CachedHistory:
+        """The cached steps up to `sequence` (what a retry from `sequence + 1` keeps)."""
+        return CachedHistory(self.steps[: max(sequence, 0)]) if sequence < len(self.steps) else self
 
     def join(self, start: int, read: list[Step]) -> list[Step]:
-        """The session's whole history: the held steps, then what the store read after them
+        """The session's whole history: the cached steps, then what the store read after them
         from `start` (`RunStart.history_start`, `HistoryRead.start`); just what it read when
         it read from the start."""
         if start == 1:
@@ -75,13 +75,13 @@ class HeldHistory:
             # The store read after a mark this history did not give: joining would send the
             # model part of a conversation.
             raise ValueError(
-                f"the store read from sequence {start}, which does not follow the held history"
+                f"the store read from sequence {start}, which does not follow the cached history"
             )
         return [*self.steps, *read]
 
 
 @dataclass(frozen=True, slots=True)
-class _Held:
+class _Entry:
     steps: tuple[Step, ...]
     size: int
     """The steps' `step_bytes`, summed."""
@@ -95,24 +95,24 @@ class HistoryCache:
             raise ValueError(f"max_bytes must be at least 0, got {max_bytes}")
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._histories: OrderedDict[str, _Held] = OrderedDict()
+        self._histories: OrderedDict[str, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
-        """How many steps are held, over every session."""
-        return sum(len(held.steps) for held in self._histories.values())
+        """How many steps are cached, over every session."""
+        return sum(len(entry.steps) for entry in self._histories.values())
 
     @property
     def size(self) -> int:
-        """The estimated memory the held steps take, in bytes (`step_bytes`)."""
+        """The estimated memory the cached steps take, in bytes (`step_bytes`)."""
         return self._bytes
 
-    def held(self, session_id: str) -> HeldHistory:
-        """What is held for the session now (a snapshot: later changes do not touch it)."""
-        held = self._histories.get(session_id)
-        if held is None:
-            return HeldHistory()
+    def cached(self, session_id: str) -> CachedHistory:
+        """What is cached for the session now (a snapshot: later changes do not touch it)."""
+        entry = self._histories.get(session_id)
+        if entry is None:
+            return CachedHistory()
         self._histories.move_to_end(session_id)
-        return HeldHistory(held.steps)
+        return CachedHistory(entry.steps)
 
     def remember(self, session_id: str, history: Sequence[Step]) -> None:
         """Hold `history` as the session's, when it is whole (sequences 1..N, in order)."""
@@ -125,25 +125,25 @@ class HistoryCache:
             size = sum(step_bytes(step) for step in history)
         if size > self._max_bytes:
             return
-        self._histories[session_id] = _Held(tuple(history), size)
+        self._histories[session_id] = _Entry(tuple(history), size)
         self._bytes += size
         while self._bytes > self._max_bytes:
             _, evicted = self._histories.popitem(last=False)
             self._bytes -= evicted.size
 
     def forget(self, session_id: str) -> None:
-        """Drop what is held for the session."""
+        """Drop what is cached for the session."""
         self._drop(session_id)
 
-    def _drop(self, session_id: str) -> _Held | None:
+    def _drop(self, session_id: str) -> _Entry | None:
         dropped = self._histories.pop(session_id, None)
         if dropped is not None:
             self._bytes -= dropped.size
         return dropped
 
 
-def _extended_size(previous: _Held, history: Sequence[Step]) -> int | None:
-    """The size of `history` when it extends what was held (the runtime passes the held
+def _extended_size(previous: _Entry, history: Sequence[Step]) -> int | None:
+    """The size of `history` when it extends what was cached (the runtime passes the cached
     steps themselves, then the run's new ones), measuring only the new steps; else None."""
     count = len(previous.steps)
     if len(history) < count or history[count - 1] is not previous.steps[-1]:

@@ -9,18 +9,14 @@ stores its first steps (user input, tool outputs) and hands it over. Every stop 
 limit, cancel, timeout, shutdown, model error, hook, unexpected exception — is caught at ONE
 boundary (`RunLoop.run`) and becomes a StopSignal; `_finish` then, on every path: stores a
 synthetic error result for each tool call left without one (so the history stays valid),
-writes the run row (status, stop signal, usage, counts, sequences, end time,
-last_event_seq), releases the session, and publishes exactly one terminal event.
+and has the lifecycle (engine/lifecycle.py) end the run: its row (the status the signal's
+reason leaves it in, `domain.status_for`), the session's release and the terminal event in
+one transaction, then exactly one terminal event published. An INTERRUPTED run's
+resume_from_sequence points at the first step the interruption wrote, so Retry re-runs the
+interrupted tools.
 
-Status of a run by stop reason:
-- COMPLETED, MAX_STEPS, MAX_TOKENS, CONTENT_FILTER, TOKEN_BUDGET, TOOL_STOP -> COMPLETED
-- REQUIRES_ACTION -> REQUIRES_ACTION (the pending client calls stay open)
-- CANCELLED -> CANCELLED; TIMEOUT -> CANCELLED too: the run was cut off by a limit on
-  time, not finished, and its stop signal says TIMEOUT
-- INTERRUPTED -> INTERRUPTED (retryable; resume_from_sequence points at the first step
-  the interruption wrote, so Retry re-runs the interrupted tools)
-- MODEL_ERROR, TOOL_ERROR, INTERNAL_ERROR -> FAILED, ended by `run_failed`; every other
-  reason ends with `run_completed`.
+Every store write journals the events it announces (engine/journal.py) in its own
+transaction, and they are published once it committed, under the seqs they were stored with.
 
 Limits: a step's tool calls always run before a limit stops the run, so a limit never
 leaves a call without a result. MAX_STEPS counts model calls over the whole run; the run
@@ -42,14 +38,13 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from agio_grpc.domain import (
     Role,
     Run,
-    RunStatus,
     Step,
     StepMetrics,
     StopReason,
@@ -57,7 +52,6 @@ from agio_grpc.domain import (
     ToolCall,
     new_id,
     pick_stop_signal,
-    utc_now,
 )
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
@@ -65,14 +59,21 @@ from agio_grpc.engine.context import build_context
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
+    Event,
     StepCompleted,
     StepDelta,
     StepStarted,
-    terminal_event,
 )
 from agio_grpc.engine.executor import ToolResult, execute_tool_calls, unfinished_result
 from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
+from agio_grpc.engine.lifecycle import (
+    Lifecycle,
+    internal_error,
+    lease_lost,
+    task_cancelled,
+    unfinished_reason,
+)
 from agio_grpc.engine.model import (
     ModelDelta,
     ModelDriver,
@@ -83,46 +84,23 @@ from agio_grpc.engine.model import (
 )
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
-from agio_grpc.store.errors import LeaseLostError, StoreError
-from agio_grpc.store.protocol import RunEnd, StepStore
+from agio_grpc.store.errors import LeaseLostError
+from agio_grpc.store.protocol import StepStore
 
 logger = logging.getLogger(__name__)
-
-_COMPLETED_REASONS = frozenset(
-    {
-        StopReason.COMPLETED,
-        StopReason.MAX_STEPS,
-        StopReason.MAX_TOKENS,
-        StopReason.CONTENT_FILTER,
-        StopReason.TOKEN_BUDGET,
-        StopReason.TOOL_STOP,
-    }
-)
-
-
-def status_for(reason: StopReason) -> RunStatus:
-    """The run status a stop reason leaves the run in (see the module docstring)."""
-    if reason.is_error:
-        return RunStatus.FAILED
-    if reason in _COMPLETED_REASONS:
-        return RunStatus.COMPLETED
-    if reason is StopReason.REQUIRES_ACTION:
-        return RunStatus.REQUIRES_ACTION
-    if reason is StopReason.INTERRUPTED:
-        return RunStatus.INTERRUPTED
-    return RunStatus.CANCELLED  # CANCELLED, TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
 class LoopServices:
-    """What every loop uses: storage, tools, the model, the hooks, and the histories kept
-    between runs (a loop hands its history over when it ends)."""
+    """What every loop uses: storage, tools, the model, the hooks, the histories kept
+    between runs (a loop hands its history over when it ends) and the run lifecycle."""
 
     store: StepStore
     registry: ToolRegistry
     model: ModelDriver
     hooks: Hooks
     histories: HistoryCache
+    lifecycle: Lifecycle
 
 
 @dataclass(slots=True)
@@ -145,7 +123,7 @@ class RunSegment:
     """Seconds left on the caller's deadline when the segment started."""
     trace: RunTrace = NO_RUN_TRACE
     """The segment's trace, ended by the loop (its model and tool calls are its children)."""
-    history_held: bool = False
+    history_is_log: bool = False
     """`history` was read while the segment held its session (so it is the stored log, and
     the loop may hand it to the history cache when it ends)."""
 
@@ -211,7 +189,7 @@ class RunLoop:
         except LeaseLostError:
             signal = lease_lost()
         except Exception as error:
-            signal = _internal_error(error)
+            signal = internal_error(error)
         finally:
             timer.cancel()
         self.control.finish()
@@ -468,27 +446,29 @@ class RunLoop:
         return asyncio.get_running_loop().call_later(delay, self.control.request_stop, signal)
 
     def _requested_signal(self) -> StopSignal:
-        if self.control.signal is not None:
-            return self.control.signal
-        return StopSignal(
-            StopReason.INTERRUPTED, "the run's task was cancelled", "server", retryable=True
-        )
+        return self.control.signal or task_cancelled()
 
     # -- storage and events -----------------------------------------------------------------
 
     async def _store_steps(self, steps: list[Step]) -> list[Step]:
         """Store steps atomically, then publish them and call the after_step hooks."""
         with self.control.protected():
-            stored = await self.services.store.append_steps(steps, held_by=self.run_row.id)
-            self._record_stored(stored)
-            for step in stored:
-                self.channel.publish(StepCompleted(step))
+            stored = await self._append(steps)
         for step in stored if self.services.hooks.after_step else ():
             # A copy, as the run is: the stored step is also the history later model calls
             # (and later runs, engine/history.py) are built from.
             await self._call_hooks(
                 self.services.hooks.after_step, self._snapshot(), copy.deepcopy(step)
             )
+        return stored
+
+    async def _append(self, steps: list[Step]) -> list[Step]:
+        """Store the run's steps with their `step_completed` events, then publish those."""
+        stored = await self.services.store.append_steps(
+            steps, held_by=self.run_row.id, journal=self.channel.journal_for(_completed)
+        )
+        self._record_stored(stored)
+        self.channel.publish_journaled()
         return stored
 
     def _record_stored(self, stored: list[Step]) -> None:
@@ -525,7 +505,7 @@ class RunLoop:
     # -- the end ----------------------------------------------------------------------------
 
     async def _finish(self, signal: StopSignal) -> Run:
-        """Close open tool calls, write the run row, release the session, end the stream."""
+        """Close open tool calls, then end the run: its row, the session, the stream."""
         run = self.run_row
         try:
             if signal.reason is not StopReason.REQUIRES_ACTION and self.pending_calls:
@@ -538,34 +518,15 @@ class RunLoop:
             logger.exception("run %s: could not store results for open tool calls", run.id)
         if signal.retryable and not signal.resume_from_sequence:
             signal.resume_from_sequence = self._next_sequence()
-        run.status = status_for(signal.reason)
-        run.stop_signal = signal
-        if run.status.is_terminal:
-            run.end_time = utc_now()
-        run.last_event_seq = self.channel.last_seq + 1  # the terminal event's seq
-        ended = RunEnd(released=False)
-        try:
-            ended = await self.services.store.end_run(run)
-        except Exception:
-            logger.exception("run %s: could not store its final state", run.id)
-            try:  # the session at least, so the next run need not wait for the lease to expire
-                await self.services.store.release_session(run.session_id, run.id)
-            except Exception:
-                logger.exception("run %s: could not release session %s", run.id, run.session_id)
-        if ended.earlier_end is not None:
-            # Ended first by the server that took the session over once this run's lease ran
-            # out (this one stalled past it): that end is the run's, and the stream says so.
-            logger.warning("run %s was ended by a take-over of its session", run.id)
-            run = self.run_row = ended.earlier_end
-        if ended.released and self.segment.history_held:
+        ended = await self.services.lifecycle.end(run, signal, self.channel)
+        run = self.run_row = ended.run
+        if ended.released and self.segment.history_is_log:
             # The history is the stored log exactly: read under the session, extended only by
             # this run's own writes, the session held throughout. Kept before the terminal
             # event, so the client's next run on the session starts from it.
             self.services.histories.remember(run.session_id, self.history)
-        final = run.snapshot()
-        terminal = terminal_event(final)
         self.trace.end(run)  # before the terminal event: a client that saw it sees the trace
-        self.channel.publish(terminal)
+        final = ended.publish(self.channel)
         try:
             if self.services.hooks.on_run_end:
                 await call_hooks(
@@ -583,63 +544,21 @@ class RunLoop:
         assert self.pending_step is not None
         calls = [call for call in self.pending_step.tool_calls if call.id in self.pending_calls]
         finished = [self.finished_results[c.id] for c in calls if c.id in self.finished_results]
-        why = _unfinished_reason(signal)
+        why = unfinished_reason(signal)
         unfinished = [unfinished_result(c, why) for c in calls if c.id not in self.finished_results]
-        stored = await self.services.store.append_steps(
+        stored = await self._append(
             [
                 self._tool_step(result, self.tool_step_ids.get(result.call.id) or new_id("step"))
                 for result in finished + unfinished
-            ],
-            held_by=self.run_row.id,
+            ]
         )
-        self._record_stored(stored)
-        for step in stored:
-            self.channel.publish(StepCompleted(step))
         first_error = stored[len(finished)] if unfinished else None
         return first_error.sequence if first_error is not None else 0
 
 
-def _unfinished_reason(signal: StopSignal) -> str:
-    detail = f" ({signal.message})" if signal.message else ""
-    match signal.reason:
-        case StopReason.CANCELLED:
-            return f"the run was cancelled{detail}"
-        case StopReason.TIMEOUT:
-            return f"the run timed out{detail}"
-        case StopReason.INTERRUPTED:
-            return f"the run was interrupted{detail}"
-        case StopReason.MAX_TOKENS | StopReason.CONTENT_FILTER:
-            return f"the call was not run: the model's reply was cut off{detail}"
-        case _:
-            return f"the call was not run: the run stopped with {signal.reason.value}{detail}"
-
-
-def lease_lost() -> StopSignal:
-    """The stop of a run that lost its session lease: its server stalled past the lease, and
-    the session was taken over or released meanwhile."""
-    return StopSignal(
-        StopReason.INTERRUPTED,
-        "this run lost its session lease (the server stalled past it)",
-        "server",
-        retryable=True,
-    )
-
-
-def _internal_error(error: Exception) -> StopSignal:
-    if isinstance(error, StoreError):
-        logger.exception("run stopped by a storage error")
-        return StopSignal(
-            StopReason.INTERNAL_ERROR,
-            f"storage error: {type(error).__name__}: {error}",
-            "server",
-            retryable=True,
-        )
-    logger.exception("run stopped by an unexpected error")
-    return StopSignal(
-        StopReason.INTERNAL_ERROR,
-        f"internal error ({type(error).__name__}); see the server log",
-        "server",
-    )
+def _completed(_: Run | None, steps: Sequence[Step]) -> list[Event]:
+    """What a write of steps announces: each one stored."""
+    return [StepCompleted(step) for step in steps]
 
 
 def _uncancel() -> None:

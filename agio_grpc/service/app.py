@@ -21,7 +21,7 @@ from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Limits
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.model import OpenAIModelDriver
-from agio_grpc.engine.runtime import Runtime
+from agio_grpc.engine.runtime import Runtime, RuntimeOptions
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
@@ -137,7 +137,9 @@ class AgioApp:
                 hooks=hooks,
                 tracer=tracer,
                 leases=sql_store,
-                history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
+                options=RuntimeOptions(
+                    history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000)
+                ),
             )
             bound = await start_grpc_server(
                 settings,

@@ -18,16 +18,19 @@ from grpc_status import rpc_status
 
 from agio_grpc.engine.errors import (
     AgentNotFoundError,
-    DuplicateRequestError,
     EngineError,
     InvalidInputError,
     RunStateError,
     RuntimeClosedError,
 )
 from agio_grpc.store.errors import (
+    DuplicateRequestError,
+    HistoryChangedError,
     InvalidRangeError,
     LeaseLostError,
     NotFoundError,
+    RunNotWaitingError,
+    RunRequiresActionError,
     SequenceConflictError,
     SessionBusyError,
     StoreError,
@@ -85,6 +88,13 @@ def from_store_error(error: StoreError) -> ServiceError:
     """The status for a store failure."""
     if isinstance(error, NotFoundError):
         return not_found(error.kind, error.key)
+    if isinstance(error, RunRequiresActionError):
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "RUN_REQUIRES_ACTION",
+            str(error),
+            metadata={"run_id": error.active_run_id, "sessionId": error.session_id},
+        )
     if isinstance(error, SessionBusyError):
         return ServiceError(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -99,6 +109,27 @@ def from_store_error(error: StoreError) -> ServiceError:
             str(error),
             metadata={"lastSequence": str(error.last_sequence)},
             violations=[FieldViolation(error.field, str(error))],
+        )
+    if isinstance(error, DuplicateRequestError):
+        return ServiceError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            "DUPLICATE_REQUEST",
+            str(error),
+            metadata={"requestId": error.request_id, "runId": error.run_id},
+        )
+    if isinstance(error, RunNotWaitingError):
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "RUN_STATE_CONFLICT",
+            str(error),
+            metadata={"runId": error.run_id, "status": error.status},
+        )
+    if isinstance(error, HistoryChangedError):
+        return ServiceError(
+            grpc.StatusCode.ABORTED,
+            "SESSION_CHANGED",
+            str(error),
+            metadata={"sessionId": error.session_id},
         )
     if isinstance(error, SequenceConflictError):
         return ServiceError(grpc.StatusCode.ABORTED, "SEQUENCE_CONFLICT", str(error))
@@ -134,13 +165,6 @@ def from_engine_error(error: EngineError) -> ServiceError:
         )
     if isinstance(error, RuntimeClosedError):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", str(error))
-    if isinstance(error, DuplicateRequestError):
-        return ServiceError(
-            grpc.StatusCode.ALREADY_EXISTS,
-            "DUPLICATE_REQUEST",
-            str(error),
-            metadata={"requestId": error.request_id, "runId": error.run_id},
-        )
     return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "REQUEST_REFUSED", str(error))
 
 

@@ -4,9 +4,13 @@ This package's top level imports no database driver; `open_store` loads SQLAlche
 """
 
 from agio_grpc.store.errors import (
+    DuplicateRequestError,
+    HistoryChangedError,
     InvalidRangeError,
     LeaseLostError,
     NotFoundError,
+    RunNotWaitingError,
+    RunRequiresActionError,
     SequenceConflictError,
     SessionBusyError,
     StoreError,
@@ -15,9 +19,13 @@ from agio_grpc.store.errors import (
 from agio_grpc.store.protocol import StepStore
 
 __all__ = [
+    "DuplicateRequestError",
+    "HistoryChangedError",
     "InvalidRangeError",
     "LeaseLostError",
     "NotFoundError",
+    "RunNotWaitingError",
+    "RunRequiresActionError",
     "SequenceConflictError",
     "SessionBusyError",
     "StepStore",

@@ -33,6 +33,47 @@ class SessionBusyError(StoreError):
         self.active_run_id = active_run_id
 
 
+class RunRequiresActionError(SessionBusyError):
+    """The session has a run waiting in REQUIRES_ACTION for its client tool outputs: a new
+    run would leave its tool calls without results. Answer them (SubmitToolOutputs) or
+    cancel that run first."""
+
+    def __init__(self, session_id: str, waiting_run_id: str) -> None:
+        super().__init__(session_id, waiting_run_id)
+        self.args = (
+            f"session {session_id!r} has run {waiting_run_id!r} waiting for client tool "
+            "outputs: submit them (SubmitToolOutputs) or cancel that run first",
+        )
+
+
+class DuplicateRequestError(StoreError):
+    """A run with the same `request_id` already exists on the session."""
+
+    def __init__(self, request_id: str, run_id: str) -> None:
+        super().__init__(f"request_id {request_id!r} was already used by run {run_id!r}")
+        self.request_id = request_id
+        self.run_id = run_id
+
+
+class RunNotWaitingError(StoreError):
+    """The run no longer waits in REQUIRES_ACTION (it was cancelled or continued meanwhile):
+    nothing was written."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is {status}, not REQUIRES_ACTION")
+        self.run_id = run_id
+        self.status = status
+
+
+class HistoryChangedError(StoreError):
+    """The session's log changed between the read a write was decided on and the write (a
+    Retry, DeleteSteps or another run raced it): nothing was written."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} changed while the call was deciding; try again")
+        self.session_id = session_id
+
+
 class LeaseLostError(StoreError):
     """A run wrote as its session's holder, but no longer holds it: its lease ran out (its
     server stalled past it) and the session was taken over or released. Nothing was written;

@@ -32,12 +32,42 @@ Session leases (one active run per session that survives a crashed server):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from agio_grpc.domain import ContextSummary, Run, Session, Step, StopSignal
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    """One stored run event, in domain terms: its live `seq` and time, its kind (the
+    `StepEvent` oneof field it becomes) and its content. The store keeps it as it is given
+    and never interprets it, except for the terminal event it writes itself when it ends a
+    run whose server is gone."""
+
+    seq: int
+    time: datetime
+    kind: str
+    run: Run | None = None
+    step: Step | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+Journal = Callable[[Run | None, Sequence[Step]], Sequence[JournalRecord]]
+"""What a write journals, built inside its transaction from what it stored: the run as
+stored (None for a plain append) and the steps with their sequences and create times. Pure
+and quick: it runs while the transaction holds its locks."""
+
+TERMINAL_KINDS = frozenset({"run_completed", "run_failed"})
+"""The kinds of journal record that end a run's event stream."""
+
+
+def terminal_kind(run: Run) -> str:
+    """The kind of the event that ends the stream of `run` (its stop signal set)."""
+    failed = run.stop_signal is not None and run.stop_signal.reason.is_error
+    return "run_failed" if failed else "run_completed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +146,11 @@ class StepStore(Protocol):
         """Delete a session with its steps and runs; returns the steps deleted."""
         ...
 
-    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
-        """Store steps of one session in one transaction, allocating consecutive sequences.
+    async def append_steps(
+        self, steps: Sequence[Step], *, held_by: str = "", journal: Journal | None = None
+    ) -> list[Step]:
+        """Store steps of one session in one transaction, allocating consecutive sequences,
+        with what `journal` makes of them in the journal of run `held_by` (required then).
 
         With `held_by` (a run id), only while that run holds the session: else nothing is
         written and LeaseLostError is raised (see the module docstring). Returns the stored
@@ -196,9 +229,11 @@ class StepStore(Protocol):
         *,
         new_session: Session | None = None,
         since: HistoryMark | None = None,
+        journal: Journal | None = None,
     ) -> RunStart:
         """Start a run in ONE transaction: take the session (or create `new_session`,
-        already taken by the run), append `steps`, store the run, read the history.
+        already taken by the run), append `steps`, store the run and what `journal` makes of
+        them, read the history.
 
         `since` is the last step of the history the caller holds. When the session still
         stores a step with that id at that sequence, only the steps after it are read
@@ -207,7 +242,9 @@ class StepStore(Protocol):
         earlier step is still the one the caller holds. Otherwise the whole history is read.
 
         All or nothing. Raises NotFoundError (unknown session), SessionBusyError (another
-        run is active; nothing is written), SequenceConflictError.
+        run is active; nothing is written), RunRequiresActionError (a run of the session
+        waits in REQUIRES_ACTION), DuplicateRequestError (a run of the session has the
+        run's `request_id`), SequenceConflictError.
         """
         ...
 
@@ -215,19 +252,58 @@ class StepStore(Protocol):
         """Overwrite a run's mutable fields (status, stop signal, usage, counts, end time)."""
         ...
 
-    async def continue_run(self, run: Run, steps: Sequence[Step]) -> RunContinuation:
-        """Store `steps` (the run's, of its session) and `run` (RUNNING again, its counts
-        extended by them) in one transaction, while the run holds its session (else
-        LeaseLostError): a continuation (SubmitToolOutputs) starts whole or not at all.
-        Raises NotFoundError, SequenceConflictError."""
+    async def continue_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunContinuation:
+        """A continuation (SubmitToolOutputs), whole or not at all, in one transaction: take
+        the session for the run, check that its last step is still `expect` (what the call
+        read; None: no step) and that the run still waits, then store `steps` (the run's),
+        `run` (RUNNING again, its counts extended by them) and what `journal` makes of them.
+        Raises SessionBusyError, HistoryChangedError, RunNotWaitingError, NotFoundError,
+        SequenceConflictError."""
         ...
 
-    async def end_run(self, run: Run) -> RunEnd:
-        """`update_run` and `release_session(run.session_id, run.id)` in one transaction, as
-        a run ends: its final state and its session's release are stored together or not at
-        all. A run that is no longer RUNNING in the store was ended first by another server
-        (a take-over after its lease ran out): that end stays, and is returned. Raises
-        NotFoundError."""
+    async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
+        """`update_run`, `release_session(run.session_id, run.id)` and what `journal` makes
+        of the run (its terminal event) in one transaction, as a run ends: stored together or
+        not at all. A run that is no longer RUNNING in the store was ended first by another
+        server (a take-over after its lease ran out): that end stays, and is returned.
+        Raises NotFoundError."""
+        ...
+
+    async def restart_run(
+        self,
+        run: Run,
+        delete_from: int,
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> Run:
+        """A Retry's write, in one transaction: take the session for `run`, check that its
+        last step is still `expect` (what the call read), delete the steps from
+        `delete_from` on (none when it is past the last), store the new run and what
+        `journal` makes of it. Returns the run as stored. Raises SessionBusyError,
+        HistoryChangedError, NotFoundError."""
+        ...
+
+    async def end_waiting_run(
+        self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
+    ) -> Run | None:
+        """End a run waiting in REQUIRES_ACTION, in one transaction: append `steps` (the
+        results of its open calls), store `run` (ended, its counts extended by them) and
+        what `journal` makes of them. None, writing nothing, when the run no longer waits.
+        Raises SessionBusyError while the session is held (a SubmitToolOutputs continuing
+        the run), NotFoundError."""
+        ...
+
+    async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:
+        """The run's journal records with a seq above `after_seq`, in seq order (none for
+        an unknown run)."""
         ...
 
     async def get_run(self, run_id: str) -> Run:

@@ -26,6 +26,7 @@ from agio_grpc.domain import (
     ToolCall,
     Usage,
 )
+from agio_grpc.store.protocol import JournalRecord
 from agio_grpc.store.tables import steps as step_table
 
 
@@ -375,4 +376,109 @@ def stop_signal_from_json(value: str | None) -> StopSignal | None:
         context=dict(data.get("context", {})),
         retryable=bool(data.get("retryable", False)),
         resume_from_sequence=int(data.get("resume_from_sequence", 0)),
+    )
+
+
+# -- the run event journal ------------------------------------------------------------------
+
+
+def _time_json(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _time_from_json(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """Every field of a run as JSON-ready data (a journal payload)."""
+    return {
+        "id": run.id,
+        "session_id": run.session_id,
+        "agent": run.agent,
+        "create_time": _time_json(run.create_time),
+        "request_id": run.request_id,
+        **run_mutable_values(run),
+        "end_time": _time_json(run.end_time),
+        "metadata": run.metadata,
+        "options": run.options,
+    }
+
+
+def run_from_json(data: Mapping[str, Any]) -> Run:
+    create_time = _time_from_json(data["create_time"])
+    assert create_time is not None
+    return Run(
+        id=data["id"],
+        session_id=data["session_id"],
+        agent=data["agent"],
+        status=RunStatus(data["status"]),
+        stop_signal=stop_signal_from_json(data["stop_signal"]),
+        usage=Usage(data["input_tokens"], data["output_tokens"], data["total_tokens"]),
+        step_count=data["step_count"],
+        tool_call_count=data["tool_call_count"],
+        first_sequence=data["first_sequence"],
+        last_sequence=data["last_sequence"],
+        create_time=create_time,
+        end_time=_time_from_json(data["end_time"]),
+        trace_id=data["trace_id"],
+        request_id=data["request_id"],
+        metadata=dict(data["metadata"]),
+        options=dict(data["options"]),
+        last_event_seq=data["last_event_seq"],
+    )
+
+
+def step_json(step: Step) -> dict[str, Any]:
+    """Every field of a step as JSON-ready data (a journal payload)."""
+    return {**step_row(step), "create_time": _time_json(step.create_time)}
+
+
+def step_from_json(data: Mapping[str, Any]) -> Step:
+    return Step(
+        session_id=data["session_id"],
+        run_id=data["run_id"],
+        role=_ROLE_OF[data["role"]],
+        content=data["content"],
+        reasoning_content=data["reasoning_content"],
+        tool_calls=_tool_calls(data["tool_calls"]),
+        tool_call_id=data["tool_call_id"],
+        name=data["name"],
+        is_error=bool(data["is_error"]),
+        metrics=StepMetrics(**{name: data[name] for name in METRIC_FIELDS}),
+        id=data["id"],
+        sequence=data["sequence"],
+        create_time=_time_from_json(data["create_time"]),
+        trace_id=data["trace_id"],
+        span_id=data["span_id"],
+    )
+
+
+def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
+    """The `run_events` row of one journal record."""
+    payload: dict[str, Any] = {"data": dict(record.data)}
+    if record.run is not None:
+        payload["run"] = run_json(record.run)
+    if record.step is not None:
+        payload["step"] = step_json(record.step)
+    return {
+        "run_id": run_id,
+        "seq": record.seq,
+        "time": record.time,
+        "kind": record.kind,
+        "payload": _json(payload),
+    }
+
+
+def journal_from_row(seq: int, time: datetime | str, kind: str, payload: str) -> JournalRecord:
+    data: Mapping[str, Any] = json.loads(payload)
+    run = data.get("run")
+    step = data.get("step")
+    return JournalRecord(
+        seq=int(seq),
+        time=utc_from_database(time),
+        kind=kind,
+        run=run_from_json(run) if run is not None else None,
+        step=step_from_json(step) if step is not None else None,
+        data=dict(data.get("data", {})),
     )

@@ -60,6 +60,7 @@ from agio_grpc.domain import (
     Step,
     StopReason,
     StopSignal,
+    abandoned_run_signal,
     new_id,
     utc_now,
 )
@@ -71,9 +72,13 @@ from agio_grpc.store.database import (
     parse_url,
 )
 from agio_grpc.store.errors import (
+    DuplicateRequestError,
+    HistoryChangedError,
     InvalidRangeError,
     LeaseLostError,
     NotFoundError,
+    RunNotWaitingError,
+    RunRequiresActionError,
     SessionBusyError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
@@ -81,11 +86,14 @@ from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.protocol import (
     HistoryMark,
     HistoryRead,
+    Journal,
+    JournalRecord,
     RunContinuation,
     RunEnd,
     RunStart,
     SessionLeases,
     StepStore,
+    terminal_kind,
 )
 from agio_grpc.store.rows import (
     HISTORY_READ_COLUMNS,
@@ -93,6 +101,8 @@ from agio_grpc.store.rows import (
     STEP_READ_COLUMNS,
     aware_utc,
     history_from_rows,
+    journal_from_row,
+    journal_row,
     run_from_row,
     run_mutable_values,
     session_from_row,
@@ -104,6 +114,7 @@ from agio_grpc.store.rows import (
     stored_run,
     stored_session,
 )
+from agio_grpc.store.tables import run_events as event_table
 from agio_grpc.store.tables import runs as run_table
 from agio_grpc.store.tables import sessions as session_table
 from agio_grpc.store.tables import steps as step_table
@@ -222,13 +233,24 @@ class SqlStepStore:
 
     # -- steps ---------------------------------------------------------------------------
 
-    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
+    async def append_steps(
+        self, steps: Sequence[Step], *, held_by: str = "", journal: Journal | None = None
+    ) -> list[Step]:
         if not steps:
             return []
         session_id = steps[0].session_id
         if any(step.session_id != session_id for step in steps):
             raise ValueError("append_steps takes steps of one session per call")
-        return await self._write(lambda conn: _append(conn, session_id, steps, held_by))
+        if journal is not None and not held_by:
+            raise ValueError("append_steps journals only the writes of a run holding its session")
+
+        def work(conn: Connection) -> list[Step]:
+            stored = _append(conn, session_id, steps, held_by)
+            if journal is not None:
+                _write_journal(conn, held_by, journal(None, stored))
+            return stored
+
+        return await self._write(work)
 
     async def append_step(self, step: Step) -> Step:
         return (await self.append_steps([step]))[0]
@@ -306,17 +328,7 @@ class SqlStepStore:
                 )
             if start_sequence > last:
                 return 0
-            result = conn.execute(
-                delete(step_table).where(
-                    step_table.c.session_id == session_id, step_table.c.sequence >= start_sequence
-                )
-            )
-            conn.execute(
-                update(session_table)
-                .where(session_table.c.id == session_id)
-                .values(last_sequence=start_sequence - 1, update_time=utc_now())
-            )
-            return int(result.rowcount)
+            return _delete_steps(conn, session_id, start_sequence)
 
         return await self._write(work)
 
@@ -420,6 +432,7 @@ class SqlStepStore:
         *,
         new_session: Session | None = None,
         since: HistoryMark | None = None,
+        journal: Journal | None = None,
     ) -> RunStart:
         if not steps:
             raise ValueError("start_run needs the run's first steps")
@@ -438,6 +451,9 @@ class SqlStepStore:
                 )
             else:
                 _acquire(conn, run.session_id, run.id, self._lease)
+                _refuse_if_waiting(conn, run.session_id)
+                if run.request_id:
+                    _refuse_duplicate(conn, run.session_id, run.request_id)
             stored_steps = _append(conn, run.session_id, steps)
             started = stored_run(
                 replace(
@@ -448,6 +464,8 @@ class SqlStepStore:
                 )
             )
             _insert_run(conn, started)
+            if journal is not None:
+                _write_journal(conn, run.id, journal(started, stored_steps))
             first = stored_steps[0].sequence
             start = _read_start(conn, run.session_id, since, first - 1)
             if start == first:
@@ -466,30 +484,48 @@ class SqlStepStore:
             raise NotFoundError("run", run.id)
         return run_from_row(row)
 
-    async def continue_run(self, run: Run, steps: Sequence[Step]) -> RunContinuation:
+    async def continue_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunContinuation:
         if not steps:
             raise ValueError("continue_run needs the steps that continue the run")
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("continue_run takes steps of the run's session")
 
         def work(conn: Connection) -> RunContinuation:
+            _acquire(conn, run.session_id, run.id, self._lease)
+            _check_last_step(conn, run.session_id, expect)
+            status = conn.execute(
+                select(run_table.c.status).where(run_table.c.id == run.id)
+            ).scalar()
+            if status is None:
+                raise NotFoundError("run", run.id)
+            if status != RunStatus.REQUIRES_ACTION.value:
+                raise RunNotWaitingError(run.id, str(status))
             stored = _append(conn, run.session_id, steps, held_by=run.id)
             continued = stored_run(
                 replace(
-                    run,
-                    status=RunStatus.RUNNING,
+                    run.resumed(),
                     step_count=run.step_count + len(stored),
                     last_sequence=stored[-1].sequence,
                 )
             )
             if _CONTINUE_RUN.execute(conn, _run_update(continued)) != 1:
                 raise NotFoundError("run", run.id)
+            if journal is not None:
+                _write_journal(conn, run.id, journal(continued, stored))
             return RunContinuation(continued, stored)
 
         return await self._write(work)
 
-    async def end_run(self, run: Run) -> RunEnd:
+    async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
         values = _run_update(run)
+        ended = stored_run(run)
         released = {"session_id": run.session_id, "run_id": run.id}
 
         def work(conn: Connection) -> RunEnd:
@@ -497,6 +533,8 @@ class SqlStepStore:
             # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
             release = _RELEASE_SESSION.execute(conn, released) == 1
             if _END_RUNNING_RUN.execute(conn, values) == 1:
+                if journal is not None:
+                    _write_journal(conn, run.id, journal(ended, ()))
                 return RunEnd(release)
             row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
             if row is None:
@@ -504,6 +542,79 @@ class SqlStepStore:
             return RunEnd(release, run_from_row(row))  # ended first by a take-over
 
         return await self._write(work)
+
+    async def restart_run(
+        self,
+        run: Run,
+        delete_from: int,
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> Run:
+        def work(conn: Connection) -> Run:
+            _acquire(conn, run.session_id, run.id, self._lease)
+            _refuse_if_waiting(conn, run.session_id)
+            last = _check_last_step(conn, run.session_id, expect)
+            if delete_from <= last:
+                _delete_steps(conn, run.session_id, delete_from)
+            started = stored_run(run)
+            _insert_run(conn, started)
+            if journal is not None:
+                _write_journal(conn, run.id, journal(started, ()))
+            return started
+
+        if delete_from < 1:
+            raise ValueError(f"delete_from must be at least 1, got {delete_from}")
+        return await self._write(work)
+
+    async def end_waiting_run(
+        self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
+    ) -> Run | None:
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("end_waiting_run takes steps of the run's session")
+
+        def work(conn: Connection) -> Run | None:
+            # The session row first (the lock order of every take), then the run's.
+            holder = conn.execute(
+                select(session_table.c.active_run_id)
+                .where(session_table.c.id == run.session_id)
+                .with_for_update()
+            ).first()
+            if holder is None:
+                raise NotFoundError("session", run.session_id)
+            if holder.active_run_id:  # a SubmitToolOutputs is continuing it right now
+                raise SessionBusyError(run.session_id, str(holder.active_run_id))
+            status = conn.execute(
+                select(run_table.c.status).where(run_table.c.id == run.id).with_for_update()
+            ).scalar()
+            if status is None:
+                raise NotFoundError("run", run.id)
+            if status != RunStatus.REQUIRES_ACTION.value:
+                return None
+            stored = _append(conn, run.session_id, steps) if steps else []
+            ended = stored_run(
+                replace(
+                    run,
+                    step_count=run.step_count + len(stored),
+                    last_sequence=stored[-1].sequence if stored else run.last_sequence,
+                )
+            )
+            conn.execute(_UPDATE_RUN, _run_update(ended))
+            if journal is not None:
+                _write_journal(conn, run.id, journal(ended, stored))
+            return ended
+
+        return await self._write(work)
+
+    async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:
+        params = {"run_id": run_id, "after": after_seq}
+
+        def work(conn: Connection) -> list[JournalRecord]:
+            with _SELECT_JOURNAL.cursor(conn, params) as cursor:
+                rows = cast("Iterable[Sequence[Any]]", cursor)
+                return [journal_from_row(*row) for row in rows]
+
+        return await self._read(work)
 
     async def get_run(self, run_id: str) -> Run:
         def work(conn: Connection) -> Any:
@@ -939,6 +1050,85 @@ def _allocate_sequences(conn: Connection, session_id: str, count: int, held_by: 
     return int(row[0])
 
 
+def _delete_steps(conn: Connection, session_id: str, start_sequence: int) -> int:
+    """Delete the session's steps from `start_sequence` on (the session row locked by the
+    caller) and move its counter back; returns how many were deleted."""
+    result = conn.execute(
+        delete(step_table).where(
+            step_table.c.session_id == session_id, step_table.c.sequence >= start_sequence
+        )
+    )
+    conn.execute(
+        update(session_table)
+        .where(session_table.c.id == session_id)
+        .values(last_sequence=start_sequence - 1, update_time=utc_now())
+    )
+    return int(result.rowcount)
+
+
+def _check_last_step(conn: Connection, session_id: str, expect: HistoryMark | None) -> int:
+    """The session's last sequence, when its last step is still `expect` (None: the session
+    has no step); else HistoryChangedError. Step ids are never reused, so the same last
+    step means the same log."""
+    last = _require_session(conn, session_id)
+    expected = expect.sequence if expect is not None else 0
+    if last != expected:
+        raise HistoryChangedError(session_id)
+    if expect is not None:
+        row = _SELECT_STEP_ID.first(conn, {"session_id": session_id, "sequence": last})
+        if row is None or row[0] != expect.step_id:
+            raise HistoryChangedError(session_id)
+    return last
+
+
+_SELECT_REQUEST_ID: Final = Prepared(
+    select(run_table.c.id)
+    .where(
+        run_table.c.session_id == bindparam("session_id"),
+        run_table.c.request_id == bindparam("request_id"),
+    )
+    .limit(1)
+)
+
+
+def _refuse_duplicate(conn: Connection, session_id: str, request_id: str) -> None:
+    """DuplicateRequestError when a run of the session was started with `request_id`."""
+    row = _SELECT_REQUEST_ID.first(conn, {"session_id": session_id, "request_id": request_id})
+    if row is not None:
+        raise DuplicateRequestError(request_id, str(row[0]))
+
+
+_SELECT_WAITING_RUN: Final = Prepared(
+    select(run_table.c.id)
+    .where(
+        run_table.c.session_id == bindparam("session_id"),
+        run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+    )
+    .limit(1)
+)
+
+
+def _refuse_if_waiting(conn: Connection, session_id: str) -> None:
+    """RunRequiresActionError when a run of the session waits for client tool outputs: a
+    new run would leave that run's calls without results."""
+    row = _SELECT_WAITING_RUN.first(conn, {"session_id": session_id})
+    if row is not None:
+        raise RunRequiresActionError(session_id, str(row[0]))
+
+
+_INSERT_EVENTS: Final = Prepared(insert(event_table))
+_SELECT_JOURNAL: Final = Prepared(
+    select(event_table.c.seq, event_table.c.time, event_table.c.kind, event_table.c.payload)
+    .where(event_table.c.run_id == bindparam("run_id"), event_table.c.seq > bindparam("after"))
+    .order_by(event_table.c.seq)
+)
+
+
+def _write_journal(conn: Connection, run_id: str, records: Sequence[JournalRecord]) -> None:
+    if records:
+        _INSERT_EVENTS.execute_many(conn, [journal_row(run_id, record) for record in records])
+
+
 def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -> None:
     """Make `run_id` the session's active run under a lease of `lease` from now; over an
     expired lease, the previous holder's run is interrupted. Raises NotFoundError,
@@ -980,33 +1170,33 @@ def _interrupt_run(
     message: str = LEASE_EXPIRED_MESSAGE,
 ) -> bool:
     """Finalise a run whose server is gone, if it is still RUNNING: INTERRUPTED, retryable
-    from the session's next sequence. Returns whether it was RUNNING."""
-    signal = StopSignal(
-        StopReason.INTERRUPTED,
-        message,
-        "server",
-        retryable=True,
-        resume_from_sequence=last_sequence + 1,
-    )
+    from the session's next sequence, its terminal event journaled after the last one its
+    server stored. Returns whether it was RUNNING."""
+    row = conn.execute(
+        select(run_table)
+        .where(run_table.c.id == run_id, run_table.c.status == RunStatus.RUNNING.value)
+        .with_for_update()
+    ).first()
+    if row is None:
+        return False
+    run = run_from_row(row)
     # The run row was last written when its segment started; its steps tell how far it got.
     count, last = conn.execute(
         select(func.count(), func.max(step_table.c.sequence)).where(
             step_table.c.session_id == session_id, step_table.c.run_id == run_id
         )
     ).one()
-    values: dict[str, Any] = {
-        "status": RunStatus.INTERRUPTED.value,
-        "stop_signal": stop_signal_json(signal),
-        "end_time": now,
-    }
     if count:
-        values |= {"step_count": int(count), "last_sequence": int(last)}
-    result = conn.execute(
-        update(run_table)
-        .where(run_table.c.id == run_id, run_table.c.status == RunStatus.RUNNING.value)
-        .values(**values)
-    )
-    return bool(result.rowcount)
+        run.step_count, run.last_sequence = int(count), int(last)
+    journaled = conn.execute(
+        select(func.max(event_table.c.seq)).where(event_table.c.run_id == run_id)
+    ).scalar()
+    run.last_event_seq = max(int(journaled or 0), run.last_event_seq) + 1
+    ended = stored_run(run.ended(abandoned_run_signal(message, last_sequence + 1), now))
+    conn.execute(_UPDATE_RUN, _run_update(ended))
+    terminal = JournalRecord(ended.last_event_seq, now, terminal_kind(ended), run=ended)
+    _write_journal(conn, run_id, [terminal])
+    return True
 
 
 def _require_session(

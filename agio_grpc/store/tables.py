@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -146,4 +148,26 @@ runs = Table(
     # A CancelRun for a run another replica runs: its stop signal as JSON (NULL: none).
     Column("cancel_request", Text, nullable=True),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
+    Index("ix_runs_session_id_status", "session_id", "status"),
+    Index("ix_runs_session_id_request_id", "session_id", "request_id"),
+)
+
+# The run event journal (revision 0004): the events a replay needs, under their live seq.
+run_events = Table(
+    "run_events",
+    metadata,
+    Column(
+        "run_id",
+        String,
+        ForeignKey("runs.id", ondelete="CASCADE", name="fk_run_events_run_id"),
+        nullable=False,
+    ),
+    Column("seq", BigInteger, nullable=False),
+    Column("time", UTCDateTime, nullable=False),
+    # The event's kind, as the StepEvent oneof field it becomes (`run_started`, ...).
+    Column("kind", String, nullable=False),
+    # The event's content as JSON (store/journal.py).
+    Column("payload", Text, nullable=False),
+    PrimaryKeyConstraint("run_id", "seq", name="pk_run_events"),
+    CheckConstraint("seq >= 1", name="ck_run_events_seq_positive"),
 )

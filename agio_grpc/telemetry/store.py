@@ -14,6 +14,8 @@ from agio_grpc.domain import ContextSummary, Run, Session, Step
 from agio_grpc.store.protocol import (
     HistoryMark,
     HistoryRead,
+    Journal,
+    JournalRecord,
     RunContinuation,
     RunEnd,
     RunStart,
@@ -62,8 +64,12 @@ class InstrumentedStepStore:
     async def delete_session(self, session_id: str) -> int:
         return await self._timed("delete_session", self.inner.delete_session(session_id))
 
-    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
-        stored = await self._timed("append_steps", self.inner.append_steps(steps, held_by=held_by))
+    async def append_steps(
+        self, steps: Sequence[Step], *, held_by: str = "", journal: Journal | None = None
+    ) -> list[Step]:
+        stored = await self._timed(
+            "append_steps", self.inner.append_steps(steps, held_by=held_by, journal=journal)
+        )
         self._written(stored)
         return stored
 
@@ -123,9 +129,11 @@ class InstrumentedStepStore:
         *,
         new_session: Session | None = None,
         since: HistoryMark | None = None,
+        journal: Journal | None = None,
     ) -> RunStart:
         started = await self._timed(
-            "start_run", self.inner.start_run(run, steps, new_session=new_session, since=since)
+            "start_run",
+            self.inner.start_run(run, steps, new_session=new_session, since=since, journal=journal),
         )
         self._written(started.steps)
         return started
@@ -133,13 +141,47 @@ class InstrumentedStepStore:
     async def update_run(self, run: Run) -> Run:
         return await self._timed("update_run", self.inner.update_run(run))
 
-    async def continue_run(self, run: Run, steps: Sequence[Step]) -> RunContinuation:
-        continued = await self._timed("continue_run", self.inner.continue_run(run, steps))
+    async def continue_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunContinuation:
+        continued = await self._timed(
+            "continue_run", self.inner.continue_run(run, steps, expect=expect, journal=journal)
+        )
         self._written(continued.steps)
         return continued
 
-    async def end_run(self, run: Run) -> RunEnd:
-        return await self._timed("end_run", self.inner.end_run(run))
+    async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
+        return await self._timed("end_run", self.inner.end_run(run, journal=journal))
+
+    async def restart_run(
+        self,
+        run: Run,
+        delete_from: int,
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> Run:
+        return await self._timed(
+            "restart_run",
+            self.inner.restart_run(run, delete_from, expect=expect, journal=journal),
+        )
+
+    async def end_waiting_run(
+        self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
+    ) -> Run | None:
+        ended = await self._timed(
+            "end_waiting_run", self.inner.end_waiting_run(run, steps, journal=journal)
+        )
+        self._written(steps if ended is not None else ())
+        return ended
+
+    async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:
+        return await self._timed("read_journal", self.inner.read_journal(run_id, after_seq))
 
     async def get_run(self, run_id: str) -> Run:
         return await self._timed("get_run", self.inner.get_run(run_id))

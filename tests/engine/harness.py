@@ -24,6 +24,7 @@ from agio_grpc.engine import (
     RunHandle,
     RunInput,
     Runtime,
+    RuntimeOptions,
     SequencedEvent,
     StepCompleted,
     ToolRegistry,
@@ -203,7 +204,6 @@ def build_runtime(
     hooks: Hooks | None = None,
     retry: RetryPolicy = FAST_RETRIES,
     history_cache_bytes: int = 64_000_000,
-    retention_count: int = 1000,
     leases: SessionLeases | None = None,
     cancel_poll_s: float = 0.5,
     watch_poll_s: float = 0.25,
@@ -217,11 +217,12 @@ def build_runtime(
         make_registry(gate),
         driver,
         hooks,
-        history_cache_bytes=history_cache_bytes,
-        retention_count=retention_count,
+        options=RuntimeOptions(
+            history_cache_bytes=history_cache_bytes,
+            cancel_poll_s=cancel_poll_s,
+            watch_poll_s=watch_poll_s,
+        ),
         leases=leases,
-        cancel_poll_s=cancel_poll_s,
-        watch_poll_s=watch_poll_s,
     )
     return Harness(runtime, store, model, gate, driver)
 

@@ -15,6 +15,7 @@ from agio_grpc.engine import ClientTool, RunInput, ToolOutput
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import STEP_OVERHEAD_BYTES, HistoryCache, step_bytes
 from agio_grpc.engine.hooks import Hooks
+from agio_grpc.store.errors import HistoryChangedError
 from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunStart
 from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
@@ -124,27 +125,36 @@ async def test_a_retry_elsewhere_that_cut_the_held_history_is_read_whole(
     await sent_context_is_the_stored_one(harness, session_id)
 
 
-async def test_a_retry_regenerates_from_the_log_as_it_is_once_it_holds_the_session(
+async def test_a_retry_regenerates_only_from_the_log_it_read(
     harness: Harness, other: Harness, sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     harness.model.enqueue(Turn.text("answer one"), Turn.text("answer two"))
     session_id = (await harness.run("one")).session_id  # 1, 2
     await harness.run("two", session_id=session_id)  # 3, 4
-    take = sqlite_store.acquire_session
+    write = sqlite_store.restart_run
 
-    async def edited_first(session_id: str, run_id: str) -> None:
-        # Just before Retry takes the session, another client rewrites the log: step 3
-        # becomes "replacement" (3', 4').
-        monkeypatch.setattr(sqlite_store, "acquire_session", take)
+    async def edited_first(*args: Any, **kwargs: Any) -> Any:
+        # After Retry read the log, another client rewrites it: step 3 becomes
+        # "replacement" (3', 4'), with the same sequences.
+        monkeypatch.setattr(sqlite_store, "restart_run", write)
         await sqlite_store.delete_steps_from(session_id, 3)
         other.model.enqueue(Turn.text("answer replacement"))
         await other.run("replacement", session_id=session_id)
-        harness.model.enqueue(Turn.text("regenerated"))  # one model: queued after other's
-        await take(session_id, run_id)
+        return await write(*args, **kwargs)
 
-    monkeypatch.setattr(sqlite_store, "acquire_session", edited_first)
+    monkeypatch.setattr(sqlite_store, "restart_run", edited_first)
+    with pytest.raises(HistoryChangedError):  # it would regenerate from a log now gone
+        await harness.runtime.retry(session_id, 4)
+    stored = await harness.store.get_steps(session_id)
+    assert [step.content for step in stored] == [
+        "one",
+        "answer one",
+        "replacement",
+        "answer replacement",
+    ]
+    # Retried, it answers the rewritten step 3, and its history is kept for the next run.
+    harness.model.enqueue(Turn.text("regenerated"))
     await harness.collect(await harness.runtime.retry(session_id, 4))
-    # The retry answered the rewritten step 3, and its history is kept for the next run.
     stored = await harness.store.get_steps(session_id)
     assert [step.content for step in stored] == ["one", "answer one", "replacement", "regenerated"]
     assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:3])
@@ -258,7 +268,7 @@ async def test_a_retry_regenerates_from_the_held_history_without_reading_it(
 
     await harness.collect(await harness.runtime.retry(session_id, 4))
 
-    assert (reads[-1].start, reads[-1].steps) == (4, [])
+    assert (reads[-1].start, reads[-1].steps) == (5, [])  # nothing after the cached 1..4
     stored = await harness.store.get_steps(session_id)
     assert [step.content for step in stored][-1] == "a second answer"
     assert harness.model.requests[-1]["messages"] == build_context(INSTRUCTIONS, stored[:3])
@@ -291,31 +301,31 @@ def test_the_cache_holds_whole_histories_only() -> None:
     cache.remember("c", gapped)
 
     assert len(cache) == 0
-    assert cache.held("a").mark is None
+    assert cache.cached("a").mark is None
 
 
 def test_the_least_recently_used_sessions_go_first_past_the_bound() -> None:
     cache = HistoryCache(room_for(10))
     cache.remember("a", history("a", 4))
     cache.remember("b", history("b", 4))
-    cache.held("a")  # used: b is now the oldest
+    cache.cached("a")  # used: b is now the oldest
     cache.remember("c", history("c", 4))
 
-    assert cache.held("b").mark is None
-    assert cache.held("a").mark == HistoryMark(4, history_last_id(cache, "a"))
+    assert cache.cached("b").mark is None
+    assert cache.cached("a").mark == HistoryMark(4, history_last_id(cache, "a"))
     assert len(cache) == 8
     cache.remember("d", history("d", 11))  # larger than the bound: not held
-    assert cache.held("d").mark is None
+    assert cache.cached("d").mark is None
 
 
 def test_what_a_run_holds_does_not_change_when_the_session_is_remembered_again() -> None:
     cache = HistoryCache(room_for(100))
     first = history("a", 3)
     cache.remember("a", first)
-    held = cache.held("a")
+    cached = cache.cached("a")
     cache.remember("a", history("a", 6))
 
-    assert held.steps == tuple(first)
+    assert cached.steps == tuple(first)
     assert len(cache) == 6
 
 
@@ -323,7 +333,7 @@ def test_joining_a_read_that_does_not_follow_the_held_history_fails() -> None:
     cache = HistoryCache(room_for(100))
     steps = history("a", 5)
     cache.remember("a", steps[:3])
-    held = cache.held("a")
+    cached = cache.cached("a")
     after = RunStart(
         run=Run(session_id="a", agent="assistant"),
         steps=steps[4:],
@@ -332,14 +342,14 @@ def test_joining_a_read_that_does_not_follow_the_held_history_fails() -> None:
     )
 
     with pytest.raises(ValueError, match="does not follow"):
-        held.join(after.history_start, after.history)
+        cached.join(after.history_start, after.history)
     follows = RunStart(
         run=Run(session_id="a", agent="assistant"),
         steps=steps[4:],
         history=steps[3:],
         history_start=4,
     )
-    assert held.join(follows.history_start, follows.history) == steps
+    assert cached.join(follows.history_start, follows.history) == steps
 
 
 def test_the_bound_is_memory_so_long_texts_count_for_what_they_take() -> None:
@@ -355,12 +365,12 @@ def test_the_bound_is_memory_so_long_texts_count_for_what_they_take() -> None:
     assert cache.size == sum(map(step_bytes, short)) + sum(map(step_bytes, long))
     assert step_bytes(long[1]) > 60_000 + STEP_OVERHEAD_BYTES
     cache.remember("more", history("more", 20))  # no room for both: the oldest goes
-    assert cache.held("short").mark is None
-    assert cache.held("long").mark is not None
+    assert cache.cached("short").mark is None
+    assert cache.cached("long").mark is not None
     huge = history("huge", 1)
     huge[0].content = "z" * 200_000  # more than the whole bound: never held
     cache.remember("huge", huge)
-    assert cache.held("huge").mark is None
+    assert cache.cached("huge").mark is None
     assert cache.size <= 100_000
 
 
@@ -368,7 +378,7 @@ def test_a_grown_history_is_measured_as_a_whole_one_is() -> None:
     cache = HistoryCache(room_for(100))
     steps = history("a", 9)
     cache.remember("a", steps[:3])
-    grown = [*cache.held("a").steps, *steps[3:]]  # what a run hands back: held, then new
+    grown = [*cache.cached("a").steps, *steps[3:]]  # what a run hands back: held, then new
     cache.remember("a", grown)
     assert cache.size == sum(map(step_bytes, steps))
     longer = history("a", 9)  # as long, other objects with other texts: measured afresh
@@ -380,4 +390,4 @@ def test_a_grown_history_is_measured_as_a_whole_one_is() -> None:
 
 
 def history_last_id(cache: HistoryCache, session_id: str) -> str:
-    return cache.held(session_id).steps[-1].id
+    return cache.cached(session_id).steps[-1].id

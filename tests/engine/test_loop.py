@@ -17,7 +17,6 @@ from agio_grpc.domain import Role, RunStatus, Step, StopReason, StopSignal
 from agio_grpc.engine import (
     AgentNotFoundError,
     AgentSpec,
-    DuplicateRequestError,
     ErrorNotice,
     InvalidInputError,
     RunFailed,
@@ -32,8 +31,13 @@ from agio_grpc.engine import (
     StopRun,
 )
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.store.errors import NotFoundError, SessionBusyError, StoreUnavailableError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.errors import (
+    DuplicateRequestError,
+    NotFoundError,
+    SessionBusyError,
+    StoreUnavailableError,
+)
+from agio_grpc.store.protocol import Journal, StepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
 from tests.engine.harness import INSTRUCTIONS, Gate, Harness, assert_valid_messages, build_runtime
 
@@ -518,10 +522,12 @@ class FailingStore:
         self._store = store
         self._error = error
 
-    async def append_steps(self, steps: Sequence[Step], *, held_by: str = "") -> list[Step]:
+    async def append_steps(
+        self, steps: Sequence[Step], *, held_by: str = "", journal: Journal | None = None
+    ) -> list[Step]:
         if any(step.role is Role.ASSISTANT for step in steps):
             raise self._error
-        return await self._store.append_steps(steps, held_by=held_by)
+        return await self._store.append_steps(steps, held_by=held_by, journal=journal)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

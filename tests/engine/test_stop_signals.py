@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agio_grpc.domain import RunStatus, StopReason, StopSignal, pick_stop_signal
-from agio_grpc.engine.loop import status_for
+from agio_grpc.domain import RunStatus, StopReason, StopSignal, pick_stop_signal, status_for
 
 DESIGN_ORDER = [
     "INTERNAL_ERROR",

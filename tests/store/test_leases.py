@@ -27,7 +27,14 @@ from agio_grpc.domain import (
     StopSignal,
     utc_now,
 )
-from agio_grpc.store import LeaseLostError, NotFoundError, SessionBusyError
+from agio_grpc.store import (
+    HistoryChangedError,
+    LeaseLostError,
+    NotFoundError,
+    RunNotWaitingError,
+    SessionBusyError,
+)
+from agio_grpc.store.protocol import HistoryMark
 from agio_grpc.store.migrations import alembic_config, head_revision
 from agio_grpc.store.sql import (
     ABANDONED_MESSAGE,
@@ -200,36 +207,58 @@ def output(run: Run) -> Step:
     return Step(run.session_id, run.id, Role.TOOL, content="done", tool_call_id="call_1")
 
 
+async def last_mark(store: SqlStepStore, session_id: str) -> HistoryMark:
+    last = await store.get_last_step(session_id)
+    assert last is not None
+    return HistoryMark(last.sequence, last.id)
+
+
 async def test_continue_run_stores_the_outputs_and_the_running_run_together(
     store: SqlStepStore,
 ) -> None:
     run = await waiting_run(store)
-    await store.acquire_session(run.session_id, run.id)
-    run.stop_signal = None
+    mark = await last_mark(store, run.session_id)
 
-    continued = await store.continue_run(run, [output(run)])
+    continued = await store.continue_run(run, [output(run)], expect=mark)
 
     assert [step.sequence for step in continued.steps] == [2]
     assert continued.run.status is RunStatus.RUNNING
+    assert continued.run.stop_signal is None
     assert (continued.run.step_count, continued.run.last_sequence) == (2, 2)
     assert await store.get_run(run.id) == continued.run
     assert await store.get_steps(run.session_id, 2) == continued.steps
+    assert (await store.get_session(run.session_id)).active_run_id == run.id  # taken with it
 
 
-async def test_continue_run_stores_nothing_without_the_session_or_the_run(
+async def test_continue_run_stores_nothing_unless_the_run_still_waits_on_the_log_it_read(
     store: SqlStepStore,
 ) -> None:
     run = await waiting_run(store)
-    with pytest.raises(LeaseLostError):  # not taken: a take-over may have ended it
-        await store.continue_run(run, [output(run)])
+    mark = await last_mark(store, run.session_id)
+    # A stale read: the log's last step is not the one the call decided on.
+    with pytest.raises(HistoryChangedError):
+        await store.continue_run(run, [output(run)], expect=HistoryMark(1, "step_other"))
+    with pytest.raises(HistoryChangedError):
+        await store.continue_run(run, [output(run)], expect=None)
+    # Another run holds the session.
+    await store.acquire_session(run.session_id, "run_other")
+    with pytest.raises(SessionBusyError):
+        await store.continue_run(run, [output(run)], expect=mark)
+    assert await store.release_session(run.session_id, "run_other")
+    # Each refusal wrote nothing, and took nothing.
     assert (await store.get_run(run.id)).status is RunStatus.REQUIRES_ACTION
     assert await store.count_steps(run.session_id) == 1
+    assert (await store.get_session(run.session_id)).active_run_id == ""
 
     ghost = Run(session_id=run.session_id, agent="a")
-    await store.acquire_session(run.session_id, ghost.id)
     with pytest.raises(NotFoundError):
-        await store.continue_run(ghost, [output(ghost)])
-    assert await store.count_steps(run.session_id) == 1
+        await store.continue_run(ghost, [output(ghost)], expect=mark)
+    # Continued once, the run no longer waits: a second continuation is refused.
+    continued = await store.continue_run(run, [output(run)], expect=mark)
+    await store.end_run(continued.run.ended(StopSignal(StopReason.COMPLETED)))
+    with pytest.raises(RunNotWaitingError):
+        await store.continue_run(run, [output(run)], expect=await last_mark(store, run.session_id))
+    assert await store.count_steps(run.session_id) == 2
 
 
 async def test_acquire_over_an_expired_lease_interrupts_the_previous_run(
@@ -489,4 +518,4 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     holder, expires = await lease_of(store_url, "sess_stuck")
     assert holder == "run_next"
     assert expires is not None
-    assert head_revision() == "0003"
+    assert head_revision() == "0004"

@@ -1,0 +1,366 @@
+"""`Lifecycle`: the one owner of a run's transitions and of the stop signals that end them.
+
+    begin (Run) ─────────┐
+    restart (Retry) ─────┼──> RUNNING ──end──> COMPLETED | FAILED | CANCELLED | INTERRUPTED
+    resume (Submit...) ──┘       │ ^
+                            end  │ │ resume
+                                 v │
+                           REQUIRES_ACTION ──end_waiting (CancelRun)──> CANCELLED
+
+Every transition is ONE store transaction that also journals the events it announces
+(engine/journal.py): `begin` takes the session, stores the input, the run and `run_started`
+(a reused request_id, a busy session or a run waiting for its client are refused inside it);
+`resume` takes the session, checks the run still waits on the log the call read, stores the
+outputs; `restart` takes the session, deletes and creates; `end` stores the run's end, its
+session's release and the terminal event; `end_waiting` closes a waiting run's calls and
+ends it. A run's status is never assigned: `Run.ended(signal)` derives it from the signal,
+and every signal of a transition that is not the loop's own reason to stop (a cancel, a
+shutdown, a lost lease, a call that ended before its run went on) is built here.
+
+One undo path (`_commit`) for a call that stops while its write is in flight: the write
+runs to its end in a task of its own; if it committed, the run it started is ended
+INTERRUPTED at once (its client is gone, and a RUNNING row with nothing running it would
+refuse the session until its lease ran out); if its outcome is unclear (the store became
+unavailable: a COMMIT may have landed) the run is read back and ended if it is stored
+RUNNING. A write that failed wrote nothing: every transition takes the session in its own
+transaction, so there is no session to give back either.
+
+Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StopReason,
+    StopSignal,
+)
+from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.context import open_tool_calls
+from agio_grpc.engine.events import Event, RunStarted, StepCompleted, terminal_event
+from agio_grpc.engine.executor import unfinished_result
+from agio_grpc.store.errors import NotFoundError, StoreError, StoreUnavailableError
+from agio_grpc.store.protocol import HistoryMark, RunContinuation, RunStart, StepStore
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# How long a call whose write failed waits to learn whether it committed.
+UNCLEAR_WRITE_CHECK_S = 1.0
+
+
+# -- the stop signals of transitions ---------------------------------------------------------
+
+
+def cancelled(reason: str, source: str) -> StopSignal:
+    """A CancelRun (or a client that went away)."""
+    return StopSignal(StopReason.CANCELLED, reason or "cancelled", source or "client")
+
+
+def shutting_down() -> StopSignal:
+    """The server stops while the run goes on: retryable where it stopped."""
+    return StopSignal(
+        StopReason.INTERRUPTED, "the server is shutting down", "server", retryable=True
+    )
+
+
+def lease_lost() -> StopSignal:
+    """The stop of a run that lost its session lease: its server stalled past the lease, and
+    the session was taken over or released meanwhile."""
+    return StopSignal(
+        StopReason.INTERRUPTED,
+        "this run lost its session lease (the server stalled past it)",
+        "server",
+        retryable=True,
+    )
+
+
+def task_cancelled() -> StopSignal:
+    """The run's task was cancelled with no stop requested (the event loop tearing down)."""
+    return StopSignal(
+        StopReason.INTERRUPTED, "the run's task was cancelled", "server", retryable=True
+    )
+
+
+def call_ended(resume_from_sequence: int) -> StopSignal:
+    """The call that started (or continued) the run ended before the run went on."""
+    return StopSignal(
+        StopReason.INTERRUPTED,
+        "the call that started (or continued) this run ended before the run went on",
+        "server",
+        retryable=True,
+        resume_from_sequence=resume_from_sequence,
+    )
+
+
+def internal_error(error: Exception) -> StopSignal:
+    """An exception the loop did not expect: logged here, never shown to the client."""
+    if isinstance(error, StoreError):
+        logger.exception("run stopped by a storage error")
+        return StopSignal(
+            StopReason.INTERNAL_ERROR,
+            f"storage error: {type(error).__name__}: {error}",
+            "server",
+            retryable=True,
+        )
+    logger.exception("run stopped by an unexpected error")
+    return StopSignal(
+        StopReason.INTERNAL_ERROR,
+        f"internal error ({type(error).__name__}); see the server log",
+        "server",
+    )
+
+
+def unfinished_reason(signal: StopSignal) -> str:
+    """Why a tool call got no result, for the synthetic error result a stop stores."""
+    detail = f" ({signal.message})" if signal.message else ""
+    match signal.reason:
+        case StopReason.CANCELLED:
+            return f"the run was cancelled{detail}"
+        case StopReason.TIMEOUT:
+            return f"the run timed out{detail}"
+        case StopReason.INTERRUPTED:
+            return f"the run was interrupted{detail}"
+        case StopReason.MAX_TOKENS | StopReason.CONTENT_FILTER:
+            return f"the call was not run: the model's reply was cut off{detail}"
+        case _:
+            return f"the call was not run: the run stopped with {signal.reason.value}{detail}"
+
+
+# -- what transitions announce ---------------------------------------------------------------
+
+
+def _opened(run: Run | None, steps: Sequence[Step]) -> list[Event]:
+    """A segment's start: `run_started`, then each of its first steps stored."""
+    assert run is not None
+    return [RunStarted(run.snapshot()), *(StepCompleted(step) for step in steps)]
+
+
+def _closed(run: Run | None, steps: Sequence[Step]) -> list[Event]:
+    """A segment's end: the steps its end stored, then the terminal event."""
+    assert run is not None
+    return [*(StepCompleted(step) for step in steps), terminal_event(run.snapshot())]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentEnd:
+    """What `Lifecycle.end` stored."""
+
+    run: Run
+    """The run as it ended (another server's end when it took the session over first)."""
+    released: bool
+    """The run held its session to its end and let it go (see `RunEnd.released`)."""
+    journaled: bool
+    """Its terminal event is in the journal, ready for `publish`."""
+
+    def publish(self, channel: RunChannel) -> Run:
+        """Send the terminal event (the journaled one, under its stored seq); the final run."""
+        final = self.run.snapshot()
+        if not (self.journaled and channel.publish_journaled()):
+            channel.publish(terminal_event(final))
+        return final
+
+
+class Lifecycle:
+    """Every change of a run's state, each one store transaction (module docstring)."""
+
+    def __init__(self, store: StepStore) -> None:
+        self.store = store
+        # Undo work of failed or cancelled calls still running (`_clean_up`).
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    # -- transitions ------------------------------------------------------------------------
+
+    async def begin(
+        self,
+        run: Run,
+        steps: list[Step],
+        channel: RunChannel,
+        *,
+        new_session: Session | None,
+        since: HistoryMark | None,
+    ) -> RunStart:
+        """A new run on its session (or a new one), its input stored. The store's refusals
+        (busy, waiting, duplicate request_id, unknown session) write nothing."""
+        write = self.store.start_run(
+            run, steps, new_session=new_session, since=since, journal=channel.journal_for(_opened)
+        )
+        started = await self._commit(write, run, channel, lambda started: started.run)
+        channel.publish_journaled()
+        return started
+
+    async def resume(
+        self, run: Run, steps: list[Step], channel: RunChannel, expect: HistoryMark | None
+    ) -> RunContinuation:
+        """A waiting run going on with its client's tool outputs, if it still waits on the
+        log the call read (`expect`)."""
+        write = self.store.continue_run(
+            run, steps, expect=expect, journal=channel.journal_for(_opened)
+        )
+        continued = await self._commit(write, run, channel, lambda continued: continued.run)
+        channel.publish_journaled()
+        return continued
+
+    async def restart(
+        self, run: Run, delete_from: int, channel: RunChannel, expect: HistoryMark | None
+    ) -> Run:
+        """A Retry's new run, the steps from `delete_from` on deleted, if the session's log
+        is still the one the call read (`expect`)."""
+        write = self.store.restart_run(
+            run, delete_from, expect=expect, journal=channel.journal_for(_opened)
+        )
+        # Ended before it went on, it resumes where it was to regenerate from.
+        started = await self._commit(
+            write, run, channel, lambda started: started, resume_from=delete_from
+        )
+        channel.publish_journaled()
+        return started
+
+    async def end(self, run: Run, signal: StopSignal, channel: RunChannel) -> SegmentEnd:
+        """The loop's end: the run's final state, its session's release and its terminal
+        event, stored together. A store that fails leaves the run to the take-over of its
+        lease, but its session is released if it can be, so the next run need not wait."""
+        ended = run.ended(signal)
+        ended.last_event_seq = channel.last_seq + 1  # the terminal event's
+        try:
+            stored = await self.store.end_run(ended, journal=channel.journal_for(_closed))
+        except Exception:
+            logger.exception("run %s: could not store its final state", run.id)
+            await self.release(run.session_id, run.id)
+            return SegmentEnd(ended, released=False, journaled=False)
+        if stored.earlier_end is not None:
+            # Ended first by the server that took the session over once this run's lease ran
+            # out (this one stalled past it): that end is the run's, and the stream says so.
+            logger.warning("run %s was ended by a take-over of its session", run.id)
+            return SegmentEnd(stored.earlier_end, stored.released, journaled=False)
+        return SegmentEnd(ended, stored.released, journaled=True)
+
+    async def end_waiting(self, run: Run, signal: StopSignal) -> Run | None:
+        """End a run waiting in REQUIRES_ACTION: an error result for each of its open calls,
+        then its end. None when it no longer waits (continued or ended meanwhile)."""
+        history = await self.store.get_history(run.session_id, run.first_sequence or 1)
+        assistant, pending = open_tool_calls(history)
+        why = unfinished_reason(signal)
+        results = [
+            Step(
+                run.session_id,
+                run.id,
+                Role.TOOL,
+                content=unfinished_result(call, why).content,
+                tool_call_id=call.id,
+                name=call.name,
+                is_error=True,
+            )
+            for call in (pending if assistant is not None else [])
+        ]
+        ended = run.ended(signal)
+        ended.last_event_seq = run.last_event_seq + len(results) + 1
+        channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
+        return await self.store.end_waiting_run(
+            ended, results, journal=channel.journal_for(_closed)
+        )
+
+    # -- the undo path ----------------------------------------------------------------------
+
+    async def _commit(
+        self,
+        write: Coroutine[Any, Any, T],
+        run: Run,
+        channel: RunChannel,
+        stored_run: Callable[[T], Run],
+        *,
+        resume_from: int = 0,
+    ) -> T:
+        """Await a transition's write; if the call stops meanwhile (cancelled, or the write
+        failed), undo what the write may have done once it ended (module docstring)."""
+        writing = asyncio.ensure_future(write)
+        try:
+            return await asyncio.shield(writing)
+        except BaseException:
+            undo = self._undo(writing, run, channel, stored_run, resume_from)
+            await self._clean_up(undo)
+            raise
+
+    async def _undo(
+        self,
+        writing: asyncio.Future[T],
+        run: Run,
+        channel: RunChannel,
+        stored_run: Callable[[T], Run],
+        resume_from: int,
+    ) -> None:
+        stored: Run | None = None
+        try:
+            stored = stored_run(await writing)  # a transaction runs to its end
+        except StoreUnavailableError:
+            stored = await self._stored_running(run.id)  # it may have committed all the same
+        except BaseException:
+            return  # refused or failed: nothing written, the session not taken either
+        if stored is not None and stored.status is RunStatus.RUNNING:
+            channel.publish_journaled()  # what it stored, before its end (no one listens)
+            await self.end_unstarted(stored, channel, resume_from)
+
+    async def abandon(self, run: Run, channel: RunChannel) -> None:
+        """End a run whose call failed after its start was stored (`end_unstarted`), even if
+        the call is cancelled meanwhile."""
+        await self._clean_up(self.end_unstarted(run, channel))
+
+    async def end_unstarted(self, run: Run, channel: RunChannel, resume_from: int = 0) -> None:
+        """End a run stored RUNNING whose call ended before its loop started: INTERRUPTED,
+        retryable from `resume_from` (0: after its last step), its session released. Never
+        raises."""
+        ended = run.ended(call_ended(resume_from or run.last_sequence + 1))
+        ended.last_event_seq = channel.last_seq + 1
+        try:
+            await self.store.end_run(ended, journal=channel.journal_for(_closed))
+        except NotFoundError:  # the run was never stored
+            await self.release(run.session_id, run.id)
+        except Exception:
+            logger.exception("could not end run %s, which never started", run.id)
+            await self.release(run.session_id, run.id)
+
+    async def _stored_running(self, run_id: str) -> Run | None:
+        """The run as stored, if it is RUNNING: what a write whose outcome was unclear left.
+        None as well when the store cannot say within `UNCLEAR_WRITE_CHECK_S`: the caller's
+        error waits for this, and a store that just failed may take its connect timeout to
+        fail again."""
+        try:
+            async with asyncio.timeout(UNCLEAR_WRITE_CHECK_S):
+                run = await self.store.get_run(run_id)
+        except Exception:  # TimeoutError included
+            return None
+        return run if run.status is RunStatus.RUNNING else None
+
+    async def release(self, session_id: str, run_id: str) -> None:
+        """Let go of the session if the run still holds it. Never raises."""
+        try:
+            await self.store.release_session(session_id, run_id)
+        except Exception:
+            logger.exception("could not release session %s held by run %s", session_id, run_id)
+
+    async def _clean_up(self, work: Awaitable[None]) -> None:
+        """Run `work` in a task of its own: it runs to its end even when the call is
+        cancelled (again) while waiting for it; `settle` waits for what is still running."""
+        task = asyncio.ensure_future(work)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        await asyncio.shield(task)  # a cancel goes on to the caller; the task runs on
+
+    async def settle(self, wait_s: float) -> None:
+        """Wait (up to `wait_s`) for the undo work of failed or cancelled calls. For a server
+        stopping: after its calls are cancelled, before the store closes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while self._cleanups and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self._cleanups), timeout=left)

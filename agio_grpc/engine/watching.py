@@ -1,0 +1,93 @@
+"""Following a run from the journal: replays after a cursor, and runs another process runs.
+
+`follow` yields a run's events with a seq above the cursor, as the journal stored them
+(engine/journal.py), up to and including the next terminal event. A run still RUNNING with
+no live channel here runs elsewhere (another process or replica): the journal is read again
+every `poll_s`, and whether its server died is asked as often as live servers renew their
+leases (`SessionLeases.interrupt_abandoned_run` ends it INTERRUPTED, with its terminal
+event journaled). Should a run start here meanwhile, the live channel takes over
+(`live`), with the deltas of its step in progress.
+
+A cursor past the end of a run's journal can only come from a server that died after it
+streamed events it had not stored yet (deltas, a `step_started`): such a watch gets the
+run's terminal event once the run has ended, so that it too ends. Never imports grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from agio_grpc.domain import RunStatus
+from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.errors import RuntimeClosedError
+from agio_grpc.engine.events import SequencedEvent, terminal_event
+from agio_grpc.engine.journal import event_of
+from agio_grpc.store.protocol import TERMINAL_KINDS, JournalRecord, SessionLeases, StepStore
+
+
+@dataclass(frozen=True, slots=True)
+class Watching:
+    """What `follow` reads from: the store, the leases (to find dead servers), the live
+    channels of this process, and whether the runtime is closing."""
+
+    store: StepStore
+    leases: SessionLeases | None
+    live: Callable[[str], RunChannel | None]
+    closing: Callable[[], bool]
+    poll_s: float
+
+
+async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterator[SequencedEvent]:
+    """The run's events after `after_seq`, up to its next terminal event (module docstring).
+    Raises NotFoundError for an unknown run, RuntimeClosedError when the runtime closes
+    while the run goes on elsewhere."""
+    store = watching.store
+    loop = asyncio.get_running_loop()
+    check_every = watching.leases.session_lease_s / 3 if watching.leases is not None else 0.0
+    next_check = loop.time() + check_every
+    cursor = after_seq
+    while True:
+        # The run is read before its journal: a run found ended has its end journaled.
+        run = await store.get_run(run_id)
+        for record in await store.read_journal(run_id, cursor):
+            yield event_of(run.id, run.session_id, record)
+            cursor = record.seq
+            if record.kind in TERMINAL_KINDS:
+                return
+        if run.status is not RunStatus.RUNNING:
+            past_end = await _terminal_past(store, run_id, cursor)
+            if past_end is not None:
+                yield event_of(run.id, run.session_id, past_end)
+            elif cursor < run.last_event_seq or (cursor == 0 and not run.last_event_seq):
+                # Ended before the journal existed: its end, as the run row has it.
+                seq = max(run.last_event_seq, 1)
+                time = run.end_time or run.create_time
+                yield SequencedEvent(run.id, run.session_id, seq, time, terminal_event(run))
+            return
+        channel = watching.live(run_id)
+        if channel is not None:  # it runs here (again): follow it live
+            async for event in channel.subscribe(cursor):
+                yield event
+            return
+        await asyncio.sleep(watching.poll_s)
+        if watching.closing():
+            raise RuntimeClosedError(
+                "the server is shutting down: watch the run again through another one"
+            )
+        if watching.leases is not None and loop.time() >= next_check:
+            next_check = loop.time() + check_every
+            await watching.leases.interrupt_abandoned_run(run_id)
+
+
+async def _terminal_past(store: StepStore, run_id: str, cursor: int) -> JournalRecord | None:
+    """The run's last terminal record when `cursor` is past the end of its journal (see the
+    module docstring); None when the journal reaches the cursor."""
+    if cursor == 0:
+        return None
+    records = await store.read_journal(run_id, 0)
+    if not records or records[-1].seq >= cursor:
+        return None
+    terminals = [record for record in records if record.kind in TERMINAL_KINDS]
+    return terminals[-1] if terminals else None
