@@ -16,8 +16,8 @@ import pytest
 from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopReason
 from agio_grpc.engine import (
     ClientTool,
-    RunChannel,
     InvalidInputError,
+    RunChannel,
     RunCompleted,
     RunHandle,
     RunInput,

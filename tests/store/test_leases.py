@@ -34,8 +34,8 @@ from agio_grpc.store import (
     RunNotWaitingError,
     SessionBusyError,
 )
-from agio_grpc.store.protocol import HistoryMark
 from agio_grpc.store.migrations import alembic_config, head_revision
+from agio_grpc.store.protocol import HistoryMark
 from agio_grpc.store.sql import (
     ABANDONED_MESSAGE,
     LEASE_EXPIRED_MESSAGE,
