@@ -103,6 +103,9 @@ class ServerConfig(_Strict):
     session_lease_s: float = Field(30.0, gt=0)
     """How long a run holds its session without renewal (renewed every third of it): after a
     crash, the session is taken over by the next run this long after the last renewal."""
+    max_queued_runs: int = Field(10, ge=0)
+    """How many runs may wait in one session's queue (BUSY_POLICY_ENQUEUE, INTERRUPT,
+    ROLLBACK); one more is refused with RESOURCE_EXHAUSTED `QUEUE_FULL`."""
     history_cache_mb: float = Field(64.0, ge=0)
     """How much memory (an estimate: each step's texts plus about half a kilobyte) recent
     sessions' histories may take between runs, so a new run on one of them reads only the

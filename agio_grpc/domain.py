@@ -71,6 +71,7 @@ _ERROR_REASONS = frozenset(
 class RunStatus(enum.StrEnum):
     """The lifecycle state of a run."""
 
+    QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     REQUIRES_ACTION = "REQUIRES_ACTION"
@@ -80,7 +81,20 @@ class RunStatus(enum.StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (RunStatus.RUNNING, RunStatus.REQUIRES_ACTION)
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION)
+
+
+class BusyPolicy(enum.StrEnum):
+    """What a new run does when its session has a RUNNING, QUEUED or REQUIRES_ACTION run."""
+
+    REJECT = "REJECT"
+    """Refused: SessionBusyError, or RunRequiresActionError for a run waiting for its client."""
+    ENQUEUE = "ENQUEUE"
+    """Stored QUEUED; started when the session frees, first in first out."""
+    INTERRUPT = "INTERRUPT"
+    """The current run is cancelled (superseded); the new one starts next, ahead of the queue."""
+    ROLLBACK = "ROLLBACK"
+    """As INTERRUPT, then the interrupted run's steps are deleted before the new one starts."""
 
 
 _ROLE_VALUES: Final[dict[Role, str]] = {role: role.value for role in Role}
@@ -260,18 +274,32 @@ class Run:
     options: dict[str, Any] = field(default_factory=dict)
     # The last StepEvent seq the run emitted: a continuation keeps counting from here.
     last_event_seq: int = 0
+    # A QUEUED run's user input, stored as its first step when it starts.
+    input: str = ""
+    # A QUEUED run's place in its session's queue (lowest first).
+    queue_position: int = 0
+    # A QUEUED run that rolls back the run it interrupted: that run, whose steps from
+    # `rollback_from` on are deleted when this one starts.
+    rollback_run_id: str = ""
+    rollback_from: int = 0
 
     def ended(self, signal: StopSignal, at: datetime | None = None) -> Run:
         """This run stopped by `signal`: a copy with the status the signal's reason leaves it
         in (`status_for`), the signal, and an end time unless it only waits
-        (REQUIRES_ACTION). The only way a run's status changes, with `resumed`."""
+        (REQUIRES_ACTION). The only way a run's status changes, with `resumed` and
+        `queued`."""
         status = status_for(signal.reason)
         end_time = (at or utc_now()) if status.is_terminal else None
         return replace(self, status=status, stop_signal=signal, end_time=end_time)
 
     def resumed(self) -> Run:
-        """This run going on after it waited (SubmitToolOutputs): RUNNING, no stop signal."""
+        """This run going on after it waited (for its client's tool outputs, or in its
+        session's queue): RUNNING, no stop signal."""
         return replace(self, status=RunStatus.RUNNING, stop_signal=None, end_time=None)
+
+    def queued(self) -> Run:
+        """This run waiting in its session's queue: QUEUED."""
+        return replace(self, status=RunStatus.QUEUED, stop_signal=None, end_time=None)
 
     def snapshot(self) -> Run:
         """A copy for an event, cheaper than a deep copy: what the loop goes on changing

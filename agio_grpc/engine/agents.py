@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from agio_grpc.domain import BusyPolicy
 from agio_grpc.engine.errors import InvalidInputError
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -113,6 +114,8 @@ class RunInput:
     metadata: dict[str, str] = field(default_factory=dict)
     deadline_s: float | None = None
     """Seconds left on the caller's deadline; the run times out by then at the latest."""
+    on_busy: BusyPolicy = BusyPolicy.REJECT
+    """What to do when the session is busy (domain.BusyPolicy)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from agio_grpc.domain import Run, StopSignal
 from agio_grpc.engine.control import RunControl
@@ -33,12 +33,21 @@ class LeaseKeeper:
     """Renews the leases of live runs and passes cancel requests between replicas."""
 
     def __init__(
-        self, leases: SessionLeases, store: StepStore, live: LiveRuns, cancel_poll_s: float
+        self,
+        leases: SessionLeases,
+        store: StepStore,
+        live: LiveRuns,
+        cancel_poll_s: float,
+        *,
+        on_tick: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_tick` runs after each renewal (every third of the lease): the runtime starts
+        the queues a crash left with no one to start them."""
         self.leases = leases
         self._store = store
         self._live = live
         self._cancel_poll_s = cancel_poll_s
+        self._on_tick = on_tick
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -86,6 +95,8 @@ class LeaseKeeper:
             await asyncio.sleep(interval)
             try:
                 await self._renew()
+                if self._on_tick is not None:
+                    await self._on_tick()
             except StoreError as error:
                 logger.warning("could not renew session leases (will retry): %s", error)
             except Exception:

@@ -1,29 +1,33 @@
 """`Lifecycle`: the one owner of a run's transitions and of the stop signals that end them.
 
-    begin (Run) ─────────┐
-    restart (Retry) ─────┼──> RUNNING ──end──> COMPLETED | FAILED | CANCELLED | INTERRUPTED
-    resume (Submit...) ──┘       │ ^
-                            end  │ │ resume
-                                 v │
-                           REQUIRES_ACTION ──end_waiting (CancelRun)──> CANCELLED
+    Run ──begin──> QUEUED ──begin_queued──> RUNNING        (a busy session, with a policy)
+    Run ──begin──────────────────────────> RUNNING
+    Retry ──restart──────────────────────> RUNNING
+    RUNNING ──end──> COMPLETED | FAILED | CANCELLED | INTERRUPTED | REQUIRES_ACTION
+    REQUIRES_ACTION ──resume (SubmitToolOutputs)──> RUNNING
+    REQUIRES_ACTION | QUEUED ──end_idle (CancelRun, a superseding run)──> CANCELLED
 
 Every transition is ONE store transaction that also journals the events it announces
 (engine/journal.py): `begin` takes the session, stores the input, the run and `run_started`
-(a reused request_id, a busy session or a run waiting for its client are refused inside it);
-`resume` takes the session, checks the run still waits on the log the call read, stores the
-outputs; `restart` takes the session, deletes and creates; `end` stores the run's end, its
-session's release and the terminal event; `end_waiting` closes a waiting run's calls and
-ends it. A run's status is never assigned: `Run.ended(signal)` derives it from the signal,
-and every signal of a transition that is not the loop's own reason to stop (a cancel, a
-shutdown, a lost lease, a call that ended before its run went on) is built here.
+(a reused request_id is refused inside it; a busy session refuses the run, or queues it
+with the busy policy's `QueueRequest`); `begin_queued` starts the run heading a free
+session's queue; `resume` takes the session, checks the run still waits on the log the
+call read, stores the outputs; `restart` takes the session, deletes and creates; `end`
+stores the run's end, its session's release and the terminal event; `end_idle` closes a
+waiting run's calls and ends it, or ends a queued one. Whenever a transition frees a
+session with a queue, `on_session_free` is told, so that the next queued run starts.
+
+A run's status is never assigned: `Run.ended(signal)` derives it from the signal, and every
+signal of a transition that is not the loop's own reason to stop (a cancel, a superseding
+run, a shutdown, a lost lease, a call that ended before its run went on) is built here.
 
 One undo path (`_commit`) for a call that stops while its write is in flight: the write
 runs to its end in a task of its own; if it committed, the run it started is ended
 INTERRUPTED at once (its client is gone, and a RUNNING row with nothing running it would
-refuse the session until its lease ran out); if its outcome is unclear (the store became
-unavailable: a COMMIT may have landed) the run is read back and ended if it is stored
-RUNNING. A write that failed wrote nothing: every transition takes the session in its own
-transaction, so there is no session to give back either.
+refuse the session until its lease ran out) and a run it queued is ended; if its outcome is
+unclear (the store became unavailable: a COMMIT may have landed) the run is read back and
+ended if it is stored RUNNING. A write that failed wrote nothing: every transition takes
+the session in its own transaction, so there is no session to give back either.
 
 Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
 """
@@ -44,13 +48,20 @@ from agio_grpc.domain import (
     Step,
     StopReason,
     StopSignal,
+    ToolCall,
 )
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.engine.events import Event, RunStarted, StepCompleted, terminal_event
 from agio_grpc.engine.executor import unfinished_result
 from agio_grpc.store.errors import NotFoundError, StoreError, StoreUnavailableError
-from agio_grpc.store.protocol import HistoryMark, RunContinuation, RunStart, StepStore
+from agio_grpc.store.protocol import (
+    HistoryMark,
+    QueueRequest,
+    RunContinuation,
+    RunStart,
+    StepStore,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +101,16 @@ def task_cancelled() -> StopSignal:
     """The run's task was cancelled with no stop requested (the event loop tearing down)."""
     return StopSignal(
         StopReason.INTERRUPTED, "the run's task was cancelled", "server", retryable=True
+    )
+
+
+def superseded(run_id: str, policy: str) -> StopSignal:
+    """The stop of a run a new run interrupted (BUSY_POLICY_INTERRUPT or ROLLBACK)."""
+    return StopSignal(
+        StopReason.CANCELLED,
+        f"superseded by run {run_id} (busy policy {policy})",
+        "client",
+        context={"superseded_by": run_id},
     )
 
 
@@ -175,8 +196,11 @@ class SegmentEnd:
 class Lifecycle:
     """Every change of a run's state, each one store transaction (module docstring)."""
 
-    def __init__(self, store: StepStore) -> None:
+    def __init__(
+        self, store: StepStore, on_session_free: Callable[[str], None] = lambda _: None
+    ) -> None:
         self.store = store
+        self._on_session_free = on_session_free
         # Undo work of failed or cancelled calls still running (`_clean_up`).
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -190,11 +214,29 @@ class Lifecycle:
         *,
         new_session: Session | None,
         since: HistoryMark | None,
+        queue: QueueRequest | None = None,
     ) -> RunStart:
-        """A new run on its session (or a new one), its input stored. The store's refusals
-        (busy, waiting, duplicate request_id, unknown session) write nothing."""
+        """A new run on its session (or a new one), its input stored; on a busy session,
+        refused, or with `queue` stored QUEUED. The store's refusals (busy, waiting,
+        duplicate request_id, a full queue, unknown session) write nothing."""
         write = self.store.start_run(
-            run, steps, new_session=new_session, since=since, journal=channel.journal_for(_opened)
+            run,
+            steps,
+            new_session=new_session,
+            since=since,
+            journal=channel.journal_for(_opened),
+            queue=queue,
+        )
+        started = await self._commit(write, run, channel, lambda started: started.run)
+        channel.publish_journaled()
+        return started
+
+    async def begin_queued(
+        self, run: Run, steps: list[Step], channel: RunChannel, since: HistoryMark | None
+    ) -> RunStart:
+        """The run heading its free session's queue starts, its input stored."""
+        write = self.store.start_queued_run(
+            run, steps, since=since, journal=channel.journal_for(_opened)
         )
         started = await self._commit(write, run, channel, lambda started: started.run)
         channel.publish_journaled()
@@ -239,6 +281,8 @@ class Lifecycle:
             logger.exception("run %s: could not store its final state", run.id)
             await self.release(run.session_id, run.id)
             return SegmentEnd(ended, released=False, journaled=False)
+        if stored.queued:
+            self._on_session_free(run.session_id)
         if stored.earlier_end is not None:
             # Ended first by the server that took the session over once this run's lease ran
             # out (this one stalled past it): that end is the run's, and the stream says so.
@@ -246,11 +290,14 @@ class Lifecycle:
             return SegmentEnd(stored.earlier_end, stored.released, journaled=False)
         return SegmentEnd(ended, stored.released, journaled=True)
 
-    async def end_waiting(self, run: Run, signal: StopSignal) -> Run | None:
-        """End a run waiting in REQUIRES_ACTION: an error result for each of its open calls,
-        then its end. None when it no longer waits (continued or ended meanwhile)."""
-        history = await self.store.get_history(run.session_id, run.first_sequence or 1)
-        assistant, pending = open_tool_calls(history)
+    async def end_idle(self, run: Run, signal: StopSignal) -> Run | None:
+        """End a run nothing runs: one waiting in REQUIRES_ACTION gets an error result for
+        each of its open calls first; a QUEUED one never starts. None when it is no longer
+        idle (continued, started or ended meanwhile)."""
+        pending: list[ToolCall] = []
+        if run.status is RunStatus.REQUIRES_ACTION:
+            history = await self.store.get_history(run.session_id, run.first_sequence or 1)
+            pending = open_tool_calls(history)[1]
         why = unfinished_reason(signal)
         results = [
             Step(
@@ -262,14 +309,15 @@ class Lifecycle:
                 name=call.name,
                 is_error=True,
             )
-            for call in (pending if assistant is not None else [])
+            for call in pending
         ]
         ended = run.ended(signal)
         ended.last_event_seq = run.last_event_seq + len(results) + 1
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
-        return await self.store.end_waiting_run(
-            ended, results, journal=channel.journal_for(_closed)
-        )
+        stored = await self.store.end_idle_run(ended, results, journal=channel.journal_for(_closed))
+        if stored is not None:
+            self._on_session_free(run.session_id)  # it may have held up the queue
+        return stored
 
     # -- the undo path ----------------------------------------------------------------------
 
@@ -307,9 +355,13 @@ class Lifecycle:
             stored = await self._stored_running(run.id)  # it may have committed all the same
         except BaseException:
             return  # refused or failed: nothing written, the session not taken either
-        if stored is not None and stored.status is RunStatus.RUNNING:
+        if stored is None:
+            return
+        if stored.status is RunStatus.RUNNING:
             channel.publish_journaled()  # what it stored, before its end (no one listens)
             await self.end_unstarted(stored, channel, resume_from)
+        elif stored.status is RunStatus.QUEUED:  # queued for a caller that is gone
+            await self.end_idle(stored, call_ended(0))
 
     async def abandon(self, run: Run, channel: RunChannel) -> None:
         """End a run whose call failed after its start was stored (`end_unstarted`), even if
@@ -323,7 +375,9 @@ class Lifecycle:
         ended = run.ended(call_ended(resume_from or run.last_sequence + 1))
         ended.last_event_seq = channel.last_seq + 1
         try:
-            await self.store.end_run(ended, journal=channel.journal_for(_closed))
+            stored = await self.store.end_run(ended, journal=channel.journal_for(_closed))
+            if stored.queued:
+                self._on_session_free(run.session_id)
         except NotFoundError:  # the run was never stored
             await self.release(run.session_id, run.id)
         except Exception:

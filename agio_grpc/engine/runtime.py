@@ -30,10 +30,20 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextvars import Context
 from dataclasses import dataclass, field
 
-from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopSignal, ToolCall
+from agio_grpc.domain import (
+    BusyPolicy,
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StopSignal,
+    ToolCall,
+)
 from agio_grpc.engine.agents import (
     AgentSpec,
     RunInput,
@@ -55,16 +65,31 @@ from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.leases import LeaseKeeper
-from agio_grpc.engine.lifecycle import Lifecycle, cancelled, shutting_down
+from agio_grpc.engine.lifecycle import Lifecycle, cancelled, shutting_down, superseded
 from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
 from agio_grpc.engine.model import ModelDriver
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 from agio_grpc.engine.watching import Watching, follow
-from agio_grpc.store.errors import NotFoundError, RunNotWaitingError
-from agio_grpc.store.protocol import HistoryMark, SessionLeases, StepStore
+from agio_grpc.store.errors import (
+    NotFoundError,
+    RunRequiresActionError,
+    RunStateConflictError,
+    SessionBusyError,
+)
+from agio_grpc.store.protocol import (
+    HistoryMark,
+    QueueRequest,
+    RunStart,
+    SessionLeases,
+    StepStore,
+)
 
 logger = logging.getLogger(__name__)
+
+# How often a run interrupting a run that waits for its client ends that run and tries again
+# (another client may put a new waiting run in its way meanwhile).
+_INTERRUPT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +107,17 @@ class RuntimeOptions:
     history_cache_bytes: int = 64_000_000
     """The memory bound of the histories kept between runs (engine/history.py; 0 keeps
     none)."""
+    max_queued_runs: int = 10
+    """How many runs one session's queue may hold (BUSY_POLICY_ENQUEUE and the rest)."""
 
 
 @dataclass(slots=True)
 class RunHandle:
-    """A started run segment: its id, session and event stream."""
+    """A started (or queued) run segment: its id, session and event stream."""
 
     run: Run
-    """The run as it started (a snapshot)."""
-    channel: RunChannel
+    """The run as it started, RUNNING or QUEUED (a snapshot)."""
+    follow: Callable[[int], AsyncIterator[SequencedEvent]]
 
     @property
     def run_id(self) -> str:
@@ -101,8 +128,9 @@ class RunHandle:
         return self.run.session_id
 
     def events(self, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
-        """The segment's events after `after_seq`, live; ends after the terminal event."""
-        return self.channel.subscribe(after_seq)
+        """The segment's events after `after_seq`, live; ends after the terminal event (a
+        queued run's: from its queueing through its start to its end)."""
+        return self.follow(after_seq)
 
 
 @dataclass(slots=True)
@@ -157,7 +185,7 @@ class Runtime:
         self.default_agent = default_agent
         self.registry = registry
         self.options = options or RuntimeOptions()
-        self.lifecycle = Lifecycle(store)
+        self.lifecycle = Lifecycle(store, self._start_next_soon)
         self._histories = HistoryCache(self.options.history_cache_bytes)
         self._services = LoopServices(
             store, registry, model, hooks or Hooks(), self._histories, self.lifecycle
@@ -166,13 +194,28 @@ class Runtime:
         self._closing = False
         self._tracer = tracer or NO_TRACER
         self._keeper = (
-            LeaseKeeper(leases, store, self._live_controls, self.options.cancel_poll_s)
+            LeaseKeeper(
+                leases,
+                store,
+                self._live_controls,
+                self.options.cancel_poll_s,
+                on_tick=self._start_ready_queues,
+            )
             if leases is not None
             else None
         )
+        # Set (and replaced) whenever a segment starts here: a watch of a queued run wakes.
+        self._spawned = asyncio.Event()
         self._watching = Watching(
-            store, leases, self._live_channel, lambda: self._closing, self.options.watch_poll_s
+            store,
+            leases,
+            self._live_channel,
+            lambda: self._closing,
+            self.options.watch_poll_s,
+            lambda: self._spawned,
         )
+        # Queued runs being started (`_start_next_soon`).
+        self._starting: set[asyncio.Task[None]] = set()
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -227,12 +270,13 @@ class Runtime:
         cached = CachedHistory() if new_session else self._histories.cached(run.session_id)
         channel = RunChannel(run.id, run.session_id)
         try:
-            started = await self.lifecycle.begin(
-                run, [user], channel, new_session=new_session, since=cached.mark
-            )
+            started = await self._begin(run, user, channel, new_session, cached, request.on_busy)
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
             raise
+        if started.run.status is RunStatus.QUEUED:
+            trace.end(started.run)  # it gets a trace of its own when it starts
+            return self._queued(started, request.on_busy)
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
         try:
@@ -243,6 +287,114 @@ class Runtime:
             raise
         plan = _RunPlan(history, kept_steps=len(history) - len(started.history))
         return self._spawn(started.run, settings, plan, channel, request.deadline_s, trace)
+
+    async def _begin(
+        self,
+        run: Run,
+        user: Step,
+        channel: RunChannel,
+        new_session: Session | None,
+        cached: CachedHistory,
+        policy: BusyPolicy,
+    ) -> RunStart:
+        """`Lifecycle.begin` with the busy policy's queue; INTERRUPT and ROLLBACK end a run
+        waiting for its client first (the store leaves that to the engine: its open calls
+        need error results), then try again."""
+        queue = self._queue_request(run.id, policy)
+        for _ in range(_INTERRUPT_ATTEMPTS):
+            try:
+                return await self.lifecycle.begin(
+                    run, [user], channel, new_session=new_session, since=cached.mark, queue=queue
+                )
+            except RunRequiresActionError as waiting:
+                if queue is None or not queue.ahead:
+                    raise
+                blocking = await self.store.get_run(waiting.active_run_id)
+                await self.lifecycle.end_idle(blocking, superseded(run.id, policy.value))
+                if queue.rollback:
+                    run.rollback_run_id = blocking.id
+                    run.rollback_from = blocking.first_sequence
+        return await self.lifecycle.begin(
+            run, [user], channel, new_session=new_session, since=cached.mark, queue=queue
+        )
+
+    def _queue_request(self, run_id: str, policy: BusyPolicy) -> QueueRequest | None:
+        if policy is BusyPolicy.REJECT:
+            return None
+        ahead = policy in (BusyPolicy.INTERRUPT, BusyPolicy.ROLLBACK)
+        return QueueRequest(
+            self.options.max_queued_runs,
+            ahead=ahead,
+            supersede=superseded(run_id, policy.value) if ahead else None,
+            rollback=policy is BusyPolicy.ROLLBACK,
+        )
+
+    def _queued(self, started: RunStart, policy: BusyPolicy) -> RunHandle:
+        """A run stored QUEUED: the run it interrupts is stopped now if it runs here (one
+        elsewhere finds the store's cancel request), and a free session starts its queue."""
+        if started.interrupted:
+            segment = self._live_segment(started.interrupted)
+            if segment is not None:
+                segment.control.request_stop(superseded(started.run.id, policy.value))
+        if not started.holder:
+            self._start_next_soon(started.run.session_id)
+        run_id = started.run.id
+        return RunHandle(started.run.snapshot(), lambda after: self.watch(run_id, after))
+
+    def _start_next_soon(self, session_id: str) -> None:
+        """Start the run heading the session's queue, in a task of its own (with a context
+        of its own: its trace must not continue the trace of whatever freed the session)."""
+        if self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._start_next(session_id), name=f"agio queue {session_id}", context=Context()
+        )
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _start_next(self, session_id: str) -> None:
+        """Start the run heading the session's queue, if the session lets it. Never raises:
+        what cannot start now is started by whichever transition frees the session next, or
+        by the sweep of ready queues."""
+        try:
+            run = await self.store.next_queued_run(session_id)
+            if run is None or self._closing:
+                return
+            settings = self._settings_of(run)
+            trace = self._tracer.start_run(run, settings, "run")
+            run.trace_id = trace.trace_id
+            user = Step(
+                session_id,
+                run.id,
+                Role.USER,
+                content=run.input,
+                trace_id=trace.trace_id,
+                span_id=trace.span_id,
+            )
+            cached = self._histories.cached(session_id)
+            channel = RunChannel(run.id, session_id, start_after_seq=run.last_event_seq)
+            try:
+                started = await self.lifecycle.begin_queued(run, [user], channel, cached.mark)
+            except BaseException:
+                trace.end(run)
+                raise
+            try:
+                history = cached.join(started.history_start, started.history)
+            except ValueError:
+                trace.end(started.run)
+                await self.lifecycle.abandon(started.run, channel)
+                return
+            plan = _RunPlan(history, kept_steps=len(history) - len(started.history))
+            self._spawn(started.run, settings, plan, channel, None, trace)
+        except (SessionBusyError, RunStateConflictError):
+            return  # another member started it, or something else holds the session
+        except Exception:
+            logger.exception("could not start the next queued run of session %s", session_id)
+
+    async def _start_ready_queues(self) -> None:
+        """Start the queues whose session freed with no one to start them (a crash)."""
+        for session_id in await self.store.ready_queues():
+            self._start_next_soon(session_id)
 
     async def submit_tool_outputs(
         self, run_id: str, outputs: list[ToolOutput], *, deadline_s: float | None = None
@@ -280,7 +432,7 @@ class Runtime:
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         try:
             continued = await self.lifecycle.resume(run, steps, channel, _mark(history))
-        except RunNotWaitingError as error:
+        except RunStateConflictError as error:
             trace.end(run)
             raise RunStateError(run_id, error.status, str(error)) from None
         except BaseException:
@@ -361,10 +513,10 @@ class Runtime:
         run = await self.store.get_run(run_id)
         if run.status is RunStatus.RUNNING and self._keeper is not None:
             run = await self._keeper.cancel_elsewhere(run, signal, self.options.cancel_wait_s)
-        if run.status is not RunStatus.REQUIRES_ACTION:
+        if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
             return run
         try:
-            ended = await self.lifecycle.end_waiting(run, signal)
+            ended = await self.lifecycle.end_idle(run, signal)
         except Exception:
             # A submit is continuing it right now: stop that segment instead.
             if await self._stop_live(run_id, signal):
@@ -393,6 +545,8 @@ class Runtime:
         """
         self._closing = True
         try:
+            if self._starting:
+                await asyncio.wait(set(self._starting), timeout=self.options.cancel_wait_s)
             running = {s.task for s in self._segments.values() if s.task and not s.task.done()}
             if running and grace_s > 0:
                 _, running = await asyncio.wait(running, timeout=grace_s)
@@ -451,7 +605,9 @@ class Runtime:
         self._segments[run.id] = segment
         if self._keeper is not None:
             self._keeper.start()
-        return RunHandle(started, channel)
+        self._spawned.set()
+        self._spawned = asyncio.Event()
+        return RunHandle(started, channel.subscribe)
 
     def _segment_ended(self, run_id: str, segment: _Segment, task: asyncio.Task[Run]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -16,6 +16,7 @@ run's terminal event once the run has ended, so that it too ends. Never imports 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -37,6 +38,9 @@ class Watching:
     live: Callable[[str], RunChannel | None]
     closing: Callable[[], bool]
     poll_s: float
+    spawned: Callable[[], asyncio.Event]
+    """Set when a segment starts in this process: a watch waiting for a run to start here
+    (a queued one) looks again at once rather than at its next poll."""
 
 
 async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterator[SequencedEvent]:
@@ -71,7 +75,8 @@ async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterat
             async for event in channel.subscribe(cursor):
                 yield event
             return
-        await asyncio.sleep(watching.poll_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watching.spawned().wait(), watching.poll_s)
         if watching.closing():
             raise RuntimeClosedError(
                 "the server is shutting down: watch the run again through another one"

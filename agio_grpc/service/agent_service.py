@@ -2,7 +2,9 @@
 
 Streaming handlers write with `context.write` and only relay: the engine runtime owns each
 run in its own task. When a streaming client goes away (or its deadline cancels the call)
-the handler sees `CancelledError`, cancels the run so its record ends clean, and re-raises.
+the handler sees `CancelledError`, cancels the run so its record ends clean (unless the
+`Run` asked for DISCONNECT_POLICY_CONTINUE), and re-raises. `StartRun` starts a run no call
+follows: it returns the run at once, and the run goes on by itself.
 The generated stubs type streaming methods as iterators; these return None because they
 write, hence the `override` ignores.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from agio_grpc.domain import BusyPolicy
 from agio_grpc.engine.agents import AgentSpec, ClientTool, RunInput, RunOverrides, ToolOutput
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.runtime import Runtime
@@ -59,6 +62,20 @@ def _overrides(request: pb.RunOverrides) -> RunOverrides:
     )
 
 
+_BUSY_POLICIES = {
+    pb.BUSY_POLICY_UNSPECIFIED: BusyPolicy.REJECT,
+    pb.BUSY_POLICY_REJECT: BusyPolicy.REJECT,
+    pb.BUSY_POLICY_ENQUEUE: BusyPolicy.ENQUEUE,
+    pb.BUSY_POLICY_INTERRUPT: BusyPolicy.INTERRUPT,
+    pb.BUSY_POLICY_ROLLBACK: BusyPolicy.ROLLBACK,
+}
+_DISCONNECT_POLICIES = (
+    pb.DISCONNECT_POLICY_UNSPECIFIED,
+    pb.DISCONNECT_POLICY_CANCEL,
+    pb.DISCONNECT_POLICY_CONTINUE,
+)
+
+
 def _check_run_request(request: pb.RunRequest) -> None:
     violations = [
         check_id("session_id", request.session_id, required=False),
@@ -75,7 +92,30 @@ def _check_run_request(request: pb.RunRequest) -> None:
         )
     for index, tool in enumerate(request.client_tools):
         violations.append(check_id(f"client_tools[{index}].name", tool.name))
+    if request.on_busy not in _BUSY_POLICIES:
+        violations.append(FieldViolation("on_busy", f"unknown BusyPolicy {request.on_busy}"))
+    if request.on_disconnect not in _DISCONNECT_POLICIES:
+        violations.append(
+            FieldViolation("on_disconnect", f"unknown DisconnectPolicy {request.on_disconnect}")
+        )
     raise_if_any(*violations)
+
+
+def _run_input(request: pb.RunRequest, deadline_s: float | None) -> RunInput:
+    _check_run_request(request)
+    return RunInput(
+        input=request.input,
+        session_id=request.session_id,
+        agent=request.agent,
+        overrides=_overrides(request.overrides),
+        client_tools=[
+            ClientTool(t.name, t.description, t.parameters_json) for t in request.client_tools
+        ],
+        request_id=request.request_id,
+        metadata=dict(request.metadata),
+        deadline_s=deadline_s,
+        on_busy=_BUSY_POLICIES[request.on_busy],
+    )
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float | None:
@@ -124,21 +164,18 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
     async def Run(  # type: ignore[override]
         self, request: pb.RunRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        _check_run_request(request)
-        run_input = RunInput(
-            input=request.input,
-            session_id=request.session_id,
-            agent=request.agent,
-            overrides=_overrides(request.overrides),
-            client_tools=[
-                ClientTool(t.name, t.description, t.parameters_json) for t in request.client_tools
-            ],
-            request_id=request.request_id,
-            metadata=dict(request.metadata),
-            deadline_s=_deadline_s(context),
-        )
+        # A run that outlives its caller is not cut off by the caller's deadline either.
+        stays = request.on_disconnect == pb.DISCONNECT_POLICY_CONTINUE
+        run_input = _run_input(request, None if stays else _deadline_s(context))
         handle = await self._runtime.start_run(run_input)
-        await self._relay(handle.run_id, handle.events(), context, owns_run=True)
+        await self._relay(handle.run_id, handle.events(), context, owns_run=not stays)
+
+    async def StartRun(
+        self, request: pb.RunRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StartRunResponse:
+        # No caller follows the run: neither the call's deadline nor its end stop it.
+        handle = await self._runtime.start_run(_run_input(request, None))
+        return pb.StartRunResponse(run=convert.run_to_proto(handle.run))
 
     async def SubmitToolOutputs(  # type: ignore[override]
         self, request: pb.SubmitToolOutputsRequest, context: grpc.aio.ServicerContext

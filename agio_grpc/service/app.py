@@ -138,7 +138,8 @@ class AgioApp:
                 tracer=tracer,
                 leases=sql_store,
                 options=RuntimeOptions(
-                    history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000)
+                    history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
+                    max_queued_runs=settings.server.max_queued_runs,
                 ),
             )
             bound = await start_grpc_server(

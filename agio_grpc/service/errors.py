@@ -29,8 +29,9 @@ from agio_grpc.store.errors import (
     InvalidRangeError,
     LeaseLostError,
     NotFoundError,
-    RunNotWaitingError,
+    QueueFullError,
     RunRequiresActionError,
+    RunStateConflictError,
     SequenceConflictError,
     SessionBusyError,
     StoreError,
@@ -110,6 +111,13 @@ def from_store_error(error: StoreError) -> ServiceError:
             metadata={"lastSequence": str(error.last_sequence)},
             violations=[FieldViolation(error.field, str(error))],
         )
+    if isinstance(error, QueueFullError):
+        return ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUEUE_FULL",
+            str(error),
+            metadata={"sessionId": error.session_id, "limit": str(error.limit)},
+        )
     if isinstance(error, DuplicateRequestError):
         return ServiceError(
             grpc.StatusCode.ALREADY_EXISTS,
@@ -117,7 +125,7 @@ def from_store_error(error: StoreError) -> ServiceError:
             str(error),
             metadata={"requestId": error.request_id, "runId": error.run_id},
         )
-    if isinstance(error, RunNotWaitingError):
+    if isinstance(error, RunStateConflictError):
         return ServiceError(
             grpc.StatusCode.FAILED_PRECONDITION,
             "RUN_STATE_CONFLICT",

@@ -55,14 +55,25 @@ class DuplicateRequestError(StoreError):
         self.run_id = run_id
 
 
-class RunNotWaitingError(StoreError):
-    """The run no longer waits in REQUIRES_ACTION (it was cancelled or continued meanwhile):
-    nothing was written."""
+class RunStateConflictError(StoreError):
+    """The run is no longer in the state the write expected (a waiting run cancelled or
+    continued meanwhile, a queued run started or cancelled): nothing was written."""
 
-    def __init__(self, run_id: str, status: str) -> None:
-        super().__init__(f"run {run_id!r} is {status}, not REQUIRES_ACTION")
+    def __init__(self, run_id: str, status: str, expected: str = "REQUIRES_ACTION") -> None:
+        super().__init__(f"run {run_id!r} is {status}, not {expected}")
         self.run_id = run_id
         self.status = status
+
+
+class QueueFullError(StoreError):
+    """The session's queue holds as many runs as it may: nothing was written."""
+
+    def __init__(self, session_id: str, limit: int) -> None:
+        super().__init__(
+            f"session {session_id!r} already has {limit} queued run(s), the most it may hold"
+        )
+        self.session_id = session_id
+        self.limit = limit
 
 
 class HistoryChangedError(StoreError):

@@ -103,6 +103,26 @@ class RunStart:
     history_start: int = 1
     """The sequence `history` starts at: 1 (every step), or just after the caller's
     `since` mark when that mark still holds."""
+    interrupted: str = ""
+    """A run queued ahead (INTERRUPT, ROLLBACK): the session's running run, asked to stop."""
+    holder: str = ""
+    """A queued run: the run holding the session ("" when it is free: the queue may start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRequest:
+    """How `start_run` queues its run when the session is busy: held by a live run, or with
+    a run waiting for its client or queued (BUSY_POLICY_ENQUEUE, INTERRUPT, ROLLBACK)."""
+
+    max_queued: int
+    """How many runs the session's queue may hold (QueueFullError beyond)."""
+    ahead: bool = False
+    """INTERRUPT, ROLLBACK: at the head of the queue, the running run asked to stop with
+    `supersede`. A run waiting for its client is refused (RunRequiresActionError): the caller
+    ends it first."""
+    supersede: StopSignal | None = None
+    rollback: bool = False
+    """ROLLBACK: the interrupted run's steps are deleted when this run starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +143,8 @@ class RunEnd:
     """The session was the run's and is now free (what `release_session` returns)."""
     earlier_end: Run | None = None
     """The run as another server ended it first (then the given end was not stored)."""
+    queued: bool = False
+    """The session it released has queued runs: the next one may start."""
 
 
 class StepStore(Protocol):
@@ -230,10 +252,18 @@ class StepStore(Protocol):
         new_session: Session | None = None,
         since: HistoryMark | None = None,
         journal: Journal | None = None,
+        queue: QueueRequest | None = None,
     ) -> RunStart:
         """Start a run in ONE transaction: take the session (or create `new_session`,
         already taken by the run), append `steps`, store the run and what `journal` makes of
-        them, read the history.
+        them, read the history. A run naming a run to roll back (`rollback_run_id`) first
+        deletes that run's steps from `rollback_from` on (HistoryChangedError if another
+        run's are among them).
+
+        A session is busy when it is held by a live run, or has a run waiting in
+        REQUIRES_ACTION or queued runs. Busy, the run is refused, or with `queue` stored
+        QUEUED (its input on its row, no step stored, `RunStart.steps` empty) for
+        `start_queued_run` to start when the session frees.
 
         `since` is the last step of the history the caller holds. When the session still
         stores a step with that id at that sequence, only the steps after it are read
@@ -242,10 +272,34 @@ class StepStore(Protocol):
         earlier step is still the one the caller holds. Otherwise the whole history is read.
 
         All or nothing. Raises NotFoundError (unknown session), SessionBusyError (another
-        run is active; nothing is written), RunRequiresActionError (a run of the session
-        waits in REQUIRES_ACTION), DuplicateRequestError (a run of the session has the
-        run's `request_id`), SequenceConflictError.
+        run is active or queued; nothing is written), RunRequiresActionError (a run of the
+        session waits in REQUIRES_ACTION), DuplicateRequestError (a run of the session has
+        the run's `request_id`), QueueFullError, SequenceConflictError.
         """
+        ...
+
+    async def start_queued_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        since: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunStart:
+        """Start a QUEUED run, in one transaction, as `start_run` starts one: when it heads
+        its session's queue and the session is free (else SessionBusyError, or
+        RunRequiresActionError), RUNNING with `steps` (its input) stored. Raises
+        RunStateConflictError when it is no longer QUEUED, NotFoundError."""
+        ...
+
+    async def next_queued_run(self, session_id: str) -> Run | None:
+        """The run heading the session's queue, if any."""
+        ...
+
+    async def ready_queues(self, limit: int = 100) -> list[str]:
+        """Sessions with queued runs and nothing else in their way: free (or held under an
+        expired lease) and no run waiting for its client. For the member that sweeps them
+        after a crash ended a queue's run with no one to start the next."""
         ...
 
     async def update_run(self, run: Run) -> Run:
@@ -264,7 +318,7 @@ class StepStore(Protocol):
         the session for the run, check that its last step is still `expect` (what the call
         read; None: no step) and that the run still waits, then store `steps` (the run's),
         `run` (RUNNING again, its counts extended by them) and what `journal` makes of them.
-        Raises SessionBusyError, HistoryChangedError, RunNotWaitingError, NotFoundError,
+        Raises SessionBusyError, HistoryChangedError, RunStateConflictError, NotFoundError,
         SequenceConflictError."""
         ...
 
@@ -291,14 +345,15 @@ class StepStore(Protocol):
         HistoryChangedError, NotFoundError."""
         ...
 
-    async def end_waiting_run(
+    async def end_idle_run(
         self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
     ) -> Run | None:
-        """End a run waiting in REQUIRES_ACTION, in one transaction: append `steps` (the
-        results of its open calls), store `run` (ended, its counts extended by them) and
-        what `journal` makes of them. None, writing nothing, when the run no longer waits.
-        Raises SessionBusyError while the session is held (a SubmitToolOutputs continuing
-        the run), NotFoundError."""
+        """End a run nothing runs (waiting in REQUIRES_ACTION, or QUEUED), in one
+        transaction: append `steps` (the results of a waiting run's open calls), store `run`
+        (ended, its counts extended by them) and what `journal` makes of them. None, writing
+        nothing, when the run is no longer idle. Raises SessionBusyError when there are
+        steps to store while the session is held (a SubmitToolOutputs continuing the run),
+        NotFoundError."""
         ...
 
     async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:

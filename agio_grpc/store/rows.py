@@ -341,6 +341,10 @@ def run_from_row(row: Row[Any]) -> Run:
         metadata=json.loads(row._mapping["metadata"]),
         options=json.loads(row.options),
         last_event_seq=row.last_event_seq,
+        input=row.input,
+        queue_position=row.queue_position,
+        rollback_run_id=row.rollback_run_id,
+        rollback_from=row.rollback_from,
     )
 
 
@@ -403,6 +407,8 @@ def run_json(run: Run) -> dict[str, Any]:
         "metadata": run.metadata,
         "options": run.options,
     }
+    # Not the queue's bookkeeping (`input` and the rest): an event shows the run, not its
+    # place in line.
 
 
 def run_from_json(data: Mapping[str, Any]) -> Run:

@@ -77,8 +77,9 @@ from agio_grpc.store.errors import (
     InvalidRangeError,
     LeaseLostError,
     NotFoundError,
-    RunNotWaitingError,
+    QueueFullError,
     RunRequiresActionError,
+    RunStateConflictError,
     SessionBusyError,
 )
 from agio_grpc.store.migrations import upgrade_to_head
@@ -88,6 +89,7 @@ from agio_grpc.store.protocol import (
     HistoryRead,
     Journal,
     JournalRecord,
+    QueueRequest,
     RunContinuation,
     RunEnd,
     RunStart,
@@ -433,6 +435,7 @@ class SqlStepStore:
         new_session: Session | None = None,
         since: HistoryMark | None = None,
         journal: Journal | None = None,
+        queue: QueueRequest | None = None,
     ) -> RunStart:
         if not steps:
             raise ValueError("start_run needs the run's first steps")
@@ -443,39 +446,106 @@ class SqlStepStore:
         if not run.id:
             raise ValueError("start_run needs a run id")
         fresh = stored_session(new_session) if new_session is not None else None
+        session_id = run.session_id
 
         def work(conn: Connection) -> RunStart:
             if fresh is not None:
                 _insert_session(
                     conn, fresh, last_sequence=0, lease=self._lease, active_run_id=run.id
                 )
-            else:
-                _acquire(conn, run.session_id, run.id, self._lease)
-                _refuse_if_waiting(conn, run.session_id)
-                if run.request_id:
-                    _refuse_duplicate(conn, run.session_id, run.request_id)
-            stored_steps = _append(conn, run.session_id, steps)
-            started = stored_run(
-                replace(
-                    run,
-                    first_sequence=stored_steps[0].sequence,
-                    last_sequence=stored_steps[-1].sequence,
-                    step_count=len(stored_steps),
-                )
-            )
-            _insert_run(conn, started)
-            if journal is not None:
-                _write_journal(conn, run.id, journal(started, stored_steps))
-            first = stored_steps[0].sequence
-            start = _read_start(conn, run.session_id, since, first - 1)
-            if start == first:
-                history = list(stored_steps)
-            else:
-                before = _read_history(conn, run.session_id, start, first - 1, known_session=True)
-                history = before + stored_steps
-            return RunStart(run=started, steps=stored_steps, history=history, history_start=start)
+                return _store_start(conn, run, steps, since, journal, insert=True)
+            if run.request_id:
+                _refuse_duplicate(conn, session_id, run.request_id)
+            waiting, queued = _blockers(conn, session_id)
+            if waiting is None and not queued:
+                try:
+                    _acquire(conn, session_id, run.id, self._lease)
+                except SessionBusyError as busy:
+                    if queue is None:
+                        raise
+                    return _enqueue(conn, run, steps, queued, busy.active_run_id, queue, journal)
+                return _store_start(conn, run, steps, since, journal, insert=True)
+            if queue is None or (queue.ahead and waiting is not None):
+                if waiting is not None:
+                    raise RunRequiresActionError(session_id, waiting)
+                raise SessionBusyError(session_id, queued[0][0])
+            holder = _live_holder(conn, session_id)
+            return _enqueue(conn, run, steps, queued, holder, queue, journal)
 
         return await self._write(work)
+
+    async def start_queued_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        since: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunStart:
+        if not steps or any(step.session_id != run.session_id for step in steps):
+            raise ValueError("start_queued_run needs the run's first steps, of its session")
+        session_id = run.session_id
+
+        def work(conn: Connection) -> RunStart:
+            _acquire(conn, session_id, run.id, self._lease)
+            waiting, queued = _blockers(conn, session_id)
+            if waiting is not None:
+                raise RunRequiresActionError(session_id, waiting)
+            if not queued or queued[0][0] != run.id:
+                status = conn.execute(
+                    select(run_table.c.status).where(run_table.c.id == run.id)
+                ).scalar()
+                if status is None:
+                    raise NotFoundError("run", run.id)
+                if status != RunStatus.QUEUED.value:
+                    raise RunStateConflictError(run.id, str(status), RunStatus.QUEUED.value)
+                raise SessionBusyError(session_id, queued[0][0])  # another is ahead of it
+            return _store_start(conn, run.resumed(), steps, since, journal, insert=False)
+
+        return await self._write(work)
+
+    async def next_queued_run(self, session_id: str) -> Run | None:
+        def work(conn: Connection) -> Any:
+            return conn.execute(
+                select(run_table)
+                .where(
+                    run_table.c.session_id == session_id,
+                    run_table.c.status == RunStatus.QUEUED.value,
+                )
+                .order_by(run_table.c.queue_position, run_table.c.create_time, run_table.c.id)
+                .limit(1)
+            ).first()
+
+        row = await self._read(work)
+        return run_from_row(row) if row is not None else None
+
+    async def ready_queues(self, limit: int = 100) -> list[str]:
+        _check_limit(limit)
+
+        def work(conn: Connection) -> list[str]:
+            now = utc_now()
+            waiting = (
+                select(run_table.c.id)
+                .where(
+                    run_table.c.session_id == session_table.c.id,
+                    run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+                )
+                .exists()
+            )
+            rows = conn.execute(
+                select(run_table.c.session_id)
+                .distinct()
+                .join(session_table, session_table.c.id == run_table.c.session_id)
+                .where(
+                    run_table.c.status == RunStatus.QUEUED.value,
+                    or_(~_HELD, _lease_expired(now)),
+                    ~waiting,
+                )
+                .limit(limit)
+            ).scalars()
+            return [str(session_id) for session_id in rows]
+
+        return await self._read(work)
 
     async def update_run(self, run: Run) -> Run:
         values = _run_update(run)
@@ -506,7 +576,7 @@ class SqlStepStore:
             if status is None:
                 raise NotFoundError("run", run.id)
             if status != RunStatus.REQUIRES_ACTION.value:
-                raise RunNotWaitingError(run.id, str(status))
+                raise RunStateConflictError(run.id, str(status))
             stored = _append(conn, run.session_id, steps, held_by=run.id)
             continued = stored_run(
                 replace(
@@ -535,7 +605,9 @@ class SqlStepStore:
             if _END_RUNNING_RUN.execute(conn, values) == 1:
                 if journal is not None:
                     _write_journal(conn, run.id, journal(ended, ()))
-                return RunEnd(release)
+                session = {"session_id": run.session_id}
+                queued = release and _QUEUED_RUN.first(conn, session) is not None
+                return RunEnd(release, queued=queued)
             row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
             if row is None:
                 raise NotFoundError("run", run.id)
@@ -553,7 +625,11 @@ class SqlStepStore:
     ) -> Run:
         def work(conn: Connection) -> Run:
             _acquire(conn, run.session_id, run.id, self._lease)
-            _refuse_if_waiting(conn, run.session_id)
+            waiting, queued = _blockers(conn, run.session_id)
+            if waiting is not None:
+                raise RunRequiresActionError(run.session_id, waiting)
+            if queued:  # the queue goes first
+                raise SessionBusyError(run.session_id, queued[0][0])
             last = _check_last_step(conn, run.session_id, expect)
             if delete_from <= last:
                 _delete_steps(conn, run.session_id, delete_from)
@@ -567,11 +643,11 @@ class SqlStepStore:
             raise ValueError(f"delete_from must be at least 1, got {delete_from}")
         return await self._write(work)
 
-    async def end_waiting_run(
+    async def end_idle_run(
         self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
     ) -> Run | None:
         if any(step.session_id != run.session_id for step in steps):
-            raise ValueError("end_waiting_run takes steps of the run's session")
+            raise ValueError("end_idle_run takes steps of the run's session")
 
         def work(conn: Connection) -> Run | None:
             # The session row first (the lock order of every take), then the run's.
@@ -582,15 +658,15 @@ class SqlStepStore:
             ).first()
             if holder is None:
                 raise NotFoundError("session", run.session_id)
-            if holder.active_run_id:  # a SubmitToolOutputs is continuing it right now
-                raise SessionBusyError(run.session_id, str(holder.active_run_id))
             status = conn.execute(
                 select(run_table.c.status).where(run_table.c.id == run.id).with_for_update()
             ).scalar()
             if status is None:
                 raise NotFoundError("run", run.id)
-            if status != RunStatus.REQUIRES_ACTION.value:
+            if status not in _IDLE_STATUSES:
                 return None
+            if steps and holder.active_run_id:  # a SubmitToolOutputs is continuing it now
+                raise SessionBusyError(run.session_id, str(holder.active_run_id))
             stored = _append(conn, run.session_id, steps) if steps else []
             ended = stored_run(
                 replace(
@@ -1006,6 +1082,10 @@ def _insert_run(conn: Connection, run: Run) -> None:
             "agent": run.agent,
             "create_time": run.create_time,
             "request_id": run.request_id,
+            "input": run.input,
+            "queue_position": run.queue_position,
+            "rollback_run_id": run.rollback_run_id,
+            "rollback_from": run.rollback_from,
             **run_mutable_values(run),
         },
     )
@@ -1098,22 +1178,151 @@ def _refuse_duplicate(conn: Connection, session_id: str, request_id: str) -> Non
         raise DuplicateRequestError(request_id, str(row[0]))
 
 
-_SELECT_WAITING_RUN: Final = Prepared(
+_IDLE_STATUSES: Final = frozenset({RunStatus.REQUIRES_ACTION.value, RunStatus.QUEUED.value})
+_SELECT_BLOCKERS: Final = Prepared(
+    select(run_table.c.id, run_table.c.status, run_table.c.queue_position)
+    .where(
+        run_table.c.session_id == bindparam("session_id"),
+        # Not `in_`: its list is rendered per call, which a prepared statement cannot take.
+        or_(
+            run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+            run_table.c.status == RunStatus.QUEUED.value,
+        ),
+    )
+    .order_by(run_table.c.queue_position, run_table.c.create_time, run_table.c.id)
+)
+_QUEUED_RUN: Final = Prepared(
     select(run_table.c.id)
     .where(
         run_table.c.session_id == bindparam("session_id"),
-        run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+        run_table.c.status == RunStatus.QUEUED.value,
     )
     .limit(1)
 )
 
 
-def _refuse_if_waiting(conn: Connection, session_id: str) -> None:
-    """RunRequiresActionError when a run of the session waits for client tool outputs: a
-    new run would leave that run's calls without results."""
-    row = _SELECT_WAITING_RUN.first(conn, {"session_id": session_id})
-    if row is not None:
-        raise RunRequiresActionError(session_id, str(row[0]))
+def _blockers(conn: Connection, session_id: str) -> tuple[str | None, list[tuple[str, int]]]:
+    """The session's run waiting for its client (if any) and its queued runs (id, place),
+    head first: what keeps a new run from starting besides the session's holder."""
+    waiting: str | None = None
+    queued: list[tuple[str, int]] = []
+    with _SELECT_BLOCKERS.cursor(conn, {"session_id": session_id}) as cursor:
+        for run_id, status, position in cast("Iterable[Sequence[Any]]", cursor):
+            if status == RunStatus.REQUIRES_ACTION.value:
+                waiting = waiting or str(run_id)
+            else:
+                queued.append((str(run_id), int(position)))
+    return waiting, queued
+
+
+def _live_holder(conn: Connection, session_id: str) -> str:
+    """The run holding the session under a live lease ("" when free or expired)."""
+    holder = conn.execute(
+        select(session_table.c.active_run_id, session_table.c.lease_expires_at)
+        .where(session_table.c.id == session_id)
+        .with_for_update()
+    ).first()
+    if holder is None:
+        raise NotFoundError("session", session_id)
+    live = holder.active_run_id and _lease_live(holder.lease_expires_at, utc_now())
+    return str(holder.active_run_id) if live else ""
+
+
+def _enqueue(
+    conn: Connection,
+    run: Run,
+    steps: Sequence[Step],
+    queued: list[tuple[str, int]],
+    holder: str,
+    queue: QueueRequest,
+    journal: Journal | None,
+) -> RunStart:
+    """Store `run` QUEUED behind (or, `queue.ahead`, before) the session's queue, its input
+    kept on its row; ahead, the holder is asked to stop (`queue.supersede`) and, for a
+    ROLLBACK, named with its first sequence so that its steps go when this run starts."""
+    if len(queued) >= queue.max_queued:
+        raise QueueFullError(run.session_id, queue.max_queued)
+    positions = [position for _, position in queued]
+    position = min(positions, default=1) - 1 if queue.ahead else max(positions, default=0) + 1
+    waiting_run = replace(run, input=steps[0].content, queue_position=position).queued()
+    if queue.ahead and holder:
+        if queue.supersede is not None:
+            conn.execute(
+                update(run_table)
+                .where(
+                    run_table.c.id == holder,
+                    run_table.c.status == RunStatus.RUNNING.value,
+                    run_table.c.cancel_request.is_(None),
+                )
+                .values(cancel_request=stop_signal_json(queue.supersede))
+            )
+        if queue.rollback:
+            first = conn.execute(
+                select(run_table.c.first_sequence).where(run_table.c.id == holder)
+            ).scalar()
+            waiting_run.rollback_run_id, waiting_run.rollback_from = holder, int(first or 0)
+    stored = stored_run(waiting_run)
+    _insert_run(conn, stored)
+    if journal is not None:
+        _write_journal(conn, run.id, journal(stored, ()))
+    return RunStart(stored, [], [], interrupted=holder if queue.ahead else "", holder=holder)
+
+
+def _store_start(
+    conn: Connection,
+    run: Run,
+    steps: Sequence[Step],
+    since: HistoryMark | None,
+    journal: Journal | None,
+    *,
+    insert: bool,
+) -> RunStart:
+    """A run starting on the session it holds: the steps of the run it rolls back deleted,
+    its first steps appended, the run inserted (or, queued before, updated), its journal,
+    and the history read back after `since`."""
+    if run.rollback_run_id and run.rollback_from:
+        _roll_back(conn, run.session_id, run.rollback_run_id, run.rollback_from)
+    stored_steps = _append(conn, run.session_id, steps)
+    started = stored_run(
+        replace(
+            run,
+            first_sequence=stored_steps[0].sequence,
+            last_sequence=stored_steps[-1].sequence,
+            step_count=len(stored_steps),
+        )
+    )
+    if insert:
+        _insert_run(conn, started)
+    elif _CONTINUE_RUN.execute(conn, _run_update(started)) != 1:
+        raise NotFoundError("run", run.id)
+    if journal is not None:
+        _write_journal(conn, run.id, journal(started, stored_steps))
+    first = stored_steps[0].sequence
+    start = _read_start(conn, run.session_id, since, first - 1)
+    if start == first:
+        history = list(stored_steps)
+    else:
+        before = _read_history(conn, run.session_id, start, first - 1, known_session=True)
+        history = before + stored_steps
+    return RunStart(run=started, steps=stored_steps, history=history, history_start=start)
+
+
+def _roll_back(conn: Connection, session_id: str, run_id: str, start: int) -> None:
+    """Delete the session's steps from `start` on, when every one of them is the rolled
+    back run's (else HistoryChangedError: another run wrote after it)."""
+    last = _require_session(conn, session_id, lock=True)
+    if start > last:
+        return
+    others = conn.execute(
+        select(func.count()).where(
+            step_table.c.session_id == session_id,
+            step_table.c.sequence >= start,
+            step_table.c.run_id != run_id,
+        )
+    ).scalar()
+    if others:
+        raise HistoryChangedError(session_id)
+    _delete_steps(conn, session_id, start)
 
 
 _INSERT_EVENTS: Final = Prepared(insert(event_table))

@@ -147,6 +147,12 @@ runs = Table(
     Column("last_event_seq", Integer, nullable=False, server_default="0"),
     # A CancelRun for a run another replica runs: its stop signal as JSON (NULL: none).
     Column("cancel_request", Text, nullable=True),
+    # A QUEUED run (revision 0004): its input, its place in the session's queue, and the run
+    # a ROLLBACK interrupted with that run's first sequence.
+    Column("input", Text, nullable=False, server_default=""),
+    Column("queue_position", BigInteger, nullable=False, server_default="0"),
+    Column("rollback_run_id", String, nullable=False, server_default=""),
+    Column("rollback_from", BigInteger, nullable=False, server_default="0"),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),

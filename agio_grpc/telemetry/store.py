@@ -16,6 +16,7 @@ from agio_grpc.store.protocol import (
     HistoryRead,
     Journal,
     JournalRecord,
+    QueueRequest,
     RunContinuation,
     RunEnd,
     RunStart,
@@ -130,13 +131,37 @@ class InstrumentedStepStore:
         new_session: Session | None = None,
         since: HistoryMark | None = None,
         journal: Journal | None = None,
+        queue: QueueRequest | None = None,
     ) -> RunStart:
         started = await self._timed(
             "start_run",
-            self.inner.start_run(run, steps, new_session=new_session, since=since, journal=journal),
+            self.inner.start_run(
+                run, steps, new_session=new_session, since=since, journal=journal, queue=queue
+            ),
         )
         self._written(started.steps)
         return started
+
+    async def start_queued_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        since: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunStart:
+        started = await self._timed(
+            "start_queued_run",
+            self.inner.start_queued_run(run, steps, since=since, journal=journal),
+        )
+        self._written(started.steps)
+        return started
+
+    async def next_queued_run(self, session_id: str) -> Run | None:
+        return await self._timed("next_queued_run", self.inner.next_queued_run(session_id))
+
+    async def ready_queues(self, limit: int = 100) -> list[str]:
+        return await self._timed("ready_queues", self.inner.ready_queues(limit))
 
     async def update_run(self, run: Run) -> Run:
         return await self._timed("update_run", self.inner.update_run(run))
@@ -171,11 +196,11 @@ class InstrumentedStepStore:
             self.inner.restart_run(run, delete_from, expect=expect, journal=journal),
         )
 
-    async def end_waiting_run(
+    async def end_idle_run(
         self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
     ) -> Run | None:
         ended = await self._timed(
-            "end_waiting_run", self.inner.end_waiting_run(run, steps, journal=journal)
+            "end_idle_run", self.inner.end_idle_run(run, steps, journal=journal)
         )
         self._written(steps if ended is not None else ())
         return ended

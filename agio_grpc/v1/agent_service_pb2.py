@@ -28,7 +28,7 @@ from agio_grpc.v1 import resources_pb2 as agio_dot_v1_dot_resources__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gio/v1/agent_service.proto\x12\x07\x61gio.v1\x1a\x14\x61gio/v1/events.proto\x1a\x17\x61gio/v1/resources.proto\x1a\x1egoogle/protobuf/duration.proto\"\x1e\n\rToolSelection\x12\r\n\x05names\x18\x01 \x03(\t\"\xcf\x02\n\x0cRunOverrides\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cinstructions\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x16\n\tmax_steps\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12%\n\x05tools\x18\x07 \x01(\x0b\x32\x16.agio.v1.ToolSelection\x12\x19\n\x0ctoken_budget\x18\x08 \x01(\x03H\x05\x88\x01\x01\x42\x08\n\x06_modelB\x0f\n\r_instructionsB\x0e\n\x0c_temperatureB\r\n\x0b_max_tokensB\x0c\n\n_max_stepsB\x0f\n\r_token_budget\"\x91\x02\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\r\n\x05input\x18\x03 \x01(\t\x12(\n\toverrides\x18\x04 \x01(\x0b\x32\x15.agio.v1.RunOverrides\x12-\n\x0c\x63lient_tools\x18\x05 \x03(\x0b\x32\x17.agio.v1.ToolDefinition\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x33\n\x08metadata\x18\x07 \x03(\x0b\x32!.agio.v1.RunRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\nToolOutput\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"U\n\x18SubmitToolOutputsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x0ctool_outputs\x18\x02 \x03(\x0b\x32\x13.agio.v1.ToolOutput\"4\n\x0cRetryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\x11\x43\x61ncelRunResponse\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"+\n\x0eGetRunResponse\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"L\n\x0fListRunsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"G\n\x10ListRunsResponse\x12\x1a\n\x04runs\x18\x01 \x03(\x0b\x32\x0c.agio.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x13\n\x11ListAgentsRequest\"4\n\x12ListAgentsResponse\x12\x1e\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x0e.agio.v1.Agent2\x87\x04\n\x0c\x41gentService\x12\x30\n\x03Run\x12\x13.agio.v1.RunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12L\n\x11SubmitToolOutputs\x12!.agio.v1.SubmitToolOutputsRequest\x1a\x12.agio.v1.StepEvent0\x01\x12\x34\n\x05Retry\x12\x15.agio.v1.RetryRequest\x1a\x12.agio.v1.StepEvent0\x01\x12:\n\x08WatchRun\x12\x18.agio.v1.WatchRunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12\x42\n\tCancelRun\x12\x19.agio.v1.CancelRunRequest\x1a\x1a.agio.v1.CancelRunResponse\x12\x39\n\x06GetRun\x12\x16.agio.v1.GetRunRequest\x1a\x17.agio.v1.GetRunResponse\x12?\n\x08ListRuns\x12\x18.agio.v1.ListRunsRequest\x1a\x19.agio.v1.ListRunsResponse\x12\x45\n\nListAgents\x12\x1a.agio.v1.ListAgentsRequest\x1a\x1b.agio.v1.ListAgentsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gio/v1/agent_service.proto\x12\x07\x61gio.v1\x1a\x14\x61gio/v1/events.proto\x1a\x17\x61gio/v1/resources.proto\x1a\x1egoogle/protobuf/duration.proto\"\x1e\n\rToolSelection\x12\r\n\x05names\x18\x01 \x03(\t\"\xcf\x02\n\x0cRunOverrides\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cinstructions\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x16\n\tmax_steps\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12%\n\x05tools\x18\x07 \x01(\x0b\x32\x16.agio.v1.ToolSelection\x12\x19\n\x0ctoken_budget\x18\x08 \x01(\x03H\x05\x88\x01\x01\x42\x08\n\x06_modelB\x0f\n\r_instructionsB\x0e\n\x0c_temperatureB\r\n\x0b_max_tokensB\x0c\n\n_max_stepsB\x0f\n\r_token_budget\"\xe9\x02\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\r\n\x05input\x18\x03 \x01(\t\x12(\n\toverrides\x18\x04 \x01(\x0b\x32\x15.agio.v1.RunOverrides\x12-\n\x0c\x63lient_tools\x18\x05 \x03(\x0b\x32\x17.agio.v1.ToolDefinition\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x33\n\x08metadata\x18\x07 \x03(\x0b\x32!.agio.v1.RunRequest.MetadataEntry\x12$\n\x07on_busy\x18\x08 \x01(\x0e\x32\x13.agio.v1.BusyPolicy\x12\x30\n\ron_disconnect\x18\t \x01(\x0e\x32\x19.agio.v1.DisconnectPolicy\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"-\n\x10StartRunResponse\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"D\n\nToolOutput\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"U\n\x18SubmitToolOutputsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x0ctool_outputs\x18\x02 \x03(\x0b\x32\x13.agio.v1.ToolOutput\"4\n\x0cRetryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\x11\x43\x61ncelRunResponse\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"+\n\x0eGetRunResponse\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"L\n\x0fListRunsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"G\n\x10ListRunsResponse\x12\x1a\n\x04runs\x18\x01 \x03(\x0b\x32\x0c.agio.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x13\n\x11ListAgentsRequest\"4\n\x12ListAgentsResponse\x12\x1e\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x0e.agio.v1.Agent*\x8f\x01\n\nBusyPolicy\x12\x1b\n\x17\x42USY_POLICY_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42USY_POLICY_REJECT\x10\x01\x12\x17\n\x13\x42USY_POLICY_ENQUEUE\x10\x02\x12\x19\n\x15\x42USY_POLICY_INTERRUPT\x10\x03\x12\x18\n\x14\x42USY_POLICY_ROLLBACK\x10\x04*s\n\x10\x44isconnectPolicy\x12!\n\x1d\x44ISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44ISCONNECT_POLICY_CANCEL\x10\x01\x12\x1e\n\x1a\x44ISCONNECT_POLICY_CONTINUE\x10\x02\x32\xc3\x04\n\x0c\x41gentService\x12\x30\n\x03Run\x12\x13.agio.v1.RunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12:\n\x08StartRun\x12\x13.agio.v1.RunRequest\x1a\x19.agio.v1.StartRunResponse\x12L\n\x11SubmitToolOutputs\x12!.agio.v1.SubmitToolOutputsRequest\x1a\x12.agio.v1.StepEvent0\x01\x12\x34\n\x05Retry\x12\x15.agio.v1.RetryRequest\x1a\x12.agio.v1.StepEvent0\x01\x12:\n\x08WatchRun\x12\x18.agio.v1.WatchRunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12\x42\n\tCancelRun\x12\x19.agio.v1.CancelRunRequest\x1a\x1a.agio.v1.CancelRunResponse\x12\x39\n\x06GetRun\x12\x16.agio.v1.GetRunRequest\x1a\x17.agio.v1.GetRunResponse\x12?\n\x08ListRuns\x12\x18.agio.v1.ListRunsRequest\x1a\x19.agio.v1.ListRunsResponse\x12\x45\n\nListAgents\x12\x1a.agio.v1.ListAgentsRequest\x1a\x1b.agio.v1.ListAgentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,38 +37,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNREQUEST_METADATAENTRY']._loaded_options = None
   _globals['_RUNREQUEST_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_BUSYPOLICY']._serialized_start=1570
+  _globals['_BUSYPOLICY']._serialized_end=1713
+  _globals['_DISCONNECTPOLICY']._serialized_start=1715
+  _globals['_DISCONNECTPOLICY']._serialized_end=1830
   _globals['_TOOLSELECTION']._serialized_start=119
   _globals['_TOOLSELECTION']._serialized_end=149
   _globals['_RUNOVERRIDES']._serialized_start=152
   _globals['_RUNOVERRIDES']._serialized_end=487
   _globals['_RUNREQUEST']._serialized_start=490
-  _globals['_RUNREQUEST']._serialized_end=763
-  _globals['_RUNREQUEST_METADATAENTRY']._serialized_start=716
-  _globals['_RUNREQUEST_METADATAENTRY']._serialized_end=763
-  _globals['_TOOLOUTPUT']._serialized_start=765
-  _globals['_TOOLOUTPUT']._serialized_end=833
-  _globals['_SUBMITTOOLOUTPUTSREQUEST']._serialized_start=835
-  _globals['_SUBMITTOOLOUTPUTSREQUEST']._serialized_end=920
-  _globals['_RETRYREQUEST']._serialized_start=922
-  _globals['_RETRYREQUEST']._serialized_end=974
-  _globals['_WATCHRUNREQUEST']._serialized_start=976
-  _globals['_WATCHRUNREQUEST']._serialized_end=1028
-  _globals['_CANCELRUNREQUEST']._serialized_start=1030
-  _globals['_CANCELRUNREQUEST']._serialized_end=1080
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1082
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1128
-  _globals['_GETRUNREQUEST']._serialized_start=1130
-  _globals['_GETRUNREQUEST']._serialized_end=1161
-  _globals['_GETRUNRESPONSE']._serialized_start=1163
-  _globals['_GETRUNRESPONSE']._serialized_end=1206
-  _globals['_LISTRUNSREQUEST']._serialized_start=1208
-  _globals['_LISTRUNSREQUEST']._serialized_end=1284
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1286
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1357
-  _globals['_LISTAGENTSREQUEST']._serialized_start=1359
-  _globals['_LISTAGENTSREQUEST']._serialized_end=1378
-  _globals['_LISTAGENTSRESPONSE']._serialized_start=1380
-  _globals['_LISTAGENTSRESPONSE']._serialized_end=1432
-  _globals['_AGENTSERVICE']._serialized_start=1435
-  _globals['_AGENTSERVICE']._serialized_end=1954
+  _globals['_RUNREQUEST']._serialized_end=851
+  _globals['_RUNREQUEST_METADATAENTRY']._serialized_start=804
+  _globals['_RUNREQUEST_METADATAENTRY']._serialized_end=851
+  _globals['_STARTRUNRESPONSE']._serialized_start=853
+  _globals['_STARTRUNRESPONSE']._serialized_end=898
+  _globals['_TOOLOUTPUT']._serialized_start=900
+  _globals['_TOOLOUTPUT']._serialized_end=968
+  _globals['_SUBMITTOOLOUTPUTSREQUEST']._serialized_start=970
+  _globals['_SUBMITTOOLOUTPUTSREQUEST']._serialized_end=1055
+  _globals['_RETRYREQUEST']._serialized_start=1057
+  _globals['_RETRYREQUEST']._serialized_end=1109
+  _globals['_WATCHRUNREQUEST']._serialized_start=1111
+  _globals['_WATCHRUNREQUEST']._serialized_end=1163
+  _globals['_CANCELRUNREQUEST']._serialized_start=1165
+  _globals['_CANCELRUNREQUEST']._serialized_end=1215
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1217
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1263
+  _globals['_GETRUNREQUEST']._serialized_start=1265
+  _globals['_GETRUNREQUEST']._serialized_end=1296
+  _globals['_GETRUNRESPONSE']._serialized_start=1298
+  _globals['_GETRUNRESPONSE']._serialized_end=1341
+  _globals['_LISTRUNSREQUEST']._serialized_start=1343
+  _globals['_LISTRUNSREQUEST']._serialized_end=1419
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1421
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1492
+  _globals['_LISTAGENTSREQUEST']._serialized_start=1494
+  _globals['_LISTAGENTSREQUEST']._serialized_end=1513
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=1515
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=1567
+  _globals['_AGENTSERVICE']._serialized_start=1833
+  _globals['_AGENTSERVICE']._serialized_end=2412
 # @@protoc_insertion_point(module_scope)

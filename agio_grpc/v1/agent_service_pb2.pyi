@@ -5,12 +5,35 @@ from agio_grpc.v1 import events_pb2 as _events_pb2
 from agio_grpc.v1 import resources_pb2 as _resources_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class BusyPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BUSY_POLICY_UNSPECIFIED: _ClassVar[BusyPolicy]
+    BUSY_POLICY_REJECT: _ClassVar[BusyPolicy]
+    BUSY_POLICY_ENQUEUE: _ClassVar[BusyPolicy]
+    BUSY_POLICY_INTERRUPT: _ClassVar[BusyPolicy]
+    BUSY_POLICY_ROLLBACK: _ClassVar[BusyPolicy]
+
+class DisconnectPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DISCONNECT_POLICY_UNSPECIFIED: _ClassVar[DisconnectPolicy]
+    DISCONNECT_POLICY_CANCEL: _ClassVar[DisconnectPolicy]
+    DISCONNECT_POLICY_CONTINUE: _ClassVar[DisconnectPolicy]
+BUSY_POLICY_UNSPECIFIED: BusyPolicy
+BUSY_POLICY_REJECT: BusyPolicy
+BUSY_POLICY_ENQUEUE: BusyPolicy
+BUSY_POLICY_INTERRUPT: BusyPolicy
+BUSY_POLICY_ROLLBACK: BusyPolicy
+DISCONNECT_POLICY_UNSPECIFIED: DisconnectPolicy
+DISCONNECT_POLICY_CANCEL: DisconnectPolicy
+DISCONNECT_POLICY_CONTINUE: DisconnectPolicy
 
 class ToolSelection(_message.Message):
     __slots__ = ("names",)
@@ -39,7 +62,7 @@ class RunOverrides(_message.Message):
     def __init__(self, model: _Optional[str] = ..., instructions: _Optional[str] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_steps: _Optional[int] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tools: _Optional[_Union[ToolSelection, _Mapping]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata")
+    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +77,8 @@ class RunRequest(_message.Message):
     CLIENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    ON_BUSY_FIELD_NUMBER: _ClassVar[int]
+    ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     agent: str
     input: str
@@ -61,7 +86,15 @@ class RunRequest(_message.Message):
     client_tools: _containers.RepeatedCompositeFieldContainer[_resources_pb2.ToolDefinition]
     request_id: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    on_busy: BusyPolicy
+    on_disconnect: DisconnectPolicy
+    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ...) -> None: ...
+
+class StartRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _resources_pb2.Run
+    def __init__(self, run: _Optional[_Union[_resources_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ToolOutput(_message.Message):
     __slots__ = ("tool_call_id", "output", "is_error")

@@ -42,6 +42,11 @@ class AgentServiceStub:
                 request_serializer=agio_dot_v1_dot_agent__service__pb2.RunRequest.SerializeToString,
                 response_deserializer=agio_dot_v1_dot_events__pb2.StepEvent.FromString,
                 _registered_method=True)
+        self.StartRun = channel.unary_unary(
+                '/agio.v1.AgentService/StartRun',
+                request_serializer=agio_dot_v1_dot_agent__service__pb2.RunRequest.SerializeToString,
+                response_deserializer=agio_dot_v1_dot_agent__service__pb2.StartRunResponse.FromString,
+                _registered_method=True)
         self.SubmitToolOutputs = channel.unary_stream(
                 '/agio.v1.AgentService/SubmitToolOutputs',
                 request_serializer=agio_dot_v1_dot_agent__service__pb2.SubmitToolOutputsRequest.SerializeToString,
@@ -86,6 +91,14 @@ class AgentServiceServicer:
     def Run(self, request, context):
         """Run starts a run on a session (a new one when `session_id` is empty) and streams its
         events until exactly one terminal event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRun(self, request, context):
+        """StartRun starts a run in the background and returns at once: the run goes on with no
+        caller. Follow it with WatchRun, stop it with CancelRun.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -147,6 +160,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=agio_dot_v1_dot_agent__service__pb2.RunRequest.FromString,
                     response_serializer=agio_dot_v1_dot_events__pb2.StepEvent.SerializeToString,
+            ),
+            'StartRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRun,
+                    request_deserializer=agio_dot_v1_dot_agent__service__pb2.RunRequest.FromString,
+                    response_serializer=agio_dot_v1_dot_agent__service__pb2.StartRunResponse.SerializeToString,
             ),
             'SubmitToolOutputs': grpc.unary_stream_rpc_method_handler(
                     servicer.SubmitToolOutputs,
@@ -212,6 +230,33 @@ class AgentService:
             '/agio.v1.AgentService/Run',
             agio_dot_v1_dot_agent__service__pb2.RunRequest.SerializeToString,
             agio_dot_v1_dot_events__pb2.StepEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agio.v1.AgentService/StartRun',
+            agio_dot_v1_dot_agent__service__pb2.RunRequest.SerializeToString,
+            agio_dot_v1_dot_agent__service__pb2.StartRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

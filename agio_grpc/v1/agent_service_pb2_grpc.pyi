@@ -39,6 +39,10 @@ class AgentServiceStub:
     """Run starts a run on a session (a new one when `session_id` is empty) and streams its
     events until exactly one terminal event.
     """
+    StartRun: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.RunRequest, _agent_service_pb2.StartRunResponse]
+    """StartRun starts a run in the background and returns at once: the run goes on with no
+    caller. Follow it with WatchRun, stop it with CancelRun.
+    """
     SubmitToolOutputs: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.SubmitToolOutputsRequest, _events_pb2.StepEvent]
     """SubmitToolOutputs continues a run that stopped with REQUIRES_ACTION."""
     Retry: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.RetryRequest, _events_pb2.StepEvent]
@@ -62,6 +66,10 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Run: _aio.UnaryStreamMultiCallable[_agent_service_pb2.RunRequest, _events_pb2.StepEvent]  # type: ignore[assignment]
     """Run starts a run on a session (a new one when `session_id` is empty) and streams its
     events until exactly one terminal event.
+    """
+    StartRun: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.RunRequest, _agent_service_pb2.StartRunResponse]  # type: ignore[assignment]
+    """StartRun starts a run in the background and returns at once: the run goes on with no
+    caller. Follow it with WatchRun, stop it with CancelRun.
     """
     SubmitToolOutputs: _aio.UnaryStreamMultiCallable[_agent_service_pb2.SubmitToolOutputsRequest, _events_pb2.StepEvent]  # type: ignore[assignment]
     """SubmitToolOutputs continues a run that stopped with REQUIRES_ACTION."""
@@ -89,6 +97,16 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_events_pb2.StepEvent], _abc.AsyncIterator[_events_pb2.StepEvent]]:
         """Run starts a run on a session (a new one when `session_id` is empty) and streams its
         events until exactly one terminal event.
+        """
+
+    @_abc_1.abstractmethod
+    def StartRun(
+        self,
+        request: _agent_service_pb2.RunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.StartRunResponse, _abc.Awaitable[_agent_service_pb2.StartRunResponse]]:
+        """StartRun starts a run in the background and returns at once: the run goes on with no
+        caller. Follow it with WatchRun, stop it with CancelRun.
         """
 
     @_abc_1.abstractmethod

@@ -46,6 +46,7 @@ class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATUS_CANCELLED: _ClassVar[RunStatus]
     RUN_STATUS_FAILED: _ClassVar[RunStatus]
     RUN_STATUS_INTERRUPTED: _ClassVar[RunStatus]
+    RUN_STATUS_QUEUED: _ClassVar[RunStatus]
 ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
@@ -72,6 +73,7 @@ RUN_STATUS_REQUIRES_ACTION: RunStatus
 RUN_STATUS_CANCELLED: RunStatus
 RUN_STATUS_FAILED: RunStatus
 RUN_STATUS_INTERRUPTED: RunStatus
+RUN_STATUS_QUEUED: RunStatus
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments")

@@ -31,7 +31,7 @@ from agio_grpc.store import (
     HistoryChangedError,
     LeaseLostError,
     NotFoundError,
-    RunNotWaitingError,
+    RunStateConflictError,
     SessionBusyError,
 )
 from agio_grpc.store.migrations import alembic_config, head_revision
@@ -256,7 +256,7 @@ async def test_continue_run_stores_nothing_unless_the_run_still_waits_on_the_log
     # Continued once, the run no longer waits: a second continuation is refused.
     continued = await store.continue_run(run, [output(run)], expect=mark)
     await store.end_run(continued.run.ended(StopSignal(StopReason.COMPLETED)))
-    with pytest.raises(RunNotWaitingError):
+    with pytest.raises(RunStateConflictError):
         await store.continue_run(run, [output(run)], expect=await last_mark(store, run.session_id))
     assert await store.count_steps(run.session_id) == 2
 

@@ -1,4 +1,5 @@
-"""The run event journal: `run_events`.
+"""The run event journal (`run_events`) and run queues (`runs.input`, `queue_position`,
+`rollback_run_id`, `rollback_from`).
 
 Every event a replay needs (run_started, step_started, step_completed, run_completed,
 run_failed, error) is stored with the `seq` it was streamed under, in the same transaction
@@ -8,6 +9,10 @@ replicas. Deltas are not stored. The rows go with their run (ON DELETE CASCADE).
 Two indexes serve the transaction that starts a run on a session: `runs (session_id,
 status)` finds a run waiting in REQUIRES_ACTION, `runs (session_id, request_id)` a reused
 idempotency key.
+
+A run queued behind its session's busy run (BUSY_POLICY_ENQUEUE, INTERRUPT, ROLLBACK) keeps
+its input on its row until it starts, its place in the queue, and for a ROLLBACK the run it
+interrupted and that run's first sequence.
 
 Revision ID: 0004
 Revises: 0003
@@ -45,9 +50,23 @@ def upgrade() -> None:
     )
     op.create_index("ix_runs_session_id_status", "runs", ["session_id", "status"])
     op.create_index("ix_runs_session_id_request_id", "runs", ["session_id", "request_id"])
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("input", sa.Text(), nullable=False, server_default=""))
+        batch.add_column(
+            sa.Column("queue_position", sa.BigInteger(), nullable=False, server_default="0")
+        )
+        batch.add_column(
+            sa.Column("rollback_run_id", sa.String(), nullable=False, server_default="")
+        )
+        batch.add_column(
+            sa.Column("rollback_from", sa.BigInteger(), nullable=False, server_default="0")
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        for column in ("rollback_from", "rollback_run_id", "queue_position", "input"):
+            batch.drop_column(column)
     op.drop_index("ix_runs_session_id_request_id", table_name="runs")
     op.drop_index("ix_runs_session_id_status", table_name="runs")
     op.drop_table("run_events")

@@ -22,6 +22,125 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// BusyPolicy says what a new run does when its session has a RUNNING, QUEUED or
+// REQUIRES_ACTION run.
+type BusyPolicy int32
+
+const (
+	// REJECT.
+	BusyPolicy_BUSY_POLICY_UNSPECIFIED BusyPolicy = 0
+	// Refuse the new run: FAILED_PRECONDITION with reason `SESSION_BUSY`, or
+	// `RUN_REQUIRES_ACTION` (the waiting run's id in the ErrorInfo metadata `run_id`).
+	BusyPolicy_BUSY_POLICY_REJECT BusyPolicy = 1
+	// Queue the new run (RUN_STATUS_QUEUED); it starts when the session frees, first in
+	// first out, at most `max_queued_runs` per session (then RESOURCE_EXHAUSTED).
+	BusyPolicy_BUSY_POLICY_ENQUEUE BusyPolicy = 2
+	// Cancel the current run (its open tool calls get error results) and start the new one
+	// on that history, ahead of any queued run.
+	BusyPolicy_BUSY_POLICY_INTERRUPT BusyPolicy = 3
+	// As INTERRUPT, then delete the interrupted run's steps: the session is as it was before
+	// that run.
+	BusyPolicy_BUSY_POLICY_ROLLBACK BusyPolicy = 4
+)
+
+// Enum value maps for BusyPolicy.
+var (
+	BusyPolicy_name = map[int32]string{
+		0: "BUSY_POLICY_UNSPECIFIED",
+		1: "BUSY_POLICY_REJECT",
+		2: "BUSY_POLICY_ENQUEUE",
+		3: "BUSY_POLICY_INTERRUPT",
+		4: "BUSY_POLICY_ROLLBACK",
+	}
+	BusyPolicy_value = map[string]int32{
+		"BUSY_POLICY_UNSPECIFIED": 0,
+		"BUSY_POLICY_REJECT":      1,
+		"BUSY_POLICY_ENQUEUE":     2,
+		"BUSY_POLICY_INTERRUPT":   3,
+		"BUSY_POLICY_ROLLBACK":    4,
+	}
+)
+
+func (x BusyPolicy) Enum() *BusyPolicy {
+	p := new(BusyPolicy)
+	*p = x
+	return p
+}
+
+func (x BusyPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BusyPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_agio_v1_agent_service_proto_enumTypes[0].Descriptor()
+}
+
+func (BusyPolicy) Type() protoreflect.EnumType {
+	return &file_agio_v1_agent_service_proto_enumTypes[0]
+}
+
+func (x BusyPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BusyPolicy.Descriptor instead.
+func (BusyPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{0}
+}
+
+// DisconnectPolicy says what happens to a streaming run whose caller goes away.
+type DisconnectPolicy int32
+
+const (
+	// CANCEL.
+	DisconnectPolicy_DISCONNECT_POLICY_UNSPECIFIED DisconnectPolicy = 0
+	// Cancel the run (CANCELLED, source `client`).
+	DisconnectPolicy_DISCONNECT_POLICY_CANCEL DisconnectPolicy = 1
+	// Let the run go on; follow it again with WatchRun.
+	DisconnectPolicy_DISCONNECT_POLICY_CONTINUE DisconnectPolicy = 2
+)
+
+// Enum value maps for DisconnectPolicy.
+var (
+	DisconnectPolicy_name = map[int32]string{
+		0: "DISCONNECT_POLICY_UNSPECIFIED",
+		1: "DISCONNECT_POLICY_CANCEL",
+		2: "DISCONNECT_POLICY_CONTINUE",
+	}
+	DisconnectPolicy_value = map[string]int32{
+		"DISCONNECT_POLICY_UNSPECIFIED": 0,
+		"DISCONNECT_POLICY_CANCEL":      1,
+		"DISCONNECT_POLICY_CONTINUE":    2,
+	}
+)
+
+func (x DisconnectPolicy) Enum() *DisconnectPolicy {
+	p := new(DisconnectPolicy)
+	*p = x
+	return p
+}
+
+func (x DisconnectPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DisconnectPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_agio_v1_agent_service_proto_enumTypes[1].Descriptor()
+}
+
+func (DisconnectPolicy) Type() protoreflect.EnumType {
+	return &file_agio_v1_agent_service_proto_enumTypes[1]
+}
+
+func (x DisconnectPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DisconnectPolicy.Descriptor instead.
+func (DisconnectPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{1}
+}
+
 // ToolSelection restricts the agent's server tools for one run.
 type ToolSelection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -193,7 +312,12 @@ type RunRequest struct {
 	// An idempotency key: a second Run with the same key on the same session is refused.
 	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Caller metadata stored with the run.
-	Metadata      map[string]string `protobuf:"bytes,7,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,7,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// What to do when the session is busy; unspecified rejects.
+	OnBusy BusyPolicy `protobuf:"varint,8,opt,name=on_busy,json=onBusy,proto3,enum=agio.v1.BusyPolicy" json:"on_busy,omitempty"`
+	// What a caller leaving a `Run` stream does to the run; unspecified cancels it. StartRun
+	// runs have no caller: they always continue.
+	OnDisconnect  DisconnectPolicy `protobuf:"varint,9,opt,name=on_disconnect,json=onDisconnect,proto3,enum=agio.v1.DisconnectPolicy" json:"on_disconnect,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +401,66 @@ func (x *RunRequest) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *RunRequest) GetOnBusy() BusyPolicy {
+	if x != nil {
+		return x.OnBusy
+	}
+	return BusyPolicy_BUSY_POLICY_UNSPECIFIED
+}
+
+func (x *RunRequest) GetOnDisconnect() DisconnectPolicy {
+	if x != nil {
+		return x.OnDisconnect
+	}
+	return DisconnectPolicy_DISCONNECT_POLICY_UNSPECIFIED
+}
+
+// StartRunResponse returns the run StartRun started (or queued).
+type StartRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run as it started: RUNNING, or QUEUED behind the session's busy run.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRunResponse) Reset() {
+	*x = StartRunResponse{}
+	mi := &file_agio_v1_agent_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRunResponse) ProtoMessage() {}
+
+func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_agent_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
+func (*StartRunResponse) Descriptor() ([]byte, []int) {
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StartRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 // ToolOutput is the result of one client tool call.
 type ToolOutput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -292,7 +476,7 @@ type ToolOutput struct {
 
 func (x *ToolOutput) Reset() {
 	*x = ToolOutput{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[3]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +488,7 @@ func (x *ToolOutput) String() string {
 func (*ToolOutput) ProtoMessage() {}
 
 func (x *ToolOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[3]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +501,7 @@ func (x *ToolOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolOutput.ProtoReflect.Descriptor instead.
 func (*ToolOutput) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{3}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ToolOutput) GetToolCallId() string {
@@ -354,7 +538,7 @@ type SubmitToolOutputsRequest struct {
 
 func (x *SubmitToolOutputsRequest) Reset() {
 	*x = SubmitToolOutputsRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[4]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +550,7 @@ func (x *SubmitToolOutputsRequest) String() string {
 func (*SubmitToolOutputsRequest) ProtoMessage() {}
 
 func (x *SubmitToolOutputsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[4]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +563,7 @@ func (x *SubmitToolOutputsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitToolOutputsRequest.ProtoReflect.Descriptor instead.
 func (*SubmitToolOutputsRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{4}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SubmitToolOutputsRequest) GetRunId() string {
@@ -409,7 +593,7 @@ type RetryRequest struct {
 
 func (x *RetryRequest) Reset() {
 	*x = RetryRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +605,7 @@ func (x *RetryRequest) String() string {
 func (*RetryRequest) ProtoMessage() {}
 
 func (x *RetryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +618,7 @@ func (x *RetryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRequest.ProtoReflect.Descriptor instead.
 func (*RetryRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{5}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RetryRequest) GetSessionId() string {
@@ -464,7 +648,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +660,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +673,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -519,7 +703,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +715,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +728,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -572,7 +756,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +768,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +781,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CancelRunResponse) GetRun() *Run {
@@ -618,7 +802,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +814,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +827,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -664,7 +848,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +860,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +873,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -714,7 +898,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +910,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +923,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRunsRequest) GetSessionId() string {
@@ -776,7 +960,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +972,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +985,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -827,7 +1011,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +1023,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +1036,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 // ListAgentsResponse holds the configured agents.
@@ -866,7 +1050,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +1062,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +1075,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -924,7 +1108,7 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\v_max_tokensB\f\n" +
 	"\n" +
 	"_max_stepsB\x0f\n" +
-	"\r_token_budget\"\xe3\x02\n" +
+	"\r_token_budget\"\xd1\x03\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -935,10 +1119,14 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\fclient_tools\x18\x05 \x03(\v2\x17.agio.v1.ToolDefinitionR\vclientTools\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12=\n" +
-	"\bmetadata\x18\a \x03(\v2!.agio.v1.RunRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\a \x03(\v2!.agio.v1.RunRequest.MetadataEntryR\bmetadata\x12,\n" +
+	"\aon_busy\x18\b \x01(\x0e2\x13.agio.v1.BusyPolicyR\x06onBusy\x12>\n" +
+	"\ron_disconnect\x18\t \x01(\x0e2\x19.agio.v1.DisconnectPolicyR\fonDisconnect\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +
+	"\x10StartRunResponse\x12\x1e\n" +
+	"\x03run\x18\x01 \x01(\v2\f.agio.v1.RunR\x03run\"a\n" +
 	"\n" +
 	"ToolOutput\x12 \n" +
 	"\ftool_call_id\x18\x01 \x01(\tR\n" +
@@ -975,9 +1163,21 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x13\n" +
 	"\x11ListAgentsRequest\"<\n" +
 	"\x12ListAgentsResponse\x12&\n" +
-	"\x06agents\x18\x01 \x03(\v2\x0e.agio.v1.AgentR\x06agents2\x87\x04\n" +
+	"\x06agents\x18\x01 \x03(\v2\x0e.agio.v1.AgentR\x06agents*\x8f\x01\n" +
+	"\n" +
+	"BusyPolicy\x12\x1b\n" +
+	"\x17BUSY_POLICY_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12BUSY_POLICY_REJECT\x10\x01\x12\x17\n" +
+	"\x13BUSY_POLICY_ENQUEUE\x10\x02\x12\x19\n" +
+	"\x15BUSY_POLICY_INTERRUPT\x10\x03\x12\x18\n" +
+	"\x14BUSY_POLICY_ROLLBACK\x10\x04*s\n" +
+	"\x10DisconnectPolicy\x12!\n" +
+	"\x1dDISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18DISCONNECT_POLICY_CANCEL\x10\x01\x12\x1e\n" +
+	"\x1aDISCONNECT_POLICY_CONTINUE\x10\x022\xc3\x04\n" +
 	"\fAgentService\x120\n" +
-	"\x03Run\x12\x13.agio.v1.RunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12L\n" +
+	"\x03Run\x12\x13.agio.v1.RunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12:\n" +
+	"\bStartRun\x12\x13.agio.v1.RunRequest\x1a\x19.agio.v1.StartRunResponse\x12L\n" +
 	"\x11SubmitToolOutputs\x12!.agio.v1.SubmitToolOutputsRequest\x1a\x12.agio.v1.StepEvent0\x01\x124\n" +
 	"\x05Retry\x12\x15.agio.v1.RetryRequest\x1a\x12.agio.v1.StepEvent0\x01\x12:\n" +
 	"\bWatchRun\x12\x18.agio.v1.WatchRunRequest\x1a\x12.agio.v1.StepEvent0\x01\x12B\n" +
@@ -1000,62 +1200,71 @@ func file_agio_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_agio_v1_agent_service_proto_rawDescData
 }
 
-var file_agio_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_agio_v1_agent_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_agio_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_agio_v1_agent_service_proto_goTypes = []any{
-	(*ToolSelection)(nil),            // 0: agio.v1.ToolSelection
-	(*RunOverrides)(nil),             // 1: agio.v1.RunOverrides
-	(*RunRequest)(nil),               // 2: agio.v1.RunRequest
-	(*ToolOutput)(nil),               // 3: agio.v1.ToolOutput
-	(*SubmitToolOutputsRequest)(nil), // 4: agio.v1.SubmitToolOutputsRequest
-	(*RetryRequest)(nil),             // 5: agio.v1.RetryRequest
-	(*WatchRunRequest)(nil),          // 6: agio.v1.WatchRunRequest
-	(*CancelRunRequest)(nil),         // 7: agio.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),        // 8: agio.v1.CancelRunResponse
-	(*GetRunRequest)(nil),            // 9: agio.v1.GetRunRequest
-	(*GetRunResponse)(nil),           // 10: agio.v1.GetRunResponse
-	(*ListRunsRequest)(nil),          // 11: agio.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),         // 12: agio.v1.ListRunsResponse
-	(*ListAgentsRequest)(nil),        // 13: agio.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),       // 14: agio.v1.ListAgentsResponse
-	nil,                              // 15: agio.v1.RunRequest.MetadataEntry
-	(*durationpb.Duration)(nil),      // 16: google.protobuf.Duration
-	(*ToolDefinition)(nil),           // 17: agio.v1.ToolDefinition
-	(*Run)(nil),                      // 18: agio.v1.Run
-	(*Agent)(nil),                    // 19: agio.v1.Agent
-	(*StepEvent)(nil),                // 20: agio.v1.StepEvent
+	(BusyPolicy)(0),                  // 0: agio.v1.BusyPolicy
+	(DisconnectPolicy)(0),            // 1: agio.v1.DisconnectPolicy
+	(*ToolSelection)(nil),            // 2: agio.v1.ToolSelection
+	(*RunOverrides)(nil),             // 3: agio.v1.RunOverrides
+	(*RunRequest)(nil),               // 4: agio.v1.RunRequest
+	(*StartRunResponse)(nil),         // 5: agio.v1.StartRunResponse
+	(*ToolOutput)(nil),               // 6: agio.v1.ToolOutput
+	(*SubmitToolOutputsRequest)(nil), // 7: agio.v1.SubmitToolOutputsRequest
+	(*RetryRequest)(nil),             // 8: agio.v1.RetryRequest
+	(*WatchRunRequest)(nil),          // 9: agio.v1.WatchRunRequest
+	(*CancelRunRequest)(nil),         // 10: agio.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),        // 11: agio.v1.CancelRunResponse
+	(*GetRunRequest)(nil),            // 12: agio.v1.GetRunRequest
+	(*GetRunResponse)(nil),           // 13: agio.v1.GetRunResponse
+	(*ListRunsRequest)(nil),          // 14: agio.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),         // 15: agio.v1.ListRunsResponse
+	(*ListAgentsRequest)(nil),        // 16: agio.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),       // 17: agio.v1.ListAgentsResponse
+	nil,                              // 18: agio.v1.RunRequest.MetadataEntry
+	(*durationpb.Duration)(nil),      // 19: google.protobuf.Duration
+	(*ToolDefinition)(nil),           // 20: agio.v1.ToolDefinition
+	(*Run)(nil),                      // 21: agio.v1.Run
+	(*Agent)(nil),                    // 22: agio.v1.Agent
+	(*StepEvent)(nil),                // 23: agio.v1.StepEvent
 }
 var file_agio_v1_agent_service_proto_depIdxs = []int32{
-	16, // 0: agio.v1.RunOverrides.timeout:type_name -> google.protobuf.Duration
-	0,  // 1: agio.v1.RunOverrides.tools:type_name -> agio.v1.ToolSelection
-	1,  // 2: agio.v1.RunRequest.overrides:type_name -> agio.v1.RunOverrides
-	17, // 3: agio.v1.RunRequest.client_tools:type_name -> agio.v1.ToolDefinition
-	15, // 4: agio.v1.RunRequest.metadata:type_name -> agio.v1.RunRequest.MetadataEntry
-	3,  // 5: agio.v1.SubmitToolOutputsRequest.tool_outputs:type_name -> agio.v1.ToolOutput
-	18, // 6: agio.v1.CancelRunResponse.run:type_name -> agio.v1.Run
-	18, // 7: agio.v1.GetRunResponse.run:type_name -> agio.v1.Run
-	18, // 8: agio.v1.ListRunsResponse.runs:type_name -> agio.v1.Run
-	19, // 9: agio.v1.ListAgentsResponse.agents:type_name -> agio.v1.Agent
-	2,  // 10: agio.v1.AgentService.Run:input_type -> agio.v1.RunRequest
-	4,  // 11: agio.v1.AgentService.SubmitToolOutputs:input_type -> agio.v1.SubmitToolOutputsRequest
-	5,  // 12: agio.v1.AgentService.Retry:input_type -> agio.v1.RetryRequest
-	6,  // 13: agio.v1.AgentService.WatchRun:input_type -> agio.v1.WatchRunRequest
-	7,  // 14: agio.v1.AgentService.CancelRun:input_type -> agio.v1.CancelRunRequest
-	9,  // 15: agio.v1.AgentService.GetRun:input_type -> agio.v1.GetRunRequest
-	11, // 16: agio.v1.AgentService.ListRuns:input_type -> agio.v1.ListRunsRequest
-	13, // 17: agio.v1.AgentService.ListAgents:input_type -> agio.v1.ListAgentsRequest
-	20, // 18: agio.v1.AgentService.Run:output_type -> agio.v1.StepEvent
-	20, // 19: agio.v1.AgentService.SubmitToolOutputs:output_type -> agio.v1.StepEvent
-	20, // 20: agio.v1.AgentService.Retry:output_type -> agio.v1.StepEvent
-	20, // 21: agio.v1.AgentService.WatchRun:output_type -> agio.v1.StepEvent
-	8,  // 22: agio.v1.AgentService.CancelRun:output_type -> agio.v1.CancelRunResponse
-	10, // 23: agio.v1.AgentService.GetRun:output_type -> agio.v1.GetRunResponse
-	12, // 24: agio.v1.AgentService.ListRuns:output_type -> agio.v1.ListRunsResponse
-	14, // 25: agio.v1.AgentService.ListAgents:output_type -> agio.v1.ListAgentsResponse
-	18, // [18:26] is the sub-list for method output_type
-	10, // [10:18] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	19, // 0: agio.v1.RunOverrides.timeout:type_name -> google.protobuf.Duration
+	2,  // 1: agio.v1.RunOverrides.tools:type_name -> agio.v1.ToolSelection
+	3,  // 2: agio.v1.RunRequest.overrides:type_name -> agio.v1.RunOverrides
+	20, // 3: agio.v1.RunRequest.client_tools:type_name -> agio.v1.ToolDefinition
+	18, // 4: agio.v1.RunRequest.metadata:type_name -> agio.v1.RunRequest.MetadataEntry
+	0,  // 5: agio.v1.RunRequest.on_busy:type_name -> agio.v1.BusyPolicy
+	1,  // 6: agio.v1.RunRequest.on_disconnect:type_name -> agio.v1.DisconnectPolicy
+	21, // 7: agio.v1.StartRunResponse.run:type_name -> agio.v1.Run
+	6,  // 8: agio.v1.SubmitToolOutputsRequest.tool_outputs:type_name -> agio.v1.ToolOutput
+	21, // 9: agio.v1.CancelRunResponse.run:type_name -> agio.v1.Run
+	21, // 10: agio.v1.GetRunResponse.run:type_name -> agio.v1.Run
+	21, // 11: agio.v1.ListRunsResponse.runs:type_name -> agio.v1.Run
+	22, // 12: agio.v1.ListAgentsResponse.agents:type_name -> agio.v1.Agent
+	4,  // 13: agio.v1.AgentService.Run:input_type -> agio.v1.RunRequest
+	4,  // 14: agio.v1.AgentService.StartRun:input_type -> agio.v1.RunRequest
+	7,  // 15: agio.v1.AgentService.SubmitToolOutputs:input_type -> agio.v1.SubmitToolOutputsRequest
+	8,  // 16: agio.v1.AgentService.Retry:input_type -> agio.v1.RetryRequest
+	9,  // 17: agio.v1.AgentService.WatchRun:input_type -> agio.v1.WatchRunRequest
+	10, // 18: agio.v1.AgentService.CancelRun:input_type -> agio.v1.CancelRunRequest
+	12, // 19: agio.v1.AgentService.GetRun:input_type -> agio.v1.GetRunRequest
+	14, // 20: agio.v1.AgentService.ListRuns:input_type -> agio.v1.ListRunsRequest
+	16, // 21: agio.v1.AgentService.ListAgents:input_type -> agio.v1.ListAgentsRequest
+	23, // 22: agio.v1.AgentService.Run:output_type -> agio.v1.StepEvent
+	5,  // 23: agio.v1.AgentService.StartRun:output_type -> agio.v1.StartRunResponse
+	23, // 24: agio.v1.AgentService.SubmitToolOutputs:output_type -> agio.v1.StepEvent
+	23, // 25: agio.v1.AgentService.Retry:output_type -> agio.v1.StepEvent
+	23, // 26: agio.v1.AgentService.WatchRun:output_type -> agio.v1.StepEvent
+	11, // 27: agio.v1.AgentService.CancelRun:output_type -> agio.v1.CancelRunResponse
+	13, // 28: agio.v1.AgentService.GetRun:output_type -> agio.v1.GetRunResponse
+	15, // 29: agio.v1.AgentService.ListRuns:output_type -> agio.v1.ListRunsResponse
+	17, // 30: agio.v1.AgentService.ListAgents:output_type -> agio.v1.ListAgentsResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_agent_service_proto_init() }
@@ -1071,13 +1280,14 @@ func file_agio_v1_agent_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agio_v1_agent_service_proto_rawDesc), len(file_agio_v1_agent_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   16,
+			NumEnums:      2,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agio_v1_agent_service_proto_goTypes,
 		DependencyIndexes: file_agio_v1_agent_service_proto_depIdxs,
+		EnumInfos:         file_agio_v1_agent_service_proto_enumTypes,
 		MessageInfos:      file_agio_v1_agent_service_proto_msgTypes,
 	}.Build()
 	File_agio_v1_agent_service_proto = out.File

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	AgentService_Run_FullMethodName               = "/agio.v1.AgentService/Run"
+	AgentService_StartRun_FullMethodName          = "/agio.v1.AgentService/StartRun"
 	AgentService_SubmitToolOutputs_FullMethodName = "/agio.v1.AgentService/SubmitToolOutputs"
 	AgentService_Retry_FullMethodName             = "/agio.v1.AgentService/Retry"
 	AgentService_WatchRun_FullMethodName          = "/agio.v1.AgentService/WatchRun"
@@ -38,6 +39,9 @@ type AgentServiceClient interface {
 	// Run starts a run on a session (a new one when `session_id` is empty) and streams its
 	// events until exactly one terminal event.
 	Run(ctx context.Context, in *RunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StepEvent], error)
+	// StartRun starts a run in the background and returns at once: the run goes on with no
+	// caller. Follow it with WatchRun, stop it with CancelRun.
+	StartRun(ctx context.Context, in *RunRequest, opts ...grpc.CallOption) (*StartRunResponse, error)
 	// SubmitToolOutputs continues a run that stopped with REQUIRES_ACTION.
 	SubmitToolOutputs(ctx context.Context, in *SubmitToolOutputsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StepEvent], error)
 	// Retry deletes a session's steps from `sequence` on and regenerates from what remains.
@@ -80,6 +84,16 @@ func (c *agentServiceClient) Run(ctx context.Context, in *RunRequest, opts ...gr
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_RunClient = grpc.ServerStreamingClient[StepEvent]
+
+func (c *agentServiceClient) StartRun(ctx context.Context, in *RunRequest, opts ...grpc.CallOption) (*StartRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartRunResponse)
+	err := c.cc.Invoke(ctx, AgentService_StartRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *agentServiceClient) SubmitToolOutputs(ctx context.Context, in *SubmitToolOutputsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StepEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -187,6 +201,9 @@ type AgentServiceServer interface {
 	// Run starts a run on a session (a new one when `session_id` is empty) and streams its
 	// events until exactly one terminal event.
 	Run(*RunRequest, grpc.ServerStreamingServer[StepEvent]) error
+	// StartRun starts a run in the background and returns at once: the run goes on with no
+	// caller. Follow it with WatchRun, stop it with CancelRun.
+	StartRun(context.Context, *RunRequest) (*StartRunResponse, error)
 	// SubmitToolOutputs continues a run that stopped with REQUIRES_ACTION.
 	SubmitToolOutputs(*SubmitToolOutputsRequest, grpc.ServerStreamingServer[StepEvent]) error
 	// Retry deletes a session's steps from `sequence` on and regenerates from what remains.
@@ -213,6 +230,9 @@ type UnimplementedAgentServiceServer struct{}
 
 func (UnimplementedAgentServiceServer) Run(*RunRequest, grpc.ServerStreamingServer[StepEvent]) error {
 	return status.Error(codes.Unimplemented, "method Run not implemented")
+}
+func (UnimplementedAgentServiceServer) StartRun(context.Context, *RunRequest) (*StartRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartRun not implemented")
 }
 func (UnimplementedAgentServiceServer) SubmitToolOutputs(*SubmitToolOutputsRequest, grpc.ServerStreamingServer[StepEvent]) error {
 	return status.Error(codes.Unimplemented, "method SubmitToolOutputs not implemented")
@@ -266,6 +286,24 @@ func _AgentService_Run_Handler(srv interface{}, stream grpc.ServerStream) error 
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_RunServer = grpc.ServerStreamingServer[StepEvent]
+
+func _AgentService_StartRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).StartRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_StartRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).StartRun(ctx, req.(*RunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _AgentService_SubmitToolOutputs_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(SubmitToolOutputsRequest)
@@ -379,6 +417,10 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "agio.v1.AgentService",
 	HandlerType: (*AgentServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "StartRun",
+			Handler:    _AgentService_StartRun_Handler,
+		},
 		{
 			MethodName: "CancelRun",
 			Handler:    _AgentService_CancelRun_Handler,

@@ -200,6 +200,8 @@ const (
 	RunStatus_RUN_STATUS_FAILED RunStatus = 5
 	// The run was interrupted by a shutdown or a crash.
 	RunStatus_RUN_STATUS_INTERRUPTED RunStatus = 6
+	// The run waits for its session to free (BUSY_POLICY_ENQUEUE, INTERRUPT, ROLLBACK).
+	RunStatus_RUN_STATUS_QUEUED RunStatus = 7
 )
 
 // Enum value maps for RunStatus.
@@ -212,6 +214,7 @@ var (
 		4: "RUN_STATUS_CANCELLED",
 		5: "RUN_STATUS_FAILED",
 		6: "RUN_STATUS_INTERRUPTED",
+		7: "RUN_STATUS_QUEUED",
 	}
 	RunStatus_value = map[string]int32{
 		"RUN_STATUS_UNSPECIFIED":     0,
@@ -221,6 +224,7 @@ var (
 		"RUN_STATUS_CANCELLED":       4,
 		"RUN_STATUS_FAILED":          5,
 		"RUN_STATUS_INTERRUPTED":     6,
+		"RUN_STATUS_QUEUED":          7,
 	}
 )
 
@@ -1423,7 +1427,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x12\x1f\n" +
 	"\x1bSTOP_REASON_REQUIRES_ACTION\x10\v\x12\x19\n" +
 	"\x15STOP_REASON_MAX_STEPS\x10\f\x12\x19\n" +
-	"\x15STOP_REASON_COMPLETED\x10\r*\xc6\x01\n" +
+	"\x15STOP_REASON_COMPLETED\x10\r*\xdd\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_RUNNING\x10\x01\x12\x18\n" +
@@ -1431,7 +1435,8 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x1aRUN_STATUS_REQUIRES_ACTION\x10\x03\x12\x18\n" +
 	"\x14RUN_STATUS_CANCELLED\x10\x04\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x05\x12\x1a\n" +
-	"\x16RUN_STATUS_INTERRUPTED\x10\x06B\x98\x01\n" +
+	"\x16RUN_STATUS_INTERRUPTED\x10\x06\x12\x15\n" +
+	"\x11RUN_STATUS_QUEUED\x10\aB\x98\x01\n" +
 	"\vcom.agio.v1B\x0eResourcesProtoP\x01Z<github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1;agiov1\xa2\x02\x03AXX\xaa\x02\aAgio.V1\xca\x02\aAgio\\V1\xe2\x02\x13Agio\\V1\\GPBMetadata\xea\x02\bAgio::V1b\x06proto3"
 
 var (

@@ -2,8 +2,8 @@
 // @generated from file agio/v1/agent_service.proto (package agio.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { StepEventSchema } from "./events_pb.js";
 import { file_agio_v1_events } from "./events_pb.js";
 import type { Agent, Run, ToolDefinition } from "./resources_pb.js";
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/agent_service.proto.
  */
 export const file_agio_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("ChthZ2lvL3YxL2FnZW50X3NlcnZpY2UucHJvdG8SB2FnaW8udjEiHgoNVG9vbFNlbGVjdGlvbhINCgVuYW1lcxgBIAMoCSLPAgoMUnVuT3ZlcnJpZGVzEhIKBW1vZGVsGAEgASgJSACIAQESGQoMaW5zdHJ1Y3Rpb25zGAIgASgJSAGIAQESGAoLdGVtcGVyYXR1cmUYAyABKAFIAogBARIXCgptYXhfdG9rZW5zGAQgASgFSAOIAQESFgoJbWF4X3N0ZXBzGAUgASgFSASIAQESKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgV0b29scxgHIAEoCzIWLmFnaW8udjEuVG9vbFNlbGVjdGlvbhIZCgx0b2tlbl9idWRnZXQYCCABKANIBYgBAUIICgZfbW9kZWxCDwoNX2luc3RydWN0aW9uc0IOCgxfdGVtcGVyYXR1cmVCDQoLX21heF90b2tlbnNCDAoKX21heF9zdGVwc0IPCg1fdG9rZW5fYnVkZ2V0IpECCgpSdW5SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSDQoFaW5wdXQYAyABKAkSKAoJb3ZlcnJpZGVzGAQgASgLMhUuYWdpby52MS5SdW5PdmVycmlkZXMSLQoMY2xpZW50X3Rvb2xzGAUgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbhISCgpyZXF1ZXN0X2lkGAYgASgJEjMKCG1ldGFkYXRhGAcgAygLMiEuYWdpby52MS5SdW5SZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkQKClRvb2xPdXRwdXQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJVChhTdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEikKDHRvb2xfb3V0cHV0cxgCIAMoCzITLmFnaW8udjEuVG9vbE91dHB1dCI0CgxSZXRyeVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAyI0Cg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiLgoRQ2FuY2VsUnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiKwoOR2V0UnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iTAoPTGlzdFJ1bnNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiRwoQTGlzdFJ1bnNSZXNwb25zZRIaCgRydW5zGAEgAygLMgwuYWdpby52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhMKEUxpc3RBZ2VudHNSZXF1ZXN0IjQKEkxpc3RBZ2VudHNSZXNwb25zZRIeCgZhZ2VudHMYASADKAsyDi5hZ2lvLnYxLkFnZW50MocECgxBZ2VudFNlcnZpY2USMAoDUnVuEhMuYWdpby52MS5SdW5SZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARJMChFTdWJtaXRUb29sT3V0cHV0cxIhLmFnaW8udjEuU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARI0CgVSZXRyeRIVLmFnaW8udjEuUmV0cnlSZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARI6CghXYXRjaFJ1bhIYLmFnaW8udjEuV2F0Y2hSdW5SZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARJCCglDYW5jZWxSdW4SGS5hZ2lvLnYxLkNhbmNlbFJ1blJlcXVlc3QaGi5hZ2lvLnYxLkNhbmNlbFJ1blJlc3BvbnNlEjkKBkdldFJ1bhIWLmFnaW8udjEuR2V0UnVuUmVxdWVzdBoXLmFnaW8udjEuR2V0UnVuUmVzcG9uc2USPwoITGlzdFJ1bnMSGC5hZ2lvLnYxLkxpc3RSdW5zUmVxdWVzdBoZLmFnaW8udjEuTGlzdFJ1bnNSZXNwb25zZRJFCgpMaXN0QWdlbnRzEhouYWdpby52MS5MaXN0QWdlbnRzUmVxdWVzdBobLmFnaW8udjEuTGlzdEFnZW50c1Jlc3BvbnNlQpsBCgtjb20uYWdpby52MUIRQWdlbnRTZXJ2aWNlUHJvdG9QAVo8Z2l0aHViLmNvbS9hZ2lvLWdycGMvYWdpby1ncnBjL2NsaWVudHMvZ28vZ2VuL2FnaW8vdjE7YWdpb3YxogIDQVhYqgIHQWdpby5WMcoCB0FnaW9cVjHiAhNBZ2lvXFYxXEdQQk1ldGFkYXRh6gIIQWdpbzo6VjFiBnByb3RvMw", [file_agio_v1_events, file_agio_v1_resources, file_google_protobuf_duration]);
+  fileDesc("ChthZ2lvL3YxL2FnZW50X3NlcnZpY2UucHJvdG8SB2FnaW8udjEiHgoNVG9vbFNlbGVjdGlvbhINCgVuYW1lcxgBIAMoCSLPAgoMUnVuT3ZlcnJpZGVzEhIKBW1vZGVsGAEgASgJSACIAQESGQoMaW5zdHJ1Y3Rpb25zGAIgASgJSAGIAQESGAoLdGVtcGVyYXR1cmUYAyABKAFIAogBARIXCgptYXhfdG9rZW5zGAQgASgFSAOIAQESFgoJbWF4X3N0ZXBzGAUgASgFSASIAQESKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgV0b29scxgHIAEoCzIWLmFnaW8udjEuVG9vbFNlbGVjdGlvbhIZCgx0b2tlbl9idWRnZXQYCCABKANIBYgBAUIICgZfbW9kZWxCDwoNX2luc3RydWN0aW9uc0IOCgxfdGVtcGVyYXR1cmVCDQoLX21heF90b2tlbnNCDAoKX21heF9zdGVwc0IPCg1fdG9rZW5fYnVkZ2V0IukCCgpSdW5SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSDQoFaW5wdXQYAyABKAkSKAoJb3ZlcnJpZGVzGAQgASgLMhUuYWdpby52MS5SdW5PdmVycmlkZXMSLQoMY2xpZW50X3Rvb2xzGAUgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbhISCgpyZXF1ZXN0X2lkGAYgASgJEjMKCG1ldGFkYXRhGAcgAygLMiEuYWdpby52MS5SdW5SZXF1ZXN0Lk1ldGFkYXRhRW50cnkSJAoHb25fYnVzeRgIIAEoDjITLmFnaW8udjEuQnVzeVBvbGljeRIwCg1vbl9kaXNjb25uZWN0GAkgASgOMhkuYWdpby52MS5EaXNjb25uZWN0UG9saWN5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASItChBTdGFydFJ1blJlc3BvbnNlEhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIkQKClRvb2xPdXRwdXQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJVChhTdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEikKDHRvb2xfb3V0cHV0cxgCIAMoCzITLmFnaW8udjEuVG9vbE91dHB1dCI0CgxSZXRyeVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAyI0Cg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiLgoRQ2FuY2VsUnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiKwoOR2V0UnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iTAoPTGlzdFJ1bnNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiRwoQTGlzdFJ1bnNSZXNwb25zZRIaCgRydW5zGAEgAygLMgwuYWdpby52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhMKEUxpc3RBZ2VudHNSZXF1ZXN0IjQKEkxpc3RBZ2VudHNSZXNwb25zZRIeCgZhZ2VudHMYASADKAsyDi5hZ2lvLnYxLkFnZW50Ko8BCgpCdXN5UG9saWN5EhsKF0JVU1lfUE9MSUNZX1VOU1BFQ0lGSUVEEAASFgoSQlVTWV9QT0xJQ1lfUkVKRUNUEAESFwoTQlVTWV9QT0xJQ1lfRU5RVUVVRRACEhkKFUJVU1lfUE9MSUNZX0lOVEVSUlVQVBADEhgKFEJVU1lfUE9MSUNZX1JPTExCQUNLEAQqcwoQRGlzY29ubmVjdFBvbGljeRIhCh1ESVNDT05ORUNUX1BPTElDWV9VTlNQRUNJRklFRBAAEhwKGERJU0NPTk5FQ1RfUE9MSUNZX0NBTkNFTBABEh4KGkRJU0NPTk5FQ1RfUE9MSUNZX0NPTlRJTlVFEAIywwQKDEFnZW50U2VydmljZRIwCgNSdW4SEy5hZ2lvLnYxLlJ1blJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjoKCFN0YXJ0UnVuEhMuYWdpby52MS5SdW5SZXF1ZXN0GhkuYWdpby52MS5TdGFydFJ1blJlc3BvbnNlEkwKEVN1Ym1pdFRvb2xPdXRwdXRzEiEuYWdpby52MS5TdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjQKBVJldHJ5EhUuYWdpby52MS5SZXRyeVJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjoKCFdhdGNoUnVuEhguYWdpby52MS5XYXRjaFJ1blJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEkIKCUNhbmNlbFJ1bhIZLmFnaW8udjEuQ2FuY2VsUnVuUmVxdWVzdBoaLmFnaW8udjEuQ2FuY2VsUnVuUmVzcG9uc2USOQoGR2V0UnVuEhYuYWdpby52MS5HZXRSdW5SZXF1ZXN0GhcuYWdpby52MS5HZXRSdW5SZXNwb25zZRI/CghMaXN0UnVucxIYLmFnaW8udjEuTGlzdFJ1bnNSZXF1ZXN0GhkuYWdpby52MS5MaXN0UnVuc1Jlc3BvbnNlEkUKCkxpc3RBZ2VudHMSGi5hZ2lvLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GhsuYWdpby52MS5MaXN0QWdlbnRzUmVzcG9uc2VCmwEKC2NvbS5hZ2lvLnYxQhFBZ2VudFNlcnZpY2VQcm90b1ABWjxnaXRodWIuY29tL2FnaW8tZ3JwYy9hZ2lvLWdycGMvY2xpZW50cy9nby9nZW4vYWdpby92MTthZ2lvdjGiAgNBWFiqAgdBZ2lvLlYxygIHQWdpb1xWMeICE0FnaW9cVjFcR1BCTWV0YWRhdGHqAghBZ2lvOjpWMWIGcHJvdG8z", [file_agio_v1_events, file_agio_v1_resources, file_google_protobuf_duration]);
 
 /**
  * ToolSelection restricts the agent's server tools for one run.
@@ -163,6 +163,21 @@ export type RunRequest = Message<"agio.v1.RunRequest"> & {
    * @generated from field: map<string, string> metadata = 7;
    */
   metadata: { [key: string]: string };
+
+  /**
+   * What to do when the session is busy; unspecified rejects.
+   *
+   * @generated from field: agio.v1.BusyPolicy on_busy = 8;
+   */
+  onBusy: BusyPolicy;
+
+  /**
+   * What a caller leaving a `Run` stream does to the run; unspecified cancels it. StartRun
+   * runs have no caller: they always continue.
+   *
+   * @generated from field: agio.v1.DisconnectPolicy on_disconnect = 9;
+   */
+  onDisconnect: DisconnectPolicy;
 };
 
 /**
@@ -171,6 +186,27 @@ export type RunRequest = Message<"agio.v1.RunRequest"> & {
  */
 export const RunRequestSchema: GenMessage<RunRequest> = /*@__PURE__*/
   messageDesc(file_agio_v1_agent_service, 2);
+
+/**
+ * StartRunResponse returns the run StartRun started (or queued).
+ *
+ * @generated from message agio.v1.StartRunResponse
+ */
+export type StartRunResponse = Message<"agio.v1.StartRunResponse"> & {
+  /**
+   * The run as it started: RUNNING, or QUEUED behind the session's busy run.
+   *
+   * @generated from field: agio.v1.Run run = 1;
+   */
+  run?: Run | undefined;
+};
+
+/**
+ * Describes the message agio.v1.StartRunResponse.
+ * Use `create(StartRunResponseSchema)` to create a new message.
+ */
+export const StartRunResponseSchema: GenMessage<StartRunResponse> = /*@__PURE__*/
+  messageDesc(file_agio_v1_agent_service, 3);
 
 /**
  * ToolOutput is the result of one client tool call.
@@ -205,7 +241,7 @@ export type ToolOutput = Message<"agio.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 3);
+  messageDesc(file_agio_v1_agent_service, 4);
 
 /**
  * SubmitToolOutputsRequest supplies the results of a run's pending client tool calls.
@@ -233,7 +269,7 @@ export type SubmitToolOutputsRequest = Message<"agio.v1.SubmitToolOutputsRequest
  * Use `create(SubmitToolOutputsRequestSchema)` to create a new message.
  */
 export const SubmitToolOutputsRequestSchema: GenMessage<SubmitToolOutputsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 4);
+  messageDesc(file_agio_v1_agent_service, 5);
 
 /**
  * RetryRequest regenerates a session from a sequence.
@@ -261,7 +297,7 @@ export type RetryRequest = Message<"agio.v1.RetryRequest"> & {
  * Use `create(RetryRequestSchema)` to create a new message.
  */
 export const RetryRequestSchema: GenMessage<RetryRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 5);
+  messageDesc(file_agio_v1_agent_service, 6);
 
 /**
  * WatchRunRequest resumes a run's event stream.
@@ -289,7 +325,7 @@ export type WatchRunRequest = Message<"agio.v1.WatchRunRequest"> & {
  * Use `create(WatchRunRequestSchema)` to create a new message.
  */
 export const WatchRunRequestSchema: GenMessage<WatchRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 6);
+  messageDesc(file_agio_v1_agent_service, 7);
 
 /**
  * CancelRunRequest cancels a run.
@@ -317,7 +353,7 @@ export type CancelRunRequest = Message<"agio.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 7);
+  messageDesc(file_agio_v1_agent_service, 8);
 
 /**
  * CancelRunResponse returns the run after the cancel was recorded.
@@ -338,7 +374,7 @@ export type CancelRunResponse = Message<"agio.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 8);
+  messageDesc(file_agio_v1_agent_service, 9);
 
 /**
  * GetRunRequest names a run.
@@ -359,7 +395,7 @@ export type GetRunRequest = Message<"agio.v1.GetRunRequest"> & {
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 9);
+  messageDesc(file_agio_v1_agent_service, 10);
 
 /**
  * GetRunResponse holds one run.
@@ -380,7 +416,7 @@ export type GetRunResponse = Message<"agio.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 10);
+  messageDesc(file_agio_v1_agent_service, 11);
 
 /**
  * ListRunsRequest pages through a session's runs.
@@ -415,7 +451,7 @@ export type ListRunsRequest = Message<"agio.v1.ListRunsRequest"> & {
  * Use `create(ListRunsRequestSchema)` to create a new message.
  */
 export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 11);
+  messageDesc(file_agio_v1_agent_service, 12);
 
 /**
  * ListRunsResponse is one page of runs.
@@ -443,7 +479,7 @@ export type ListRunsResponse = Message<"agio.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 12);
+  messageDesc(file_agio_v1_agent_service, 13);
 
 /**
  * ListAgentsRequest lists the configured agents.
@@ -458,7 +494,7 @@ export type ListAgentsRequest = Message<"agio.v1.ListAgentsRequest"> & {
  * Use `create(ListAgentsRequestSchema)` to create a new message.
  */
 export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 13);
+  messageDesc(file_agio_v1_agent_service, 14);
 
 /**
  * ListAgentsResponse holds the configured agents.
@@ -479,7 +515,94 @@ export type ListAgentsResponse = Message<"agio.v1.ListAgentsResponse"> & {
  * Use `create(ListAgentsResponseSchema)` to create a new message.
  */
 export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 14);
+  messageDesc(file_agio_v1_agent_service, 15);
+
+/**
+ * BusyPolicy says what a new run does when its session has a RUNNING, QUEUED or
+ * REQUIRES_ACTION run.
+ *
+ * @generated from enum agio.v1.BusyPolicy
+ */
+export enum BusyPolicy {
+  /**
+   * REJECT.
+   *
+   * @generated from enum value: BUSY_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Refuse the new run: FAILED_PRECONDITION with reason `SESSION_BUSY`, or
+   * `RUN_REQUIRES_ACTION` (the waiting run's id in the ErrorInfo metadata `run_id`).
+   *
+   * @generated from enum value: BUSY_POLICY_REJECT = 1;
+   */
+  REJECT = 1,
+
+  /**
+   * Queue the new run (RUN_STATUS_QUEUED); it starts when the session frees, first in
+   * first out, at most `max_queued_runs` per session (then RESOURCE_EXHAUSTED).
+   *
+   * @generated from enum value: BUSY_POLICY_ENQUEUE = 2;
+   */
+  ENQUEUE = 2,
+
+  /**
+   * Cancel the current run (its open tool calls get error results) and start the new one
+   * on that history, ahead of any queued run.
+   *
+   * @generated from enum value: BUSY_POLICY_INTERRUPT = 3;
+   */
+  INTERRUPT = 3,
+
+  /**
+   * As INTERRUPT, then delete the interrupted run's steps: the session is as it was before
+   * that run.
+   *
+   * @generated from enum value: BUSY_POLICY_ROLLBACK = 4;
+   */
+  ROLLBACK = 4,
+}
+
+/**
+ * Describes the enum agio.v1.BusyPolicy.
+ */
+export const BusyPolicySchema: GenEnum<BusyPolicy> = /*@__PURE__*/
+  enumDesc(file_agio_v1_agent_service, 0);
+
+/**
+ * DisconnectPolicy says what happens to a streaming run whose caller goes away.
+ *
+ * @generated from enum agio.v1.DisconnectPolicy
+ */
+export enum DisconnectPolicy {
+  /**
+   * CANCEL.
+   *
+   * @generated from enum value: DISCONNECT_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Cancel the run (CANCELLED, source `client`).
+   *
+   * @generated from enum value: DISCONNECT_POLICY_CANCEL = 1;
+   */
+  CANCEL = 1,
+
+  /**
+   * Let the run go on; follow it again with WatchRun.
+   *
+   * @generated from enum value: DISCONNECT_POLICY_CONTINUE = 2;
+   */
+  CONTINUE = 2,
+}
+
+/**
+ * Describes the enum agio.v1.DisconnectPolicy.
+ */
+export const DisconnectPolicySchema: GenEnum<DisconnectPolicy> = /*@__PURE__*/
+  enumDesc(file_agio_v1_agent_service, 1);
 
 /**
  * AgentService runs agents and reports on their runs.
@@ -497,6 +620,17 @@ export const AgentService: GenService<{
     methodKind: "server_streaming";
     input: typeof RunRequestSchema;
     output: typeof StepEventSchema;
+  },
+  /**
+   * StartRun starts a run in the background and returns at once: the run goes on with no
+   * caller. Follow it with WatchRun, stop it with CancelRun.
+   *
+   * @generated from rpc agio.v1.AgentService.StartRun
+   */
+  startRun: {
+    methodKind: "unary";
+    input: typeof RunRequestSchema;
+    output: typeof StartRunResponseSchema;
   },
   /**
    * SubmitToolOutputs continues a run that stopped with REQUIRES_ACTION.
