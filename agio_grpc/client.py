@@ -13,6 +13,7 @@ the caller's trace.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -103,6 +104,33 @@ def _tool_definitions(
     ]
 
 
+def _run_request(
+    input: str,
+    *,
+    session_id: str,
+    agent: str,
+    overrides: agent_service_pb2.RunOverrides | None,
+    client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]],
+    request_id: str,
+    metadata: Mapping[str, str] | None,
+    on_busy: agent_service_pb2.BusyPolicy,
+    on_disconnect: agent_service_pb2.DisconnectPolicy = (
+        agent_service_pb2.DISCONNECT_POLICY_UNSPECIFIED
+    ),
+) -> agent_service_pb2.RunRequest:
+    return agent_service_pb2.RunRequest(
+        session_id=session_id,
+        agent=agent,
+        input=input,
+        overrides=overrides,
+        client_tools=_tool_definitions(client_tools),
+        request_id=request_id,
+        metadata=dict(metadata or {}),
+        on_busy=on_busy,
+        on_disconnect=on_disconnect,
+    )
+
+
 class AgioClient:
     """One channel to an agio-grpc server and typed calls on it."""
 
@@ -167,22 +195,60 @@ class AgioClient:
         client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]] = (),
         request_id: str = "",
         metadata: Mapping[str, str] | None = None,
+        on_busy: agent_service_pb2.BusyPolicy = agent_service_pb2.BUSY_POLICY_REJECT,
+        on_disconnect: agent_service_pb2.DisconnectPolicy = (
+            agent_service_pb2.DISCONNECT_POLICY_CANCEL
+        ),
         timeout: float | None = None,
     ) -> AsyncIterator[events_pb2.StepEvent]:
         """Start a run and stream its events; the last one is run_completed or run_failed.
 
-        Leaving the iteration early cancels the call, which cancels the run on the server.
+        Leaving the iteration early cancels the call, which cancels the run on the server
+        (unless `on_disconnect` is DISCONNECT_POLICY_CONTINUE). `on_busy` says what to do
+        when the session has a running, queued or waiting run (REJECT, ENQUEUE, INTERRUPT,
+        ROLLBACK).
         """
-        request = agent_service_pb2.RunRequest(
+        request = _run_request(
+            input,
             session_id=session_id,
             agent=agent,
-            input=input,
             overrides=overrides,
-            client_tools=_tool_definitions(client_tools),
+            client_tools=client_tools,
             request_id=request_id,
-            metadata=dict(metadata or {}),
+            metadata=metadata,
+            on_busy=on_busy,
+            on_disconnect=on_disconnect,
         )
         return self._stream(self.agents.Run, request, timeout)
+
+    async def start_run(
+        self,
+        input: str,
+        *,
+        session_id: str = "",
+        agent: str = "",
+        overrides: agent_service_pb2.RunOverrides | None = None,
+        client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]] = (),
+        request_id: str = "",
+        metadata: Mapping[str, str] | None = None,
+        on_busy: agent_service_pb2.BusyPolicy = agent_service_pb2.BUSY_POLICY_REJECT,
+        timeout: float | None = None,
+    ) -> resources_pb2.Run:
+        """Start a run in the background and return it at once (RUNNING, or QUEUED behind a
+        busy session); follow it with `follow_run`, stop it with `cancel_run`."""
+        request = _run_request(
+            input,
+            session_id=session_id,
+            agent=agent,
+            overrides=overrides,
+            client_tools=client_tools,
+            request_id=request_id,
+            metadata=metadata,
+            on_busy=on_busy,
+        )
+        response = await self._unary(self.agents.StartRun, request, timeout)
+        run: resources_pb2.Run = response.run
+        return run
 
     def submit_tool_outputs(
         self,
@@ -210,6 +276,28 @@ class AgioClient:
         """Replay a run's events after `after_seq`, then follow it live."""
         request = agent_service_pb2.WatchRunRequest(run_id=run_id, after_seq=after_seq)
         return self._stream(self.agents.WatchRun, request, timeout)
+
+    async def follow_run(
+        self, run_id: str, after_seq: int = 0, *, reconnects: int = 10, backoff_s: float = 0.2
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """`watch_run` that survives a server restart: when the stream breaks with
+        UNAVAILABLE it watches again from the last seq it yielded, up to `reconnects` times in
+        a row (waiting `backoff_s`, doubled each time, at most 5 s). Ends after the run's
+        terminal event."""
+        cursor, failures = after_seq, 0
+        while True:
+            try:
+                async for event in self.watch_run(run_id, cursor):
+                    yield event
+                    cursor, failures = event.seq, 0
+                    if event.WhichOneof("event") in ("run_completed", "run_failed"):
+                        return
+                return
+            except AgioError as error:
+                if error.code is not grpc.StatusCode.UNAVAILABLE or failures >= reconnects:
+                    raise
+            await asyncio.sleep(min(backoff_s * 2**failures, 5.0))
+            failures += 1
 
     async def run_to_end(self, input: str, **kwargs: Any) -> RunResult:
         """Run and collect: the final run, the last assistant text and the stored steps."""

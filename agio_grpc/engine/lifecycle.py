@@ -290,14 +290,19 @@ class Lifecycle:
             return SegmentEnd(stored.earlier_end, stored.released, journaled=False)
         return SegmentEnd(ended, stored.released, journaled=True)
 
-    async def end_idle(self, run: Run, signal: StopSignal) -> Run | None:
+    async def end_idle(
+        self, run: Run, signal: StopSignal, history: list[Step] | None = None
+    ) -> Run | None:
         """End a run nothing runs: one waiting in REQUIRES_ACTION gets an error result for
-        each of its open calls first; a QUEUED one never starts. None when it is no longer
-        idle (continued, started or ended meanwhile)."""
+        each of its open calls first (found in `history`, the session's whole log, read when
+        not given; the write checks it is still the log); a QUEUED one never starts. None
+        when it is no longer idle (continued, started or ended meanwhile)."""
         pending: list[ToolCall] = []
         if run.status is RunStatus.REQUIRES_ACTION:
-            history = await self.store.get_history(run.session_id, run.first_sequence or 1)
+            if history is None:
+                history = await self.store.get_history(run.session_id, run.first_sequence or 1)
             pending = open_tool_calls(history)[1]
+        expect = HistoryMark(history[-1].sequence, history[-1].id) if history else None
         why = unfinished_reason(signal)
         results = [
             Step(
@@ -314,7 +319,9 @@ class Lifecycle:
         ended = run.ended(signal)
         ended.last_event_seq = run.last_event_seq + len(results) + 1
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
-        stored = await self.store.end_idle_run(ended, results, journal=channel.journal_for(_closed))
+        stored = await self.store.end_idle_run(
+            ended, results, expect=expect, journal=channel.journal_for(_closed)
+        )
         if stored is not None:
             self._on_session_free(run.session_id)  # it may have held up the queue
         return stored

@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import Context
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from agio_grpc.domain import (
     BusyPolicy,
@@ -72,6 +73,7 @@ from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 from agio_grpc.engine.watching import Watching, follow
 from agio_grpc.store.errors import (
+    HistoryChangedError,
     NotFoundError,
     RunRequiresActionError,
     RunStateConflictError,
@@ -86,6 +88,8 @@ from agio_grpc.store.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # How often a run interrupting a run that waits for its client ends that run and tries again
 # (another client may put a new waiting run in its way meanwhile).
@@ -409,10 +413,26 @@ class Runtime:
         """
         self._check_open()
         run = _requiring_action(await self.store.get_run(run_id))
-        history, kept = await self._read_through_cache(run.session_id)
+        settings = self._settings_of(run)
+
+        async def submit(history: list[Step], kept: int) -> RunHandle:
+            return await self._submit(run, settings, outputs, history, kept, deadline_s)
+
+        return await self._on_history(run.session_id, submit)
+
+    async def _submit(
+        self,
+        run: Run,
+        settings: RunSettings,
+        outputs: list[ToolOutput],
+        history: list[Step],
+        kept: int,
+        deadline_s: float | None,
+    ) -> RunHandle:
+        run_id = run.id
         _, pending = open_tool_calls(history)
         by_id = _check_outputs(outputs, pending)
-        settings = self._settings_of(run)
+        run = replace(run)  # each try starts from the run as read
         trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         run.trace_id = run.trace_id or trace.trace_id
         steps = [
@@ -471,7 +491,20 @@ class Runtime:
         RunRequiresActionError.
         """
         self._check_open()
-        whole, kept = await self._read_through_cache(session_id)
+
+        async def retry(whole: list[Step], kept: int) -> RunHandle:
+            return await self._retry(session_id, sequence, whole, kept, deadline_s)
+
+        return await self._on_history(session_id, retry)
+
+    async def _retry(
+        self,
+        session_id: str,
+        sequence: int,
+        whole: list[Step],
+        kept: int,
+        deadline_s: float | None,
+    ) -> RunHandle:
         if not whole:
             raise InvalidInputError("session_id", "the session has no steps to regenerate")
         if not 2 <= sequence <= len(whole) + 1:
@@ -516,7 +549,15 @@ class Runtime:
         if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
             return run
         try:
-            ended = await self.lifecycle.end_idle(run, signal)
+
+            async def end(history: list[Step], _: int) -> Run | None:
+                return await self.lifecycle.end_idle(run, signal, history)
+
+            ended = await (
+                self._on_history(run.session_id, end)
+                if run.status is RunStatus.REQUIRES_ACTION
+                else self.lifecycle.end_idle(run, signal)
+            )
         except Exception:
             # A submit is continuing it right now: stop that segment instead.
             if await self._stop_live(run_id, signal):
@@ -663,6 +704,23 @@ class Runtime:
             agent = self.agent()
             return agent.name, resolve_settings(agent, RunOverrides(), [])
         return run.agent, self._settings_of(run)
+
+    async def _on_history(
+        self, session_id: str, decide: Callable[[list[Step], int], Awaitable[T]]
+    ) -> T:
+        """`decide(history, cached_steps)` on the session's history as this process last
+        saw it (the history cache: no read), and once more on the history as stored when
+        what it decided was refused for a log that changed meanwhile: its write checks the
+        log's last step (HistoryChangedError), and a request it found invalid is checked
+        again against the stored log."""
+        cached = self._histories.cached(session_id)
+        if cached.steps:
+            try:
+                return await decide(list(cached.steps), len(cached.steps))
+            except (HistoryChangedError, InvalidInputError):
+                self._histories.forget(session_id)
+        history, kept = await self._read_through_cache(session_id)
+        return await decide(history, kept)
 
     async def _read_through_cache(self, session_id: str) -> tuple[list[Step], int]:
         """The session's whole history: what the cache kept, then the steps stored after it,

@@ -346,14 +346,20 @@ class StepStore(Protocol):
         ...
 
     async def end_idle_run(
-        self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
     ) -> Run | None:
         """End a run nothing runs (waiting in REQUIRES_ACTION, or QUEUED), in one
         transaction: append `steps` (the results of a waiting run's open calls), store `run`
         (ended, its counts extended by them) and what `journal` makes of them. None, writing
-        nothing, when the run is no longer idle. Raises SessionBusyError when there are
-        steps to store while the session is held (a SubmitToolOutputs continuing the run),
-        NotFoundError."""
+        nothing, when the run is no longer idle. With steps to store: HistoryChangedError
+        unless the session's last step is still `expect` (the log the caller read), and
+        SessionBusyError while the session is held (a SubmitToolOutputs continuing the run).
+        Raises NotFoundError."""
         ...
 
     async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:

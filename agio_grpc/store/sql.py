@@ -644,7 +644,12 @@ class SqlStepStore:
         return await self._write(work)
 
     async def end_idle_run(
-        self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
     ) -> Run | None:
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("end_idle_run takes steps of the run's session")
@@ -667,6 +672,8 @@ class SqlStepStore:
                 return None
             if steps and holder.active_run_id:  # a SubmitToolOutputs is continuing it now
                 raise SessionBusyError(run.session_id, str(holder.active_run_id))
+            if steps:  # the results answer the calls of the log the caller read
+                _check_last_step(conn, run.session_id, expect)
             stored = _append(conn, run.session_id, steps) if steps else []
             ended = stored_run(
                 replace(

@@ -197,10 +197,15 @@ class InstrumentedStepStore:
         )
 
     async def end_idle_run(
-        self, run: Run, steps: Sequence[Step], *, journal: Journal | None = None
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
     ) -> Run | None:
         ended = await self._timed(
-            "end_idle_run", self.inner.end_idle_run(run, steps, journal=journal)
+            "end_idle_run", self.inner.end_idle_run(run, steps, expect=expect, journal=journal)
         )
         self._written(steps if ended is not None else ())
         return ended
