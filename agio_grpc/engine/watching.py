@@ -8,9 +8,11 @@ leases (`SessionLeases.interrupt_abandoned_run` ends it INTERRUPTED, with its te
 event journaled). Should a run start here meanwhile, the live channel takes over
 (`live`), with the deltas of its step in progress.
 
-A cursor past the end of a run's journal can only come from a server that died after it
-streamed events it had not stored yet (deltas, a `step_started`): such a watch gets the
-run's terminal event once the run has ended, so that it too ends. Never imports grpc.
+A server that dies loses the events it streamed and had not stored yet (the deltas and
+`step_started` of the step in progress); the take-over that ends its run journals the
+terminal event `TAKEOVER_SEQ_GAP` past the last stored one, so a client's live cursor is
+still before it. A cursor past a run's last terminal event gets that event all the same,
+so every watch of an ended run ends. Never imports grpc.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from agio_grpc.domain import RunStatus
+from agio_grpc.domain import Run, RunStatus
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.errors import RuntimeClosedError
 from agio_grpc.engine.events import SequencedEvent, terminal_event
 from agio_grpc.engine.journal import event_of
-from agio_grpc.store.protocol import TERMINAL_KINDS, JournalRecord, SessionLeases, StepStore
+from agio_grpc.store.protocol import TERMINAL_KINDS, SessionLeases, StepStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +63,9 @@ async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterat
             if record.kind in TERMINAL_KINDS:
                 return
         if run.status is not RunStatus.RUNNING:
-            past_end = await _terminal_past(store, run_id, cursor)
-            if past_end is not None:
-                yield event_of(run.id, run.session_id, past_end)
-            elif cursor < run.last_event_seq or (cursor == 0 and not run.last_event_seq):
-                # Ended before the journal existed: its end, as the run row has it.
-                seq = max(run.last_event_seq, 1)
-                time = run.end_time or run.create_time
-                yield SequencedEvent(run.id, run.session_id, seq, time, terminal_event(run))
+            end = await _end_after(store, run, cursor)
+            if end is not None:
+                yield end
             return
         channel = watching.live(run_id)
         if channel is not None:  # it runs here (again): follow it live
@@ -86,13 +83,19 @@ async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterat
             await watching.leases.interrupt_abandoned_run(run_id)
 
 
-async def _terminal_past(store: StepStore, run_id: str, cursor: int) -> JournalRecord | None:
-    """The run's last terminal record when `cursor` is past the end of its journal (see the
-    module docstring); None when the journal reaches the cursor."""
-    if cursor == 0:
+async def _end_after(store: StepStore, run: Run, cursor: int) -> SequencedEvent | None:
+    """The terminal event a watch from `cursor` still gets when the journal has nothing
+    after it and the run is not running: the last one when the cursor is past it (see the
+    module docstring); for a run that ended before the journal existed, its end as the run
+    row has it; None when the cursor is at its end."""
+    terminals = [
+        record for record in await store.read_journal(run.id) if record.kind in TERMINAL_KINDS
+    ]
+    if terminals:
+        last = terminals[-1]
+        return event_of(run.id, run.session_id, last) if cursor > last.seq else None
+    seq = max(run.last_event_seq, 1)
+    if cursor >= seq:
         return None
-    records = await store.read_journal(run_id, 0)
-    if not records or records[-1].seq >= cursor:
-        return None
-    terminals = [record for record in records if record.kind in TERMINAL_KINDS]
-    return terminals[-1] if terminals else None
+    time = run.end_time or run.create_time
+    return SequencedEvent(run.id, run.session_id, seq, time, terminal_event(run))

@@ -60,6 +60,12 @@ Journal = Callable[[Run | None, Sequence[Step]], Sequence[JournalRecord]]
 stored (None for a plain append) and the steps with their sequences and create times. Pure
 and quick: it runs while the transaction holds its locks."""
 
+TAKEOVER_SEQ_GAP = 1 << 20
+"""How far past the last journaled event a run ended by a take-over (its server is gone)
+puts its terminal event: past anything that server can have streamed and not stored (the
+step in progress's deltas), so a client's live cursor is still before it. A cursor past
+it anyway gets it all the same (engine/watching.py)."""
+
 TERMINAL_KINDS = frozenset({"run_completed", "run_failed"})
 """The kinds of journal record that end a run's event stream."""
 

@@ -85,6 +85,7 @@ from agio_grpc.store.errors import (
 from agio_grpc.store.migrations import upgrade_to_head
 from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.protocol import (
+    TAKEOVER_SEQ_GAP,
     HistoryMark,
     HistoryRead,
     Journal,
@@ -1407,7 +1408,7 @@ def _interrupt_run(
     journaled = conn.execute(
         select(func.max(event_table.c.seq)).where(event_table.c.run_id == run_id)
     ).scalar()
-    run.last_event_seq = max(int(journaled or 0), run.last_event_seq) + 1
+    run.last_event_seq = max(int(journaled or 0), run.last_event_seq) + TAKEOVER_SEQ_GAP
     ended = stored_run(run.ended(abandoned_run_signal(message, last_sequence + 1), now))
     conn.execute(_UPDATE_RUN, _run_update(ended))
     terminal = JournalRecord(ended.last_event_seq, now, terminal_kind(ended), run=ended)
