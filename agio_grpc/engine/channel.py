@@ -21,6 +21,7 @@ Never imports grpc; never blocks the producer on a slow consumer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from agio_grpc.domain import Run, Step, utc_now
@@ -129,6 +130,21 @@ class RunChannel:
     def _wake(self) -> None:
         self._wakeup.set()
         self._wakeup = asyncio.Event()
+
+    def events_after(self, after_seq: int) -> list[SequencedEvent]:
+        """The events published so far with seq > after_seq (taken: no longer merged into)."""
+        events = self._journal[max(0, after_seq - self.first_seq + 1) :]
+        if events:
+            self._taken_seq = max(self._taken_seq, events[-1].seq)
+        return events
+
+    async def wait_beyond(self, seq: int, timeout: float) -> None:
+        """Return once an event past `seq` is published (or the channel closed), or after
+        `timeout` seconds."""
+        if self.last_seq > seq or self._closed:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     async def subscribe(self, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """Replay events with seq > after_seq, then follow live; ends after the terminal event.

@@ -383,6 +383,7 @@ class Lifecycle:
         ended.last_event_seq = channel.last_seq + 1
         try:
             stored = await self.store.end_run(ended, journal=channel.journal_for(_closed))
+            channel.publish_journaled()  # to a caller following the run, if one does
             if stored.queued:
                 self._on_session_free(run.session_id)
         except NotFoundError:  # the run was never stored

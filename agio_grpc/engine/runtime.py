@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import Context
 from dataclasses import dataclass, field, replace
@@ -220,6 +221,12 @@ class Runtime:
         )
         # Queued runs being started (`_start_next_soon`).
         self._starting: set[asyncio.Task[None]] = set()
+        # Queued runs this process is starting: their callers follow their channels.
+        self._starting_runs: set[str] = set()
+        # The channels of runs queued here, while their handles live (`_queued`).
+        self._queued_channels: weakref.WeakValueDictionary[str, RunChannel] = (
+            weakref.WeakValueDictionary()
+        )
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -280,7 +287,7 @@ class Runtime:
             raise
         if started.run.status is RunStatus.QUEUED:
             trace.end(started.run)  # it gets a trace of its own when it starts
-            return self._queued(started, request.on_busy)
+            return self._queued(started, request.on_busy, channel)
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
         try:
@@ -333,17 +340,48 @@ class Runtime:
             rollback=policy is BusyPolicy.ROLLBACK,
         )
 
-    def _queued(self, started: RunStart, policy: BusyPolicy) -> RunHandle:
+    def _queued(self, started: RunStart, policy: BusyPolicy, channel: RunChannel) -> RunHandle:
         """A run stored QUEUED: the run it interrupts is stopped now if it runs here (one
-        elsewhere finds the store's cancel request), and a free session starts its queue."""
+        elsewhere finds the store's cancel request), and a free session starts its queue.
+        Its channel (with its queued `run_started`) is kept for it while its handle lives:
+        started here, it goes on in the same channel, so its caller misses nothing."""
         if started.interrupted:
             segment = self._live_segment(started.interrupted)
             if segment is not None:
                 segment.control.request_stop(superseded(started.run.id, policy.value))
+        run_id = started.run.id
+        self._queued_channels[run_id] = channel
         if not started.holder:
             self._start_next_soon(started.run.session_id)
-        run_id = started.run.id
-        return RunHandle(started.run.snapshot(), lambda after: self.watch(run_id, after))
+        return RunHandle(
+            started.run.snapshot(), lambda after: self._follow_queued(run_id, channel, after)
+        )
+
+    async def _follow_queued(
+        self, run_id: str, channel: RunChannel, after_seq: int
+    ) -> AsyncIterator[SequencedEvent]:
+        """A queued run's events: from its channel while it waits or runs here (the channel
+        then has every one of them, to the terminal event); from the journal once it
+        started (or ended) without this process."""
+        queued_seq = channel.last_seq
+        cursor = after_seq
+        while True:
+            events = channel.events_after(cursor)
+            for event in events:
+                yield event
+                cursor = event.seq
+                if event.is_terminal:
+                    return
+            if events or channel.last_seq > queued_seq or self._starts_here(run_id):
+                await channel.wait_beyond(cursor, self.options.watch_poll_s)
+                continue
+            run = await self.store.get_run(run_id)
+            if run.status is RunStatus.QUEUED or channel.last_seq > queued_seq:
+                await channel.wait_beyond(cursor, self.options.watch_poll_s)
+            elif not self._starts_here(run_id):
+                async for event in self.watch(run_id, cursor):
+                    yield event
+                return
 
     def _start_next_soon(self, session_id: str) -> None:
         """Start the run heading the session's queue, in a task of its own (with a context
@@ -376,24 +414,43 @@ class Runtime:
                 span_id=trace.span_id,
             )
             cached = self._histories.cached(session_id)
-            channel = RunChannel(run.id, session_id, start_after_seq=run.last_event_seq)
+            # Not taken out until the run started: a start that loses the race leaves it.
+            channel = self._queued_channels.get(run.id)
+            if channel is None or channel.last_seq != run.last_event_seq:
+                channel = RunChannel(run.id, session_id, start_after_seq=run.last_event_seq)
+            self._starting_runs.add(run.id)
             try:
-                started = await self.lifecycle.begin_queued(run, [user], channel, cached.mark)
-            except BaseException:
-                trace.end(run)
-                raise
-            try:
-                history = cached.join(started.history_start, started.history)
-            except ValueError:
-                trace.end(started.run)
-                await self.lifecycle.abandon(started.run, channel)
-                return
-            plan = _RunPlan(history, kept_steps=len(history) - len(started.history))
-            self._spawn(started.run, settings, plan, channel, None, trace)
+                await self._start_queued(run, settings, user, channel, cached, trace)
+            finally:
+                self._starting_runs.discard(run.id)
         except (SessionBusyError, RunStateConflictError):
             return  # another member started it, or something else holds the session
         except Exception:
             logger.exception("could not start the next queued run of session %s", session_id)
+
+    async def _start_queued(
+        self,
+        run: Run,
+        settings: RunSettings,
+        user: Step,
+        channel: RunChannel,
+        cached: CachedHistory,
+        trace: RunTrace,
+    ) -> None:
+        try:
+            started = await self.lifecycle.begin_queued(run, [user], channel, cached.mark)
+        except BaseException:
+            trace.end(run)
+            raise
+        self._queued_channels.pop(run.id, None)
+        try:
+            history = cached.join(started.history_start, started.history)
+        except ValueError:
+            trace.end(started.run)
+            await self.lifecycle.abandon(started.run, channel)
+            return
+        plan = _RunPlan(history, kept_steps=len(history) - len(started.history))
+        self._spawn(started.run, settings, plan, channel, None, trace)
 
     async def _start_ready_queues(self) -> None:
         """Start the queues whose session freed with no one to start them (a crash)."""
@@ -655,6 +712,10 @@ class Runtime:
             logger.error("run loop task failed", exc_info=task.exception())
         if self._segments.get(run_id) is segment:  # not a segment a continuation replaced
             del self._segments[run_id]
+
+    def _starts_here(self, run_id: str) -> bool:
+        """Whether the run runs here, or is being started here (queued before)."""
+        return run_id in self._segments or run_id in self._starting_runs
 
     def _live_segment(self, run_id: str) -> _Segment | None:
         segment = self._segments.get(run_id)

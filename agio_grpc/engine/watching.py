@@ -2,8 +2,9 @@
 
 `follow` yields a run's events with a seq above the cursor, as the journal stored them
 (engine/journal.py), up to and including the next terminal event. A run still RUNNING with
-no live channel here runs elsewhere (another process or replica): the journal is read again
-every `poll_s`, and whether its server died is asked as often as live servers renew their
+no live channel here runs elsewhere (another process or replica), and a QUEUED run waits
+for its session: the journal is read again every `poll_s` (at once when a run starts
+here), and whether its server died is asked as often as live servers renew their
 leases (`SessionLeases.interrupt_abandoned_run` ends it INTERRUPTED, with its terminal
 event journaled). Should a run start here meanwhile, the live channel takes over
 (`live`), with the deltas of its step in progress.
@@ -62,23 +63,28 @@ async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterat
             cursor = record.seq
             if record.kind in TERMINAL_KINDS:
                 return
-        if run.status is not RunStatus.RUNNING:
+        if run.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
             end = await _end_after(store, run, cursor)
             if end is not None:
                 yield end
             return
+        spawned = watching.spawned()  # before the look: a start after it sets this one
         channel = watching.live(run_id)
         if channel is not None:  # it runs here (again): follow it live
             async for event in channel.subscribe(cursor):
                 yield event
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(watching.spawned().wait(), watching.poll_s)
+            await asyncio.wait_for(spawned.wait(), watching.poll_s)
         if watching.closing():
             raise RuntimeClosedError(
                 "the server is shutting down: watch the run again through another one"
             )
-        if watching.leases is not None and loop.time() >= next_check:
+        if (
+            run.status is RunStatus.RUNNING
+            and watching.leases is not None
+            and loop.time() >= next_check
+        ):
             next_check = loop.time() + check_every
             await watching.leases.interrupt_abandoned_run(run_id)
 

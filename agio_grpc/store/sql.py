@@ -1270,9 +1270,11 @@ def _enqueue(
             ).scalar()
             waiting_run.rollback_run_id, waiting_run.rollback_from = holder, int(first or 0)
     stored = stored_run(waiting_run)
+    records = journal(stored, ()) if journal is not None else ()
+    # Its queued start's events come before those of its start.
+    stored.last_event_seq = max((record.seq for record in records), default=0)
     _insert_run(conn, stored)
-    if journal is not None:
-        _write_journal(conn, run.id, journal(stored, ()))
+    _write_journal(conn, run.id, records)
     return RunStart(stored, [], [], interrupted=holder if queue.ahead else "", holder=holder)
 
 

@@ -179,7 +179,10 @@ class Harness:
         events: list[SequencedEvent] = []
         async for sequenced in handle.events(after_seq):
             if events:
-                assert sequenced.seq == events[-1].seq + 1, "seqs are gapless"
+                assert sequenced.seq == events[-1].seq + 1, (
+                    f"seqs are gapless: {[(e.seq, e.event.type) for e in events]}, then "
+                    f"{sequenced.seq} {sequenced.event.type}"
+                )
             assert not any(e.is_terminal for e in events), "nothing after the terminal event"
             if isinstance(sequenced.event, StepCompleted):
                 step = sequenced.event.step
@@ -207,6 +210,7 @@ def build_runtime(
     leases: SessionLeases | None = None,
     cancel_poll_s: float = 0.5,
     watch_poll_s: float = 0.25,
+    max_queued_runs: int = 10,
     **limits: Any,
 ) -> Harness:
     driver = OpenAIModelDriver(base_url=model.base_url, api_key="test-key", retry=retry)
@@ -221,6 +225,7 @@ def build_runtime(
             history_cache_bytes=history_cache_bytes,
             cancel_poll_s=cancel_poll_s,
             watch_poll_s=watch_poll_s,
+            max_queued_runs=max_queued_runs,
         ),
         leases=leases,
     )

@@ -1,0 +1,261 @@
+"""What a Run does on a busy session (BusyPolicy), on SQLite and PostgreSQL.
+
+Races are real: two (or three) `start_run`s dispatched in the same turn of the event loop,
+twenty times each, on the real store of each backend and the fake model over HTTP. Each
+repetition checks the exact outcome the policy promises, that the stored log is valid
+history (every tool call answered, in order) and that its sequences are 1..N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, StopReason
+from agio_grpc.engine import ClientTool, RunHandle, RunInput, ToolOutput
+from agio_grpc.engine.events import RunStarted
+from agio_grpc.store.errors import (
+    QueueFullError,
+    RunRequiresActionError,
+    SessionBusyError,
+)
+from agio_grpc.store.sql import SqlStepStore
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
+
+REPETITIONS = 20
+LOOKUP = ClientTool("lookup", "Look an order up.", '{"type": "object"}')
+
+
+@pytest.fixture
+async def policies(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+    """A runtime on the store of the backend under test (both backends)."""
+    built = build_runtime(store, fake_model, Gate(), leases=store, max_queued_runs=2)
+    try:
+        yield built
+    finally:
+        built.gate.release.set()
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+
+async def idle_session(harness: Harness) -> str:
+    """A session with one finished turn (user 1, assistant 2)."""
+    harness.model.enqueue(Turn.text("hello"))
+    return (await harness.run("hi")).session_id
+
+
+async def race(harness: Harness, *requests: RunInput) -> list[RunHandle | BaseException]:
+    """The requests' `start_run`s, dispatched together."""
+    return await asyncio.gather(
+        *(harness.runtime.start_run(request) for request in requests), return_exceptions=True
+    )
+
+
+async def assert_valid_log(harness: Harness, session_id: str) -> None:
+    steps = await harness.store.get_steps(session_id)
+    assert [step.sequence for step in steps] == list(range(1, len(steps) + 1))
+    assert_valid_messages([step.to_message() for step in steps])
+
+
+def handles(results: list[RunHandle | BaseException]) -> list[RunHandle]:
+    return [result for result in results if isinstance(result, RunHandle)]
+
+
+async def test_reject_two_racing_runs_one_starts_one_is_refused(policies: Harness) -> None:
+    session_id = await idle_session(policies)
+    for _ in range(REPETITIONS):
+        requests = [RunInput(f"run {n}", session_id=session_id) for n in range(2)]
+        results = await race(policies, *requests)
+        (started,) = handles(results)
+        (refused,) = [result for result in results if not isinstance(result, RunHandle)]
+        assert isinstance(refused, SessionBusyError)
+        assert (await policies.collect(started)).run.status is RunStatus.COMPLETED
+    await assert_valid_log(policies, session_id)
+    assert len(await policies.store.list_runs(session_id, limit=100)) == 1 + REPETITIONS
+
+
+async def test_reject_a_run_waiting_for_its_client_names_it_and_leaves_it_waiting(
+    policies: Harness,
+) -> None:
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}", id="call_client")]))
+    waiting = await policies.run("where is my order?", client_tools=[LOOKUP])
+    with pytest.raises(RunRequiresActionError) as refused:
+        await policies.runtime.start_run(RunInput("hello?", session_id=waiting.session_id))
+    assert refused.value.active_run_id == waiting.run_id
+    assert (await policies.store.get_run(waiting.run_id)).status is RunStatus.REQUIRES_ACTION
+
+    policies.model.enqueue(Turn.text("It ships tomorrow."))
+    handle = await policies.runtime.submit_tool_outputs(
+        waiting.run_id, [ToolOutput("call_client", "packed")]
+    )
+    assert (await policies.collect(handle)).run.status is RunStatus.COMPLETED
+    await assert_valid_log(policies, waiting.session_id)
+
+
+async def test_enqueue_racing_runs_all_run_first_in_first_out(policies: Harness) -> None:
+    session_id = await idle_session(policies)
+    for _ in range(REPETITIONS):
+        requests = [
+            RunInput(f"run {n}", session_id=session_id, on_busy=BusyPolicy.ENQUEUE)
+            for n in range(3)
+        ]
+        started = handles(await race(policies, *requests))
+        outcomes = await asyncio.gather(*(policies.collect(handle) for handle in started))
+        assert len(outcomes) == 3
+        runs = [await policies.store.get_run(outcome.run_id) for outcome in outcomes]
+        assert [run.status for run in runs] == [RunStatus.COMPLETED] * 3
+        queued = sorted((run for run in runs if run.queue_position), key=queue_order)
+        assert len(queued) == 2  # one started at once, two waited
+        # First in, first out: the queued runs' inputs are stored in the order they queued.
+        assert [run.first_sequence for run in queued] == sorted(r.first_sequence for r in queued)
+        for outcome in outcomes:
+            if outcome.run_id in {run.id for run in queued}:
+                opened = outcome.of(RunStarted)
+                assert [event.run.status for event in opened] == [
+                    RunStatus.QUEUED,
+                    RunStatus.RUNNING,
+                ]
+    await assert_valid_log(policies, session_id)
+
+
+def queue_order(run: Run) -> tuple[int, object]:
+    return run.queue_position, run.create_time
+
+
+async def test_enqueue_beyond_the_queue_limit_is_refused(policies: Harness) -> None:
+    session_id = await idle_session(policies)
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
+    busy = await policies.runtime.start_run(RunInput("work", session_id=session_id))
+    await policies.gate.entered.wait()
+    queued = [
+        await policies.runtime.start_run(
+            RunInput(f"later {n}", session_id=session_id, on_busy=BusyPolicy.ENQUEUE)
+        )
+        for n in range(2)
+    ]
+    assert [handle.run.status for handle in queued] == [RunStatus.QUEUED] * 2
+    with pytest.raises(QueueFullError):
+        await policies.runtime.start_run(
+            RunInput("one too many", session_id=session_id, on_busy=BusyPolicy.ENQUEUE)
+        )
+    policies.gate.release.set()
+    for handle in (busy, *queued):
+        assert (await policies.collect(handle)).run.status is RunStatus.COMPLETED
+    await assert_valid_log(policies, session_id)
+
+
+async def test_a_queued_run_cancelled_before_it_starts_never_starts(policies: Harness) -> None:
+    session_id = await idle_session(policies)
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
+    busy = await policies.runtime.start_run(RunInput("work", session_id=session_id))
+    await policies.gate.entered.wait()
+    queued = await policies.runtime.start_run(
+        RunInput("never mind", session_id=session_id, on_busy=BusyPolicy.ENQUEUE)
+    )
+    cancelled = await policies.runtime.cancel(queued.run_id, "changed my mind")
+    assert cancelled.status is RunStatus.CANCELLED
+    watched = await policies.collect(queued)  # its stream: queued, then its end
+    assert [type(event.event).__name__ for event in watched.events] == [
+        "RunStarted",
+        "RunCompleted",
+    ]
+    policies.gate.release.set()
+    await policies.collect(busy)
+    steps = await policies.store.get_steps(session_id)
+    assert "never mind" not in [step.content for step in steps]
+    assert (await policies.store.get_session(session_id)).active_run_id == ""
+
+
+async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcome, Outcome]:
+    """Two runs racing with `policy` on an idle session whose first model call hangs: the
+    one that started is interrupted by the other. Returns (interrupted, winner)."""
+    session_id = await idle_session(policies)
+    policies.model.enqueue(Turn.hanging())
+    requests = [RunInput(f"run {n}", session_id=session_id, on_busy=policy) for n in range(2)]
+    first, second = handles(await race(policies, *requests))
+    one, other = await asyncio.gather(policies.collect(first), policies.collect(second))
+    interrupted, winner = (one, other) if one.run.status is RunStatus.CANCELLED else (other, one)
+    return interrupted, winner
+
+
+@pytest.mark.parametrize("policy", [BusyPolicy.INTERRUPT, BusyPolicy.ROLLBACK])
+async def test_interrupt_and_rollback_racing_runs_the_later_supersedes_the_other(
+    policies: Harness, policy: BusyPolicy
+) -> None:
+    for _ in range(REPETITIONS):
+        interrupted, winner = await superseded_pair(policies, policy)
+        assert interrupted.run.status is RunStatus.CANCELLED
+        signal = interrupted.run.stop_signal
+        assert signal is not None
+        assert signal.reason is StopReason.CANCELLED
+        assert signal.context == {"superseded_by": winner.run_id}
+        assert winner.run.status is RunStatus.COMPLETED
+        steps = await policies.store.get_steps(winner.session_id)
+        mine = [step.run_id for step in steps if step.run_id == interrupted.run_id]
+        if policy is BusyPolicy.ROLLBACK:  # as if the interrupted run never happened
+            assert mine == []
+            assert [step.content for step in steps[:2]] == ["hi", "hello"]
+        else:
+            assert len(mine) == 1  # its input; the hanging reply was never stored
+        await assert_valid_log(policies, winner.session_id)
+
+
+@pytest.mark.parametrize("policy", [BusyPolicy.INTERRUPT, BusyPolicy.ROLLBACK])
+async def test_interrupting_a_run_mid_tool_answers_its_call_first(
+    policies: Harness, policy: BusyPolicy
+) -> None:
+    session_id = await idle_session(policies)
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_w")]))
+    busy = await policies.runtime.start_run(RunInput("work", session_id=session_id))
+    await policies.gate.entered.wait()
+    policies.model.enqueue(Turn.text("new answer"))
+    winner = await policies.runtime.start_run(
+        RunInput("instead", session_id=session_id, on_busy=policy)
+    )
+    assert winner.run.status is RunStatus.QUEUED
+    interrupted = await policies.collect(busy)
+    assert interrupted.run.status is RunStatus.CANCELLED
+    done = await policies.collect(winner)
+    assert done.run.status is RunStatus.COMPLETED
+    steps = await policies.store.get_steps(session_id)
+    if policy is BusyPolicy.INTERRUPT:
+        result = next(step for step in steps if step.tool_call_id == "call_w")
+        assert result.is_error
+        assert f"superseded by run {winner.run_id}" in result.content
+        assert [step.content for step in steps[-2:]] == ["instead", "new answer"]
+    else:
+        assert [step.content for step in steps] == ["hi", "hello", "instead", "new answer"]
+    await assert_valid_log(policies, session_id)
+
+
+@pytest.mark.parametrize("policy", [BusyPolicy.INTERRUPT, BusyPolicy.ROLLBACK])
+async def test_interrupting_a_run_waiting_for_its_client_ends_it_with_its_calls_answered(
+    policies: Harness, policy: BusyPolicy
+) -> None:
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}", id="call_client")]))
+    waiting = await policies.run("where is my order?", client_tools=[LOOKUP])
+    policies.model.enqueue(Turn.text("Let us start over."))
+    winner = await policies.runtime.start_run(
+        RunInput("forget it", session_id=waiting.session_id, on_busy=policy)
+    )
+    assert (await policies.collect(winner)).run.status is RunStatus.COMPLETED
+    ended = await policies.store.get_run(waiting.run_id)
+    assert ended.status is RunStatus.CANCELLED
+    assert ended.stop_signal is not None
+    assert ended.stop_signal.context == {"superseded_by": winner.run_id}
+    steps = await policies.store.get_steps(waiting.session_id)
+    if policy is BusyPolicy.ROLLBACK:
+        assert [step.content for step in steps] == ["forget it", "Let us start over."]
+    else:
+        assert [step.role for step in steps] == [
+            Role.USER,
+            Role.ASSISTANT,
+            Role.TOOL,  # the waiting call, answered with an error
+            Role.USER,
+            Role.ASSISTANT,
+        ]
+        assert steps[2].is_error
+    await assert_valid_log(policies, waiting.session_id)
