@@ -488,18 +488,18 @@ class SqlStepStore:
         session_id = run.session_id
 
         def work(conn: Connection) -> RunStart:
+            status = conn.execute(
+                select(run_table.c.status).where(run_table.c.id == run.id)
+            ).scalar()
+            if status is None:
+                raise NotFoundError("run", run.id)
+            if status != RunStatus.QUEUED.value:
+                raise RunStateConflictError(run.id, str(status), RunStatus.QUEUED.value)
             _acquire(conn, session_id, run.id, self._lease)
             waiting, queued = _blockers(conn, session_id)
             if waiting is not None:
                 raise RunRequiresActionError(session_id, waiting)
-            if not queued or queued[0][0] != run.id:
-                status = conn.execute(
-                    select(run_table.c.status).where(run_table.c.id == run.id)
-                ).scalar()
-                if status is None:
-                    raise NotFoundError("run", run.id)
-                if status != RunStatus.QUEUED.value:
-                    raise RunStateConflictError(run.id, str(status), RunStatus.QUEUED.value)
+            if queued[0][0] != run.id:
                 raise SessionBusyError(session_id, queued[0][0])  # another is ahead of it
             return _store_start(conn, run.resumed(), steps, since, journal, insert=False)
 
@@ -525,11 +525,12 @@ class SqlStepStore:
 
         def work(conn: Connection) -> list[str]:
             now = utc_now()
+            other = run_table.alias("waiting")
             waiting = (
-                select(run_table.c.id)
+                select(other.c.id)
                 .where(
-                    run_table.c.session_id == session_table.c.id,
-                    run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+                    other.c.session_id == session_table.c.id,
+                    other.c.status == RunStatus.REQUIRES_ACTION.value,
                 )
                 .exists()
             )
