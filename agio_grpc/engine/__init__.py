@@ -37,7 +37,8 @@ from agio_grpc.engine.events import (
 )
 from agio_grpc.engine.hooks import Hooks, StopRun
 from agio_grpc.engine.model import ModelDriver, OpenAIModelDriver, RetryPolicy
-from agio_grpc.engine.runtime import RunHandle, Runtime, RuntimeOptions
+from agio_grpc.engine.runtime import Runtime, RuntimeOptions
+from agio_grpc.engine.segments import RunHandle
 from agio_grpc.engine.tools import Tool, ToolContext, ToolRegistry, ToolStop, load_tools
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agio_grpc.domain import BusyPolicy
+from agio_grpc.domain import BusyPolicy, ToolCall
 from agio_grpc.engine.errors import InvalidInputError
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -232,3 +232,30 @@ def _check_client_tools(client_tools: list[ClientTool], server_tools: set[str]) 
                 raise InvalidInputError(
                     f"{where}.parameters_json", "must be a JSON object (a JSON schema)"
                 )
+
+
+def check_outputs(outputs: list[ToolOutput], pending: list[ToolCall]) -> dict[str, ToolOutput]:
+    """The outputs by call id, if they answer exactly the pending calls."""
+    if not pending:
+        raise InvalidInputError("tool_outputs", "the run has no pending client tool calls")
+    by_id: dict[str, ToolOutput] = {}
+    duplicates: list[str] = []
+    for output in outputs:
+        if output.tool_call_id in by_id:
+            duplicates.append(output.tool_call_id)
+        by_id[output.tool_call_id] = output
+    expected = [call.id for call in pending]
+    unknown = [call_id for call_id in by_id if call_id not in expected]
+    missing = [call_id for call_id in expected if call_id not in by_id]
+    problems = []
+    if duplicates:
+        problems.append(f"duplicate tool_call_id(s): {', '.join(duplicates)}")
+    if unknown:
+        problems.append(f"unknown tool_call_id(s): {', '.join(unknown)}")
+    if missing:
+        problems.append(f"missing output(s) for tool_call_id(s): {', '.join(missing)}")
+    if problems:
+        raise InvalidInputError(
+            "tool_outputs", "; ".join(problems) + f" (pending: {', '.join(expected)})"
+        )
+    return by_id

@@ -149,3 +149,8 @@ def _extended_size(previous: _Entry, history: Sequence[Step]) -> int | None:
     if len(history) < count or history[count - 1] is not previous.steps[-1]:
         return None
     return previous.size + sum(step_bytes(step) for step in history[count:])
+
+
+def mark_of(history: Sequence[Step]) -> HistoryMark | None:
+    """The last step of a history, for a write to check it is still the log's end."""
+    return HistoryMark(history[-1].sequence, history[-1].id) if history else None

@@ -57,6 +57,7 @@ from agio_grpc.engine.executor import unfinished_result
 from agio_grpc.store.errors import NotFoundError, StoreError, StoreUnavailableError
 from agio_grpc.store.protocol import (
     HistoryMark,
+    IdleEnd,
     QueueRequest,
     RunContinuation,
     RunStart,
@@ -292,11 +293,12 @@ class Lifecycle:
 
     async def end_idle(
         self, run: Run, signal: StopSignal, history: list[Step] | None = None
-    ) -> Run | None:
+    ) -> IdleEnd | None:
         """End a run nothing runs: one waiting in REQUIRES_ACTION gets an error result for
         each of its open calls first (found in `history`, the session's whole log, read when
-        not given; the write checks it is still the log); a QUEUED one never starts. None
-        when it is no longer idle (continued, started or ended meanwhile)."""
+        not given; the write checks it is still the log); a QUEUED one never starts. Returns
+        the run and the steps as stored; None when it is no longer idle (continued, started
+        or ended meanwhile)."""
         pending: list[ToolCall] = []
         if run.status is RunStatus.REQUIRES_ACTION:
             if history is None:
@@ -322,7 +324,7 @@ class Lifecycle:
         stored = await self.store.end_idle_run(
             ended, results, expect=expect, journal=channel.journal_for(_closed)
         )
-        if stored is not None:
+        if stored is not None and stored.queued:
             self._on_session_free(run.session_id)  # it may have held up the queue
         return stored
 

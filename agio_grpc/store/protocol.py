@@ -142,6 +142,18 @@ class RunContinuation:
 
 
 @dataclass(frozen=True, slots=True)
+class IdleEnd:
+    """What `StepStore.end_idle_run` stored."""
+
+    run: Run
+    """The run as ended: its counts extended by `steps`."""
+    steps: list[Step]
+    """The results of its open calls, as stored."""
+    queued: bool = False
+    """The session has queued runs, which the ended run may have held up."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnd:
     """What `StepStore.end_run` did."""
 
@@ -358,10 +370,11 @@ class StepStore(Protocol):
         *,
         expect: HistoryMark | None = None,
         journal: Journal | None = None,
-    ) -> Run | None:
+    ) -> IdleEnd | None:
         """End a run nothing runs (waiting in REQUIRES_ACTION, or QUEUED), in one
         transaction: append `steps` (the results of a waiting run's open calls), store `run`
-        (ended, its counts extended by them) and what `journal` makes of them. None, writing
+        (ended, its counts extended by them) and what `journal` makes of them; returns the
+        run and the steps as stored. None, writing
         nothing, when the run is no longer idle. With steps to store: HistoryChangedError
         unless the session's last step is still `expect` (the log the caller read), and
         SessionBusyError while the session is held (a SubmitToolOutputs continuing the run).

@@ -88,6 +88,7 @@ from agio_grpc.store.protocol import (
     TAKEOVER_SEQ_GAP,
     HistoryMark,
     HistoryRead,
+    IdleEnd,
     Journal,
     JournalRecord,
     QueueRequest,
@@ -652,11 +653,11 @@ class SqlStepStore:
         *,
         expect: HistoryMark | None = None,
         journal: Journal | None = None,
-    ) -> Run | None:
+    ) -> IdleEnd | None:
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("end_idle_run takes steps of the run's session")
 
-        def work(conn: Connection) -> Run | None:
+        def work(conn: Connection) -> IdleEnd | None:
             # The session row first (the lock order of every take), then the run's.
             holder = conn.execute(
                 select(session_table.c.active_run_id)
@@ -687,7 +688,8 @@ class SqlStepStore:
             conn.execute(_UPDATE_RUN, _run_update(ended))
             if journal is not None:
                 _write_journal(conn, run.id, journal(ended, stored))
-            return ended
+            queued = _QUEUED_RUN.first(conn, {"session_id": run.session_id}) is not None
+            return IdleEnd(ended, stored, queued=queued)
 
         return await self._write(work)
 

@@ -14,6 +14,7 @@ from agio_grpc.domain import ContextSummary, Run, Session, Step
 from agio_grpc.store.protocol import (
     HistoryMark,
     HistoryRead,
+    IdleEnd,
     Journal,
     JournalRecord,
     QueueRequest,
@@ -203,7 +204,7 @@ class InstrumentedStepStore:
         *,
         expect: HistoryMark | None = None,
         journal: Journal | None = None,
-    ) -> Run | None:
+    ) -> IdleEnd | None:
         ended = await self._timed(
             "end_idle_run", self.inner.end_idle_run(run, steps, expect=expect, journal=journal)
         )

@@ -176,7 +176,10 @@ async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcom
     policies.model.enqueue(Turn.hanging())
     requests = [RunInput(f"run {n}", session_id=session_id, on_busy=policy) for n in range(2)]
     first, second = handles(await race(policies, *requests))
-    one, other = await asyncio.gather(policies.collect(first), policies.collect(second))
+    check = policy is not BusyPolicy.ROLLBACK  # the loser's steps go as it is collected
+    one, other = await asyncio.gather(
+        policies.collect(first, check_stored=check), policies.collect(second, check_stored=check)
+    )
     interrupted, winner = (one, other) if one.run.status is RunStatus.CANCELLED else (other, one)
     return interrupted, winner
 

@@ -628,10 +628,9 @@ async def drain_events(events: AsyncIterator[SequencedEvent]) -> list[SequencedE
 
 async def segment_task_done(harness: Harness, run_id: str) -> None:
     """Wait for the run's loop task itself to end (its stream ends a little before)."""
-    segment = harness.runtime._segments.get(run_id)
-    if segment is None or segment.task is None:
-        return  # over already
-    await segment.task
+    running = harness.runtime._segments.running()
+    if running:
+        await asyncio.wait(running)
     # An ended task's done callbacks (the runtime's bookkeeping among them) were scheduled
     # when it ended: one turn of the event loop runs them.
     await asyncio.sleep(0)

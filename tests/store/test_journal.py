@@ -215,7 +215,8 @@ async def test_a_queued_run_cancelled_never_starts(store: SqlStepStore) -> None:
     cancelled = queued.ended(StopSignal(StopReason.CANCELLED, "no", "client"))
     stored = await store.end_idle_run(cancelled, [])
     assert stored is not None
-    assert stored.status is RunStatus.CANCELLED
+    assert stored.run.status is RunStatus.CANCELLED
+    assert stored.steps == []
     assert await store.end_idle_run(cancelled, []) is None  # no longer idle
     assert await store.next_queued_run(busy.session_id) is None
 

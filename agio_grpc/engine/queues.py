@@ -1,0 +1,232 @@
+"""`RunQueues`: runs queued behind their session's busy run, and their start.
+
+A run a busy session queued (BUSY_POLICY_ENQUEUE, INTERRUPT, ROLLBACK) waits in the store,
+its input on its row. Whichever transition frees the session (a run's end, a waiting or
+queued run's cancel) tells the lifecycle, which calls `start_next_soon`; the sweep of
+`ready_queues` (every third of a lease) starts the queues a crash left with no one to
+start them. Starting is one store transaction (`Lifecycle.begin_queued`), which only the
+head of a free session's queue passes, on whichever member.
+
+The caller of a queued run follows the channel its queueing published to: when this
+process starts the run, it goes on in that same channel, so the caller misses nothing,
+deltas included; when another member starts (or a cancel ends) it, the caller goes on from
+the journal. Never imports grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextvars import Context
+
+from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step
+from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.events import SequencedEvent
+from agio_grpc.engine.history import CachedHistory, HistoryCache
+from agio_grpc.engine.lifecycle import Lifecycle, superseded
+from agio_grpc.engine.segments import RunHandle, RunPlan, Segments
+from agio_grpc.engine.tracing import RunTrace, RunTracer
+from agio_grpc.store.errors import (
+    RunRequiresActionError,
+    RunStateConflictError,
+    SessionBusyError,
+)
+from agio_grpc.store.protocol import HistoryMark, QueueRequest, RunStart, StepStore
+
+logger = logging.getLogger(__name__)
+
+# How often a run interrupting a run that waits for its client ends that run and tries again
+# (another client may put a new waiting run in its way meanwhile).
+_INTERRUPT_ATTEMPTS = 3
+
+Watch = Callable[[str, int], AsyncIterator[SequencedEvent]]
+
+
+class RunQueues:
+    """Queued runs: their handles, and their start when their session frees."""
+
+    def __init__(
+        self,
+        store: StepStore,
+        lifecycle: Lifecycle,
+        segments: Segments,
+        histories: HistoryCache,
+        tracer: RunTracer,
+        settings_of: Callable[[Run], RunSettings],
+        poll_s: float,
+        max_queued: int,
+    ) -> None:
+        self._store = store
+        self._lifecycle = lifecycle
+        self._segments = segments
+        self._histories = histories
+        self._tracer = tracer
+        self._settings_of = settings_of
+        self._poll_s = poll_s
+        self._max_queued = max_queued
+        self.closing = False
+        # Starts of queued runs still running (`start_next_soon`).
+        self._starting: set[asyncio.Task[None]] = set()
+        # The channels of runs queued here, while their handles live (`queued`).
+        self._channels: weakref.WeakValueDictionary[str, RunChannel] = weakref.WeakValueDictionary()
+
+    async def begin(
+        self,
+        run: Run,
+        user: Step,
+        channel: RunChannel,
+        new_session: Session | None,
+        since: HistoryMark | None,
+        policy: BusyPolicy,
+    ) -> RunStart:
+        """`Lifecycle.begin` with the busy policy's `QueueRequest`. INTERRUPT and ROLLBACK
+        end a run waiting for its client first (the store leaves that to the engine: its
+        open calls need error results), then try again."""
+        queue = self._queue_request(run.id, policy)
+        for _ in range(_INTERRUPT_ATTEMPTS):
+            try:
+                return await self._lifecycle.begin(
+                    run, [user], channel, new_session=new_session, since=since, queue=queue
+                )
+            except RunRequiresActionError as waiting:
+                if queue is None or not queue.ahead:
+                    raise
+                blocking = await self._store.get_run(waiting.active_run_id)
+                await self._lifecycle.end_idle(blocking, superseded(run.id, policy.value))
+                if queue.rollback:
+                    run.rollback_run_id = blocking.id
+                    run.rollback_from = blocking.first_sequence
+        return await self._lifecycle.begin(
+            run, [user], channel, new_session=new_session, since=since, queue=queue
+        )
+
+    def _queue_request(self, run_id: str, policy: BusyPolicy) -> QueueRequest | None:
+        if policy is BusyPolicy.REJECT:
+            return None
+        ahead = policy in (BusyPolicy.INTERRUPT, BusyPolicy.ROLLBACK)
+        return QueueRequest(
+            self._max_queued,
+            ahead=ahead,
+            supersede=superseded(run_id, policy.value) if ahead else None,
+            rollback=policy is BusyPolicy.ROLLBACK,
+        )
+
+    def queued(
+        self, started: RunStart, policy: BusyPolicy, channel: RunChannel, watch: Watch
+    ) -> RunHandle:
+        """The handle of a run stored QUEUED. The run it interrupts is stopped now if it
+        runs here (one elsewhere finds the store's cancel request); a free session starts
+        its queue."""
+        run_id = started.run.id
+        if started.interrupted:
+            control = self._segments.control(started.interrupted)
+            if control is not None:
+                control.request_stop(superseded(run_id, policy.value))
+        self._channels[run_id] = channel
+        if not started.holder:
+            self.start_next_soon(started.run.session_id)
+        return RunHandle(
+            started.run.snapshot(), lambda after: self._follow(run_id, channel, after, watch)
+        )
+
+    async def _follow(
+        self, run_id: str, channel: RunChannel, after_seq: int, watch: Watch
+    ) -> AsyncIterator[SequencedEvent]:
+        """A queued run's events: from its channel while it waits or runs here (the channel
+        then has every one of them, to the terminal event); from the journal once it
+        started (or ended) without this process."""
+        queued_seq = channel.last_seq
+        cursor = after_seq
+        while True:
+            events = channel.events_after(cursor)
+            for event in events:
+                yield event
+                cursor = event.seq
+                if event.is_terminal:
+                    return
+            here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
+            if not events and not here:
+                run = await self._store.get_run(run_id)
+                here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
+                if run.status is not RunStatus.QUEUED and not here:
+                    async for event in watch(run_id, cursor):
+                        yield event
+                    return
+            await channel.wait_beyond(cursor, self._poll_s)
+
+    def start_next_soon(self, session_id: str) -> None:
+        """Start the run heading the session's queue, in a task of its own (with a context
+        of its own: its trace must not continue the trace of whatever freed the session)."""
+        if self.closing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._start_next(session_id), name=f"agio queue {session_id}", context=Context()
+        )
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def start_ready(self) -> None:
+        """Start the queues whose session freed with no one to start them (a crash)."""
+        for session_id in await self._store.ready_queues():
+            self.start_next_soon(session_id)
+
+    async def settle(self, wait_s: float) -> None:
+        """Stop starting queued runs; wait (up to `wait_s`) for the starts under way."""
+        self.closing = True
+        if self._starting:
+            await asyncio.wait(set(self._starting), timeout=wait_s)
+
+    async def _start_next(self, session_id: str) -> None:
+        """Start the run heading the session's queue, if the session lets it. Never raises:
+        what cannot start now is started by whichever transition frees the session next, or
+        by the sweep of ready queues."""
+        try:
+            run = await self._store.next_queued_run(session_id)
+            if run is None or self.closing:
+                return
+            settings = self._settings_of(run)
+            trace = self._tracer.start_run(run, settings, "run")
+            run.trace_id = trace.trace_id
+            user = Step(
+                session_id,
+                run.id,
+                Role.USER,
+                content=run.input,
+                trace_id=trace.trace_id,
+                span_id=trace.span_id,
+            )
+            # Not taken out until the run started: a start that loses the race leaves it.
+            channel = self._channels.get(run.id)
+            if channel is None or channel.last_seq != run.last_event_seq:
+                channel = RunChannel(run.id, session_id, start_after_seq=run.last_event_seq)
+            self._segments.starting.add(run.id)
+            try:
+                await self._start(run, settings, user, channel, trace)
+            finally:
+                self._segments.starting.discard(run.id)
+        except (SessionBusyError, RunStateConflictError):
+            return  # another member started it, or something else holds the session
+        except Exception:
+            logger.exception("could not start the next queued run of session %s", session_id)
+
+    async def _start(
+        self, run: Run, settings: RunSettings, user: Step, channel: RunChannel, trace: RunTrace
+    ) -> None:
+        cached: CachedHistory = self._histories.cached(run.session_id)
+        try:
+            started = await self._lifecycle.begin_queued(run, [user], channel, cached.mark)
+        except BaseException:
+            trace.end(run)
+            raise
+        self._channels.pop(run.id, None)
+        try:
+            history = cached.join(started.history_start, started.history)
+        except ValueError:
+            trace.end(started.run)
+            await self._lifecycle.abandon(started.run, channel)
+            return
+        plan = RunPlan(history, kept_steps=len(history) - len(started.history))
+        self._segments.spawn(started.run, settings, plan, channel, None, trace)

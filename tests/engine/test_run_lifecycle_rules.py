@@ -1,0 +1,43 @@
+"""Rules of the run lifecycle that the code's shape must keep (issue: "runs with one owner").
+
+A run's status is derived from its stop signal in one place (`Run.ended`, `Run.resumed`,
+`Run.queued` in domain.py); nothing else in the package assigns one. Checked on the source,
+so that a new `run.status = ...` anywhere fails here rather than in production.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import agio_grpc
+
+PACKAGE = Path(agio_grpc.__file__).parent
+# `status=RunStatus.X` / `.status = RunStatus.X` / `"status": RunStatus.X` on a run.
+ASSIGNMENT = re.compile(
+    r"(\.status\s*=(?!=)|\bstatus\s*=\s*RunStatus\.|\"status\"\s*:\s*RunStatus\.)"
+)
+
+
+def test_no_run_status_is_assigned_outside_the_domain_model() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "v1" or path == PACKAGE / "domain.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if ASSIGNMENT.search(line) and "self.status = status" not in line:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_the_rule_catches_an_assignment() -> None:
+    assert ASSIGNMENT.search("        run.status = RunStatus.CANCELLED")
+    assert ASSIGNMENT.search("replace(run, status=RunStatus.RUNNING)")
+    assert ASSIGNMENT.search('values = {"status": RunStatus.FAILED.value}')
+    assert not ASSIGNMENT.search("if run.status == RunStatus.RUNNING:")
+    assert not ASSIGNMENT.search("if run.status is RunStatus.RUNNING:")
+
+
+def test_the_runtime_stays_a_module_of_verbs() -> None:
+    lines = (PACKAGE / "engine" / "runtime.py").read_text().count("\n")
+    assert lines <= 500, f"engine/runtime.py has {lines} lines: move a concern out"
