@@ -4,7 +4,7 @@ UV_VERSION := 0.13.9
 UV := .tools/bin/uv
 RUN := $(UV) run --locked
 
-.PHONY: serve test check generate fake-model bench breaking contract-baseline clients conformance
+.PHONY: serve test test-slow check generate fake-model bench breaking contract-baseline clients conformance
 
 $(UV):
 	python3 -m venv .tools
@@ -13,8 +13,13 @@ $(UV):
 serve: $(UV)
 	$(RUN) agio-grpc serve
 
+# The default suite (about 2.5 minutes here); the slow one (real server processes killed and
+# restarted, benchmark smoke runs) is `make test-slow`. CI runs both.
 test: $(UV)
-	$(RUN) pytest
+	$(RUN) pytest -m "not slow"
+
+test-slow: $(UV)
+	$(RUN) pytest -m slow
 
 # Lint, types, layering, contract lint and generated-code drift (CI runs these too).
 check: $(UV)

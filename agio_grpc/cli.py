@@ -1,4 +1,4 @@
-"""The `agio-grpc` command: serve, fake-model, chat, steps, agents.
+"""The `agio-grpc` command: serve, fake-model, chat, watch, steps, agents.
 
 `serve` reads Settings (environment over the optional AGIO_CONFIG file); the client
 commands talk to a running server (`--address`, default `AGIO_ADDRESS` or 127.0.0.1:50051).
@@ -13,13 +13,13 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from pydantic import ValidationError
 
 from agio_grpc.client import AgioClient, AgioError
-from agio_grpc.v1 import events_pb2, resources_pb2
+from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -104,14 +104,42 @@ def _render_event(event: events_pb2.StepEvent, out: list[str]) -> None:
         )
 
 
+_BUSY_POLICIES = {
+    "reject": agent_service_pb2.BUSY_POLICY_REJECT,
+    "enqueue": agent_service_pb2.BUSY_POLICY_ENQUEUE,
+    "interrupt": agent_service_pb2.BUSY_POLICY_INTERRUPT,
+    "rollback": agent_service_pb2.BUSY_POLICY_ROLLBACK,
+}
+
+
+async def _render(events: AsyncIterator[events_pb2.StepEvent]) -> int:
+    """Print a run's events; 1 when it ended with `run_failed`."""
+    out: list[str] = []
+    final: events_pb2.StepEvent | None = None
+    async for event in events:
+        _render_event(event, out)
+        final = event
+    return 1 if final is not None and final.WhichOneof("event") == "run_failed" else 0
+
+
 async def _chat(args: argparse.Namespace) -> int:
     async with AgioClient(args.address) as client:
-        out: list[str] = []
-        final: events_pb2.StepEvent | None = None
-        async for event in client.run(args.message, session_id=args.session, agent=args.agent):
-            _render_event(event, out)
-            final = event
-        return 1 if final is not None and final.WhichOneof("event") == "run_failed" else 0
+        policy = _BUSY_POLICIES[args.on_busy]
+        if args.background:
+            run = await client.start_run(
+                args.message, session_id=args.session, agent=args.agent, on_busy=policy
+            )
+            status = resources_pb2.RunStatus.Name(run.status).removeprefix("RUN_STATUS_")
+            print(f"session {run.session_id}  run {run.id}  {status}", file=sys.stderr)
+            print(run.id)  # the last line of stdout: for `agio-grpc watch`
+            return 0
+        events = client.run(args.message, session_id=args.session, agent=args.agent, on_busy=policy)
+        return await _render(events)
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    async with AgioClient(args.address) as client:
+        return await _render(client.follow_run(args.run_id, args.after))
 
 
 async def _steps(args: argparse.Namespace) -> int:
@@ -159,7 +187,25 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("message")
     chat.add_argument("--session", default="", help="continue this session")
     chat.add_argument("--agent", default="", help="agent name (default agent when empty)")
+    chat.add_argument(
+        "--background",
+        action="store_true",
+        help="start the run and return (StartRun); print its id; follow it with `watch`",
+    )
+    chat.add_argument(
+        "--on-busy",
+        choices=sorted(_BUSY_POLICIES),
+        default="reject",
+        help="when the session has a running, queued or waiting run (default: reject)",
+    )
     chat.add_argument("--address", default=address)
+
+    watch = commands.add_parser(
+        "watch", help="follow a run to its end (replayed, then live; reconnects after a restart)"
+    )
+    watch.add_argument("run_id")
+    watch.add_argument("--after", type=int, default=0, help="only the events after this seq")
+    watch.add_argument("--address", default=address)
 
     steps = commands.add_parser("steps", help="print a session's steps")
     steps.add_argument("session_id")
@@ -180,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
-    handlers = {"chat": _chat, "steps": _steps, "agents": _agents}
+    handlers = {"chat": _chat, "watch": _watch, "steps": _steps, "agents": _agents}
     return _run_client(handlers[args.command], args)
 
 

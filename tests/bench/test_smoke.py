@@ -9,8 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from bench import ab, concurrency, procs, store, streaming
 from bench.store import measure_store
+
+# Benchmark smoke runs: processes of their own, tens of seconds each (make test-slow).
+pytestmark = pytest.mark.slow
 
 THIS_TREE = str(Path(__file__).resolve().parents[2])  # served as both builds of the A/B
 

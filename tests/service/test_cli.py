@@ -50,3 +50,31 @@ async def test_agents_lists_tools_and_unknown_sessions_fail_cleanly(app: AgioApp
     assert code == 1
     assert "NOT_FOUND [SESSION_NOT_FOUND]" in err
     assert "Traceback" not in err
+
+
+async def test_chat_in_the_background_then_watch_it_and_queue_behind_it(app: AgioApp) -> None:
+    code, out, err = await run_cli(
+        "chat", "What is 12 * 7?", "--background", "--address", app.address
+    )
+    assert code == 0, err
+    run_id = out.splitlines()[-1]
+    assert run_id.startswith("run_")
+    session_id = err.split("session ", 1)[1].split()[0]
+
+    code, out, err = await run_cli("watch", run_id, "--address", app.address)
+    assert code == 0, err
+    assert "<- calculate: 84" in out  # replayed (or followed live) to its end
+    assert "[COMPLETED]" in err
+    code, out, err = await run_cli("watch", run_id, "--after", "1000000", "--address", app.address)
+    assert code == 0, err
+    assert out == ""
+
+    code, _, err = await run_cli(
+        "chat", "And 2 * 3?", "--session", session_id, "--on-busy", "enqueue",
+        "--address", app.address,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "[COMPLETED]" in err
+    code, _, err = await run_cli("chat", "x", "--on-busy", "sometimes", "--address", app.address)
+    assert code == 2
+    assert "invalid choice" in err

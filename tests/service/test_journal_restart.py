@@ -25,6 +25,9 @@ from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.service.test_leases import kill
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
 
+# Real server processes started, killed and restarted (make test-slow).
+pytestmark = pytest.mark.slow
+
 LEASE_S = 1.0
 
 

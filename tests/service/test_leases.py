@@ -37,6 +37,9 @@ from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.service.conftest import make_settings
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
 
+# Real server processes killed mid-run, and leases left to expire (make test-slow).
+pytestmark = pytest.mark.slow
+
 LEASE_S = 1.0
 
 
