@@ -202,6 +202,49 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("%d steps listed, session has %d", len(sequences), session.GetStepCount())
 		}
 	})
+
+	t.Run("background_resume", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		run, err := client.StartRun(ctx, &agiov1.RunRequest{Input: "What is 12 * 7?"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Read two events, drop the stream, resume from the cursor to the terminal event.
+		watchCtx, drop := context.WithCancel(ctx)
+		stream, err := client.WatchRun(watchCtx, run.GetId(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen []*agiov1.StepEvent
+		for event, err := range stream.Events() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen = append(seen, event); len(seen) == 2 {
+				break
+			}
+		}
+		drop()
+		if len(seen) != 2 || seen[0].GetRunStarted() == nil {
+			t.Fatalf("the first two events: %v", seen)
+		}
+		cursor := seen[1].GetSeq()
+		var rest []*agiov1.StepEvent
+		for event, err := range client.FollowRun(ctx, run.GetId(), cursor, 3) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			rest = append(rest, event)
+		}
+		if len(rest) == 0 || rest[0].GetSeq() <= cursor {
+			t.Fatalf("resumed from %d with %v", cursor, rest)
+		}
+		final := agio.TerminalRun(rest[len(rest)-1])
+		if final == nil || final.GetStopSignal().GetReason() != agiov1.StopReason_STOP_REASON_COMPLETED {
+			t.Fatalf("the resumed stream ended with %v", rest[len(rest)-1])
+		}
+	})
 }
 
 func dial(t *testing.T, address string) *agio.Client {

@@ -2,9 +2,12 @@ package agio
 
 import (
 	"context"
+	"errors"
 	"iter"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	agiov1 "github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1"
 )
@@ -12,6 +15,60 @@ import (
 // Run starts a run and returns its event stream.
 func (c *Client) Run(ctx context.Context, req *agiov1.RunRequest, opts ...grpc.CallOption) (*RunStream, error) {
 	return runStream(c.Agents.Run(ctx, req, opts...))
+}
+
+// StartRun starts a run in the background and returns it at once (RUNNING, or QUEUED behind
+// a busy session, by req.OnBusy); follow it with FollowRun, stop it with CancelRun.
+func (c *Client) StartRun(ctx context.Context, req *agiov1.RunRequest, opts ...grpc.CallOption) (*agiov1.Run, error) {
+	resp, err := c.Agents.StartRun(ctx, req, opts...)
+	if err != nil {
+		return nil, DecodeError(err)
+	}
+	return resp.GetRun(), nil
+}
+
+// FollowRun iterates over a run's events after afterSeq to its terminal event, replayed then
+// live. When the stream breaks with UNAVAILABLE (a server restarting) it watches again from
+// the last seq it yielded, up to reconnects times in a row, backing off from 200 ms.
+func (c *Client) FollowRun(ctx context.Context, runID string, afterSeq int64, reconnects int) iter.Seq2[*agiov1.StepEvent, error] {
+	return func(yield func(*agiov1.StepEvent, error) bool) {
+		cursor, failures := afterSeq, 0
+		for {
+			err := c.followOnce(ctx, runID, &cursor, &failures, yield)
+			if err == nil {
+				return
+			}
+			var decoded *Error
+			if !errors.As(err, &decoded) || decoded.Code != codes.Unavailable || failures >= reconnects {
+				yield(nil, err)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				yield(nil, ctx.Err())
+				return
+			case <-time.After(min(200*time.Millisecond<<failures, 5*time.Second)):
+			}
+			failures++
+		}
+	}
+}
+
+func (c *Client) followOnce(ctx context.Context, runID string, cursor *int64, failures *int, yield func(*agiov1.StepEvent, error) bool) error {
+	stream, err := c.WatchRun(ctx, runID, *cursor)
+	if err != nil {
+		return err
+	}
+	for event, err := range stream.Events() {
+		if err != nil {
+			return err
+		}
+		*cursor, *failures = event.GetSeq(), 0
+		if !yield(event, nil) || TerminalRun(event) != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 // SubmitToolOutputs continues a REQUIRES_ACTION run with the client tools' outputs.

@@ -14,7 +14,9 @@ event, stop reason COMPLETED; it sends a W3C `traceparent`); `trace_id` (that ru
 is the one sent); `cancel` (CancelRun after the first streamed text; the stream ends
 CANCELLED and GetRun says RUN_STATUS_CANCELLED); `not_found` (a Run on an unknown session
 fails NOT_FOUND with ErrorInfo reason SESSION_NOT_FOUND, domain agio-grpc); `list_steps`
-(ListSteps paged two at a time to the end: gapless sequences 1..step_count).
+(ListSteps paged two at a time to the end: gapless sequences 1..step_count);
+`background_resume` (StartRun, WatchRun read for two events and dropped, then resumed from
+that cursor to the terminal event, stop reason COMPLETED).
 
 Prints one `ok NAME` or `FAIL NAME: why` line per check; exits 1 when any check failed.
 `python -m tests.conformance.scenario --address HOST:PORT --slow-address HOST:PORT`
@@ -138,6 +140,27 @@ class Scenario:
         expect(len(steps) > PAGE_SIZE, f"only {len(steps)} steps: paging not exercised")
         expect(sequences == list(range(1, session.step_count + 1)), f"sequences {sequences}")
 
+    async def background_resume(self) -> None:
+        async with AgioClient(self.address) as client:
+            run = await asyncio.wait_for(client.start_run("What is 12 * 7?"), CALL_TIMEOUT)
+            # Read two events, drop the stream, resume from the cursor to the terminal event.
+            seen: list[events_pb2.StepEvent] = []
+            async for event in client.watch_run(run.id, timeout=RUN_TIMEOUT):
+                seen.append(event)
+                if len(seen) == 2:
+                    break
+            expect(
+                len(seen) == 2 and seen[0].WhichOneof("event") == "run_started",
+                "the first two events",
+            )
+            cursor = seen[-1].seq
+            rest = [event async for event in client.follow_run(run.id, cursor, reconnects=3)]
+        expect(bool(rest) and rest[0].seq > cursor, f"resumed from {cursor}")
+        kind = rest[-1].WhichOneof("event") if rest else None
+        expect(kind == "run_completed", f"the resumed stream ended with {kind}")
+        reason = resources_pb2.StopReason.Name(rest[-1].run_completed.run.stop_signal.reason)
+        expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
+
 
 async def run_checks(scenario: Scenario) -> int:
     checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -147,6 +170,7 @@ async def run_checks(scenario: Scenario) -> int:
         ("cancel", scenario.cancel),
         ("not_found", scenario.not_found),
         ("list_steps", scenario.list_steps),
+        ("background_resume", scenario.background_resume),
     ]
     failed = 0
     for name, check in checks:

@@ -1,6 +1,6 @@
 // A thin typed client for agio-grpc over the gRPC protocol (Node.js, HTTP/2).
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { Code, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
 import {
@@ -114,6 +114,45 @@ export class AgioClient {
     options: CallOptions = {},
   ): AsyncGenerator<StepEvent, void, undefined> {
     return this.events((call) => this.agents.watchRun({ runId, afterSeq }, call), options);
+  }
+
+  /**
+   * Starts a run in the background and returns it at once (RUNNING, or QUEUED behind a busy
+   * session, by `onBusy`); follow it with `followRun`, stop it with `cancelRun`.
+   */
+  async startRun(request: MessageInitShape<typeof RunRequestSchema>): Promise<Run | undefined> {
+    const response = await this.unary(() => this.agents.startRun(request, this.callOptions()));
+    return response.run;
+  }
+
+  /**
+   * A run's events after `afterSeq` to its terminal event, replayed then live. When the stream
+   * breaks with UNAVAILABLE (a server restarting) it watches again from the last seq it
+   * yielded, up to `reconnects` times in a row, backing off from 200 ms.
+   */
+  async *followRun(
+    runId: string,
+    afterSeq = 0n,
+    reconnects = 10,
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    let cursor = afterSeq;
+    let failures = 0;
+    for (;;) {
+      try {
+        for await (const event of this.watchRun(runId, cursor)) {
+          yield event;
+          cursor = event.seq;
+          failures = 0;
+          if (terminalRun(event) !== undefined) return;
+        }
+        return;
+      } catch (error) {
+        if (!(error instanceof AgioError) || error.code !== Code.Unavailable) throw error;
+        if (failures >= reconnects) throw error;
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(200 * 2 ** failures, 5000)));
+      failures++;
+    }
   }
 
   /** Runs and collects: the final run, the last assistant text and the stored steps. */

@@ -140,6 +140,27 @@ class Scenario {
     throw new CheckFailedError("the run on an unknown session did not fail");
   }
 
+  async backgroundResume(): Promise<void> {
+    const run = await this.client.startRun({ input: "What is 12 * 7?" });
+    expect(run !== undefined, "StartRun returned no run");
+    // Read two events, drop the stream, resume from the cursor to the terminal event.
+    const seen: StepEvent[] = [];
+    for await (const event of this.client.watchRun(run.id)) {
+      seen.push(event);
+      if (seen.length === 2) break;
+    }
+    expect(seen.length === 2 && seen[0].event.case === "runStarted", "the first two events");
+    const cursor = seen[1].seq;
+    const rest: StepEvent[] = [];
+    for await (const event of this.client.followRun(run.id, cursor, 3)) rest.push(event);
+    expect(rest.length > 0 && rest[0].seq > cursor, `resumed from ${cursor}`);
+    const final = terminalRun(rest[rest.length - 1]);
+    expect(
+      final?.stopSignal?.reason === StopReason.COMPLETED,
+      `the resumed stream ended with ${rest[rest.length - 1]?.event.case}`,
+    );
+  }
+
   async listSteps(): Promise<void> {
     expect(this.toolRun !== undefined, "no session to list (run_with_tool failed)");
     const sequences: bigint[] = [];
@@ -174,6 +195,7 @@ async function main(): Promise<number> {
     ["cancel", () => scenario.cancel()],
     ["not_found", () => scenario.notFound()],
     ["list_steps", () => scenario.listSteps()],
+    ["background_resume", () => scenario.backgroundResume()],
   ];
   let failed = 0;
   for (const [name, check] of checks) {
