@@ -70,7 +70,7 @@ class RunQueues:
         self.closing = False
         # Starts of queued runs still running (`start_next_soon`).
         self._starting: set[asyncio.Task[None]] = set()
-        # The channels of runs queued here, while their handles live (`queued`).
+        # The channels of runs queued here, while their handles live (`handle`).
         self._channels: weakref.WeakValueDictionary[str, RunChannel] = weakref.WeakValueDictionary()
 
     async def begin(
@@ -114,7 +114,7 @@ class RunQueues:
             rollback=policy is BusyPolicy.ROLLBACK,
         )
 
-    def queued(
+    def handle(
         self, started: RunStart, policy: BusyPolicy, channel: RunChannel, watch: Watch
     ) -> RunHandle:
         """The handle of a run stored QUEUED. The run it interrupts is stopped now if it

@@ -221,7 +221,7 @@ class Runtime:
             raise
         if started.run.status is RunStatus.QUEUED:
             trace.end(started.run)  # it gets a trace of its own when it starts
-            return self._queues.queued(started, request.on_busy, channel, self.watch)
+            return self._queues.handle(started, request.on_busy, channel, self.watch)
         for step in started.steps:
             trace.step_stored(step.id, step.sequence)
         try:

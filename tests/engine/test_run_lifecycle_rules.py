@@ -1,8 +1,10 @@
-"""Rules of the run lifecycle that the code's shape must keep (issue: "runs with one owner").
+"""Rules of the run lifecycle that the code's shape must keep: runs have one owner.
 
-A run's status is derived from its stop signal in one place (`Run.ended`, `Run.resumed`,
-`Run.queued` in domain.py); nothing else in the package assigns one. Checked on the source,
-so that a new `run.status = ...` anywhere fails here rather than in production.
+A run's status is derived in one place (`Run.ended(signal)`, `Run.resumed()`, `Run.queued()`
+in domain.py), nothing else in the package assigns one, and only the lifecycle
+(engine/lifecycle.py) and the store transactions it calls (store/sql.py: a start, a queued
+start, a continuation, a take-over of a dead server's run) make those transitions. Checked on
+the source, so that a new `run.status = ...` anywhere fails here rather than in production.
 """
 
 from __future__ import annotations
@@ -28,6 +30,23 @@ def test_no_run_status_is_assigned_outside_the_domain_model() -> None:
             if ASSIGNMENT.search(line) and "self.status = status" not in line:
                 offenders.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+TRANSITION = re.compile(r"\.(ended|resumed|queued)\(")
+TRANSITION_OWNERS = {"engine/lifecycle.py", "store/sql.py"}
+
+
+def test_only_the_lifecycle_and_its_store_transactions_make_transitions() -> None:
+    makers = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE))
+        if path.parent.name == "v1" or relative == "domain.py":
+            continue
+        for line in path.read_text().splitlines():
+            if TRANSITION.search(line) and not line.strip().startswith(("#", "`", '"')):
+                makers.add(relative)
+    assert makers <= TRANSITION_OWNERS
+    assert "engine/lifecycle.py" in makers
 
 
 def test_the_rule_catches_an_assignment() -> None:
