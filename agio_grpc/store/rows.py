@@ -357,22 +357,29 @@ def _json(value: Any) -> str:
 def stop_signal_json(signal: StopSignal | None) -> str | None:
     if signal is None:
         return None
-    return _json(
-        {
-            "reason": signal.reason.value,
-            "message": signal.message,
-            "source": signal.source,
-            "context": signal.context,
-            "retryable": signal.retryable,
-            "resume_from_sequence": signal.resume_from_sequence,
-        }
-    )
+    return _json(_stop_signal_data(signal))
+
+
+def _stop_signal_data(signal: StopSignal) -> dict[str, Any]:
+    return {
+        "reason": signal.reason.value,
+        "message": signal.message,
+        "source": signal.source,
+        "context": signal.context,
+        "retryable": signal.retryable,
+        "resume_from_sequence": signal.resume_from_sequence,
+    }
 
 
 def stop_signal_from_json(value: str | None) -> StopSignal | None:
     if value is None:
         return None
-    data: Mapping[str, Any] = json.loads(value)
+    return _stop_signal_from_data(json.loads(value))
+
+
+def _stop_signal_from_data(data: Mapping[str, Any] | None) -> StopSignal | None:
+    if data is None:
+        return None
     return StopSignal(
         reason=StopReason(data["reason"]),
         message=data.get("message", ""),
@@ -395,20 +402,30 @@ def _time_from_json(value: str | None) -> datetime | None:
 
 
 def run_json(run: Run) -> dict[str, Any]:
-    """Every field of a run as JSON-ready data (a journal payload)."""
+    """A run as a journal payload: every field but a queued run's bookkeeping (its input and
+    place), which an event does not show."""
+    usage, signal = run.usage, run.stop_signal
     return {
         "id": run.id,
         "session_id": run.session_id,
         "agent": run.agent,
+        "status": run.status.value,
+        "stop_signal": None if signal is None else _stop_signal_data(signal),
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "step_count": run.step_count,
+        "tool_call_count": run.tool_call_count,
+        "first_sequence": run.first_sequence,
+        "last_sequence": run.last_sequence,
         "create_time": _time_json(run.create_time),
-        "request_id": run.request_id,
-        **run_mutable_values(run),
         "end_time": _time_json(run.end_time),
+        "trace_id": run.trace_id,
+        "request_id": run.request_id,
         "metadata": run.metadata,
         "options": run.options,
+        "last_event_seq": run.last_event_seq,
     }
-    # Not the queue's bookkeeping (`input` and the rest): an event shows the run, not its
-    # place in line.
 
 
 def run_from_json(data: Mapping[str, Any]) -> Run:
@@ -419,7 +436,7 @@ def run_from_json(data: Mapping[str, Any]) -> Run:
         session_id=data["session_id"],
         agent=data["agent"],
         status=RunStatus(data["status"]),
-        stop_signal=stop_signal_from_json(data["stop_signal"]),
+        stop_signal=_stop_signal_from_data(data["stop_signal"]),
         usage=Usage(data["input_tokens"], data["output_tokens"], data["total_tokens"]),
         step_count=data["step_count"],
         tool_call_count=data["tool_call_count"],
@@ -460,6 +477,11 @@ def step_from_json(data: Mapping[str, Any]) -> Step:
     )
 
 
+# One encoder for every journal payload: compact, no circular-reference check (payloads are
+# trees of plain data); odd values are stored as text, as in `_json`.
+_JOURNAL_JSON: Final = json.JSONEncoder(default=str, separators=(",", ":"), check_circular=False)
+
+
 def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
     """The `run_events` row of one journal record."""
     payload: dict[str, Any] = {"data": dict(record.data)}
@@ -472,7 +494,7 @@ def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
         "seq": record.seq,
         "time": record.time,
         "kind": record.kind,
-        "payload": _json(payload),
+        "payload": _JOURNAL_JSON.encode(payload),
     }
 
 

@@ -22,13 +22,10 @@ from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
-from tests.service.test_leases import kill
-from tests.service.test_serve import LISTENING, read_until, spawn_serve
+from tests.service.test_leases import kill, start_serve
 
 # Real server processes started, killed and restarted (make test-slow).
 pytestmark = pytest.mark.slow
-
-LEASE_S = 1.0
 
 
 @pytest.fixture
@@ -41,24 +38,13 @@ async def database_url(store_url: str) -> str:
 async def serve(
     tmp_path: Path, database_url: str, model_url: str, address: str = "127.0.0.1:0"
 ) -> tuple[asyncio.subprocess.Process, str]:
-    process = await spawn_serve(
+    return await start_serve(
         tmp_path,
-        {
-            "AGIO_DATABASE_URL": database_url,
-            "OPENAI_BASE_URL": model_url,
-            "OPENAI_API_KEY": "test-key",
-            "AGIO_LISTEN_ADDRESS": address,
-            "AGIO_SERVER__SESSION_LEASE_S": str(LEASE_S),
-            "AGIO_SERVER__GRACE_PERIOD_S": "1",
-        },
+        database_url,
+        model_url,
+        AGIO_LISTEN_ADDRESS=address,
+        AGIO_SERVER__GRACE_PERIOD_S="1",
     )
-    assert process.stderr is not None
-    try:
-        _, bound = await read_until(process.stderr, LISTENING)
-    except BaseException:
-        await kill(process)
-        raise
-    return process, bound
 
 
 async def stop(process: asyncio.subprocess.Process) -> None:

@@ -44,9 +44,10 @@ LEASE_S = 1.0
 
 
 async def start_serve(
-    tmp_path: Path, database_url: str, model_url: str
+    tmp_path: Path, database_url: str, model_url: str, **settings: str
 ) -> tuple[asyncio.subprocess.Process, str]:
-    """`agio-grpc serve` in a subprocess; returns the process and the address it bound."""
+    """`agio-grpc serve` in a subprocess (more `settings` as environment variables); returns
+    the process and the address it bound."""
     process = await spawn_serve(
         tmp_path,
         {
@@ -54,6 +55,7 @@ async def start_serve(
             "OPENAI_BASE_URL": model_url,
             "OPENAI_API_KEY": "test-key",
             "AGIO_SERVER__SESSION_LEASE_S": str(LEASE_S),
+            **settings,
         },
     )
     assert process.stderr is not None
