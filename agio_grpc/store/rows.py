@@ -391,6 +391,12 @@ def _stop_signal_from_data(data: Mapping[str, Any] | None) -> StopSignal | None:
 
 
 # -- the run event journal ------------------------------------------------------------------
+#
+# A journal payload is JSON: `[run, step, data]`, the run and the step each a positional array
+# (or null). Positional rather than keyed: a run's start writes two payloads inside its
+# transaction, on the path to its first event, and arrays of plain values cost about half
+# of what keyed objects do to build and encode (bench/journal.py measures the journal's cost
+# per run).
 
 
 def _time_json(value: datetime | None) -> str | None:
@@ -401,79 +407,135 @@ def _time_from_json(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
 
 
-def run_json(run: Run) -> dict[str, Any]:
-    """A run as a journal payload: every field but a queued run's bookkeeping (its input and
-    place), which an event does not show."""
+def run_json(run: Run) -> list[Any]:
+    """Every field of a run but a queued run's bookkeeping (its input and place), which an
+    event does not show, in `Run` field order."""
     usage, signal = run.usage, run.stop_signal
-    return {
-        "id": run.id,
-        "session_id": run.session_id,
-        "agent": run.agent,
-        "status": run.status.value,
-        "stop_signal": None if signal is None else _stop_signal_data(signal),
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "total_tokens": usage.total_tokens,
-        "step_count": run.step_count,
-        "tool_call_count": run.tool_call_count,
-        "first_sequence": run.first_sequence,
-        "last_sequence": run.last_sequence,
-        "create_time": _time_json(run.create_time),
-        "end_time": _time_json(run.end_time),
-        "trace_id": run.trace_id,
-        "request_id": run.request_id,
-        "metadata": run.metadata,
-        "options": run.options,
-        "last_event_seq": run.last_event_seq,
-    }
+    return [
+        run.session_id,
+        run.agent,
+        run.id,
+        run.status.value,
+        None if signal is None else _stop_signal_data(signal),
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.total_tokens,
+        run.step_count,
+        run.tool_call_count,
+        run.first_sequence,
+        run.last_sequence,
+        _time_json(run.create_time),
+        _time_json(run.end_time),
+        run.trace_id,
+        run.request_id,
+        run.metadata,
+        run.options,
+        run.last_event_seq,
+    ]
 
 
-def run_from_json(data: Mapping[str, Any]) -> Run:
-    create_time = _time_from_json(data["create_time"])
-    assert create_time is not None
+def run_from_json(data: Sequence[Any]) -> Run:
+    (
+        session_id,
+        agent,
+        run_id,
+        status,
+        signal,
+        input_tokens,
+        output_tokens,
+        total_tokens,
+        step_count,
+        tool_call_count,
+        first_sequence,
+        last_sequence,
+        create_time,
+        end_time,
+        trace_id,
+        request_id,
+        metadata,
+        options,
+        last_event_seq,
+    ) = data
+    created = _time_from_json(create_time)
+    assert created is not None
     return Run(
-        id=data["id"],
-        session_id=data["session_id"],
-        agent=data["agent"],
-        status=RunStatus(data["status"]),
-        stop_signal=_stop_signal_from_data(data["stop_signal"]),
-        usage=Usage(data["input_tokens"], data["output_tokens"], data["total_tokens"]),
-        step_count=data["step_count"],
-        tool_call_count=data["tool_call_count"],
-        first_sequence=data["first_sequence"],
-        last_sequence=data["last_sequence"],
-        create_time=create_time,
-        end_time=_time_from_json(data["end_time"]),
-        trace_id=data["trace_id"],
-        request_id=data["request_id"],
-        metadata=dict(data["metadata"]),
-        options=dict(data["options"]),
-        last_event_seq=data["last_event_seq"],
+        session_id,
+        agent,
+        run_id,
+        RunStatus(status),
+        _stop_signal_from_data(signal),
+        Usage(input_tokens, output_tokens, total_tokens),
+        step_count,
+        tool_call_count,
+        first_sequence,
+        last_sequence,
+        created,
+        _time_from_json(end_time),
+        trace_id,
+        request_id,
+        dict(metadata),
+        dict(options),
+        last_event_seq,
     )
 
 
-def step_json(step: Step) -> dict[str, Any]:
-    """Every field of a step as JSON-ready data (a journal payload)."""
-    return {**step_row(step), "create_time": _time_json(step.create_time)}
+def step_json(step: Step) -> list[Any]:
+    """Every field of a step: its session, then `STEP_READ_COLUMNS` order (the tool calls as
+    arrays)."""
+    metrics = step.metrics
+    return [
+        step.session_id,
+        step.id,
+        step.run_id,
+        step.sequence,
+        step.role.value,
+        step.content,
+        step.reasoning_content,
+        [[call.id, call.name, call.arguments] for call in step.tool_calls],
+        step.tool_call_id,
+        step.name,
+        step.is_error,
+        _time_json(step.create_time),
+        step.trace_id,
+        step.span_id,
+        *[getattr(metrics, name) for name in METRIC_FIELDS],
+    ]
 
 
-def step_from_json(data: Mapping[str, Any]) -> Step:
+def step_from_json(data: Sequence[Any]) -> Step:
+    (
+        session_id,
+        step_id,
+        run_id,
+        sequence,
+        role,
+        content,
+        reasoning_content,
+        tool_calls,
+        tool_call_id,
+        name,
+        is_error,
+        create_time,
+        trace_id,
+        span_id,
+        *metrics,
+    ) = data
     return Step(
-        session_id=data["session_id"],
-        run_id=data["run_id"],
-        role=_ROLE_OF[data["role"]],
-        content=data["content"],
-        reasoning_content=data["reasoning_content"],
-        tool_calls=_tool_calls(data["tool_calls"]),
-        tool_call_id=data["tool_call_id"],
-        name=data["name"],
-        is_error=bool(data["is_error"]),
-        metrics=StepMetrics(**{name: data[name] for name in METRIC_FIELDS}),
-        id=data["id"],
-        sequence=data["sequence"],
-        create_time=_time_from_json(data["create_time"]),
-        trace_id=data["trace_id"],
-        span_id=data["span_id"],
+        session_id,
+        run_id,
+        _ROLE_OF[role],
+        content,
+        reasoning_content,
+        [ToolCall(*call) for call in tool_calls],
+        tool_call_id,
+        name,
+        bool(is_error),
+        StepMetrics(*metrics),
+        step_id,
+        sequence,
+        _time_from_json(create_time),
+        trace_id,
+        span_id,
     )
 
 
@@ -484,11 +546,12 @@ _JOURNAL_JSON: Final = json.JSONEncoder(default=str, separators=(",", ":"), chec
 
 def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
     """The `run_events` row of one journal record."""
-    payload: dict[str, Any] = {"data": dict(record.data)}
-    if record.run is not None:
-        payload["run"] = run_json(record.run)
-    if record.step is not None:
-        payload["step"] = step_json(record.step)
+    run, step = record.run, record.step
+    payload = [
+        None if run is None else run_json(run),
+        None if step is None else step_json(step),
+        dict(record.data),
+    ]
     return {
         "run_id": run_id,
         "seq": record.seq,
@@ -499,14 +562,12 @@ def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
 
 
 def journal_from_row(seq: int, time: datetime | str, kind: str, payload: str) -> JournalRecord:
-    data: Mapping[str, Any] = json.loads(payload)
-    run = data.get("run")
-    step = data.get("step")
+    run, step, data = json.loads(payload)
     return JournalRecord(
         seq=int(seq),
         time=utc_from_database(time),
         kind=kind,
         run=run_from_json(run) if run is not None else None,
         step=step_from_json(step) if step is not None else None,
-        data=dict(data.get("data", {})),
+        data=data,
     )

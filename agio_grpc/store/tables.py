@@ -176,4 +176,5 @@ run_events = Table(
     Column("payload", Text, nullable=False),
     PrimaryKeyConstraint("run_id", "seq", name="pk_run_events"),
     CheckConstraint("seq >= 1", name="ck_run_events_seq_positive"),
+    sqlite_with_rowid=False,
 )
