@@ -278,9 +278,9 @@ class Run:
     input: str = ""
     # A QUEUED run's place in its session's queue (lowest first).
     queue_position: int = 0
-    # A QUEUED run that rolls back the run it interrupted: that run, whose steps from
-    # `rollback_from` on are deleted when this one starts.
-    rollback_run_id: str = ""
+    # A QUEUED run that interrupts another (BUSY_POLICY_INTERRUPT, ROLLBACK): that run; for
+    # a ROLLBACK, its first sequence, from which its steps are deleted when this one starts.
+    supersedes: str = ""
     rollback_from: int = 0
 
     def ended(self, signal: StopSignal, at: datetime | None = None) -> Run:

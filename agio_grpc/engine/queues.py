@@ -68,8 +68,11 @@ class RunQueues:
         self._poll_s = poll_s
         self._max_queued = max_queued
         self.closing = False
-        # Starts of queued runs still running (`start_next_soon`).
+        # Starts of queued runs still running (`start_next_soon`): their tasks, the sessions
+        # they start, and the sessions asked for again meanwhile.
         self._starting: set[asyncio.Task[None]] = set()
+        self._sessions: set[str] = set()
+        self._again: set[str] = set()
         # The channels of runs queued here, while their handles live (`handle`).
         self._channels: weakref.WeakValueDictionary[str, RunChannel] = weakref.WeakValueDictionary()
 
@@ -97,7 +100,7 @@ class RunQueues:
                 blocking = await self._store.get_run(waiting.active_run_id)
                 await self._lifecycle.end_idle(blocking, superseded(run.id, policy.value))
                 if queue.rollback:
-                    run.rollback_run_id = blocking.id
+                    run.supersedes = blocking.id
                     run.rollback_from = blocking.first_sequence
         return await self._lifecycle.begin(
             run, [user], channel, new_session=new_session, since=since, queue=queue
@@ -159,14 +162,30 @@ class RunQueues:
 
     def start_next_soon(self, session_id: str) -> None:
         """Start the run heading the session's queue, in a task of its own (with a context
-        of its own: its trace must not continue the trace of whatever freed the session)."""
+        of its own: its trace must not continue the trace of whatever freed the session).
+        One start per session at a time: asked again while one is under way, it looks at
+        the queue once more when that one is done."""
         if self.closing:
             return
+        if session_id in self._sessions:
+            self._again.add(session_id)
+            return
+        self._sessions.add(session_id)
         task = asyncio.get_running_loop().create_task(
-            self._start_next(session_id), name=f"agio queue {session_id}", context=Context()
+            self._start_queue(session_id), name=f"agio queue {session_id}", context=Context()
         )
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
+
+    async def _start_queue(self, session_id: str) -> None:
+        try:
+            while True:
+                self._again.discard(session_id)
+                await self._start_next(session_id)
+                if session_id not in self._again or self.closing:
+                    return
+        finally:
+            self._sessions.discard(session_id)
 
     async def start_ready(self) -> None:
         """Start the queues whose session freed with no one to start them (a crash)."""
@@ -183,6 +202,7 @@ class RunQueues:
         """Start the run heading the session's queue, if the session lets it. Never raises:
         what cannot start now is started by whichever transition frees the session next, or
         by the sweep of ready queues."""
+        run: Run | None = None
         try:
             run = await self._store.next_queued_run(session_id)
             if run is None or self.closing:
@@ -207,10 +227,27 @@ class RunQueues:
                 await self._start(run, settings, user, channel, trace)
             finally:
                 self._segments.starting.discard(run.id)
+        except RunRequiresActionError as waiting:
+            # The run it was to interrupt stopped to wait for its client before it saw the
+            # request (its end clears it): end that one now, as the interrupt asked.
+            if run is not None and run.supersedes == waiting.active_run_id:
+                await self._supersede_waiting(run, waiting.active_run_id)
         except (SessionBusyError, RunStateConflictError):
             return  # another member started it, or something else holds the session
         except Exception:
             logger.exception("could not start the next queued run of session %s", session_id)
+
+    async def _supersede_waiting(self, run: Run, waiting_id: str) -> None:
+        """End the run `run` was queued to interrupt, which waits for its client now; then
+        look at the queue again."""
+        policy = BusyPolicy.ROLLBACK if run.rollback_from else BusyPolicy.INTERRUPT
+        try:
+            waiting = await self._store.get_run(waiting_id)
+            await self._lifecycle.end_idle(waiting, superseded(run.id, policy.value))
+        except Exception:
+            logger.exception("could not end run %s, which run %s interrupts", waiting_id, run.id)
+            return
+        self._again.add(run.session_id)
 
     async def _start(
         self, run: Run, settings: RunSettings, user: Step, channel: RunChannel, trace: RunTrace

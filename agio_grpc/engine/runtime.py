@@ -132,7 +132,7 @@ class Runtime:
         services = LoopServices(
             store, registry, model, hooks or Hooks(), self._histories, self.lifecycle
         )
-        self._segments = Segments(services, self._start_keeper)
+        self._segments = Segments(services, self.start)
         self._closing = False
         self._tracer = tracer or NO_TRACER
         self._queues = RunQueues(
@@ -396,15 +396,14 @@ class Runtime:
             if await self._segments.stop(run_id, signal, wait_s):
                 return await self.store.get_run(run_id)
             raise
-        return ended or await self.store.get_run(run_id)
+        # None: it started (or went on) just now, its loop maybe not yet running: again.
+        return ended or await self.cancel(run_id, reason, source)
 
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
-        """The run's events after `after_seq` up to its next terminal event: live (replay,
-        then follow) for a run segment this process runs, else from the journal
-        (engine/watching.py), the same events under the same seqs, deltas of finished steps
-        left out. Raises NotFoundError on the first iteration for an unknown run, and
-        RuntimeClosedError when the runtime closes while following a run elsewhere.
-        """
+        """The run's events after `after_seq` up to its next terminal event: live for a run
+        segment this process runs, else from the journal (engine/watching.py), without the
+        deltas of finished steps. Raises NotFoundError on the first iteration for an unknown
+        run, and RuntimeClosedError when the runtime closes while following one elsewhere."""
         channel = self._segments.channel(run_id)
         if channel is not None and after_seq >= channel.first_seq - 1:
             async for event in channel.subscribe(after_seq):
@@ -438,7 +437,10 @@ class Runtime:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _start_keeper(self) -> None:
+    def start(self) -> None:
+        """Start the lease keeper (renewals, cancels from other replicas, the sweep of queues
+        a crash left): the app calls this at once, since a restarted server has queues to
+        start before anyone runs anything on it; else the first run here does."""
         if self._keeper is not None:
             self._keeper.start()
 

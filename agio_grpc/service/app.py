@@ -142,6 +142,7 @@ class AgioApp:
                     max_queued_runs=settings.server.max_queued_runs,
                 ),
             )
+            runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
             bound = await start_grpc_server(
                 settings,
                 [

@@ -274,9 +274,9 @@ class StepStore(Protocol):
     ) -> RunStart:
         """Start a run in ONE transaction: take the session (or create `new_session`,
         already taken by the run), append `steps`, store the run and what `journal` makes of
-        them, read the history. A run naming a run to roll back (`rollback_run_id`) first
-        deletes that run's steps from `rollback_from` on (HistoryChangedError if another
-        run's are among them).
+        them, read the history. A run with a `rollback_from` first deletes the steps of the
+        run it supersedes from there on (none when another run's are among them: that run's
+        steps are no longer the log's end).
 
         A session is busy when it is held by a live run, or has a run waiting in
         REQUIRES_ACTION or queued runs. Busy, the run is refused, or with `queue` stored

@@ -343,7 +343,7 @@ def run_from_row(row: Row[Any]) -> Run:
         last_event_seq=row.last_event_seq,
         input=row.input,
         queue_position=row.queue_position,
-        rollback_run_id=row.rollback_run_id,
+        supersedes=row.supersedes,
         rollback_from=row.rollback_from,
     )
 

@@ -456,6 +456,9 @@ class SqlStepStore:
                     conn, fresh, last_sequence=0, lease=self._lease, active_run_id=run.id
                 )
                 return _store_start(conn, run, steps, since, journal, insert=True)
+            # The session row first (the lock order of every take): what is read below, the
+            # runs in the way and a reused request_id, stays true until this commits.
+            _require_session(conn, session_id, lock=True)
             if run.request_id:
                 _refuse_duplicate(conn, session_id, run.request_id)
             waiting, queued = _blockers(conn, session_id)
@@ -500,6 +503,8 @@ class SqlStepStore:
             waiting, queued = _blockers(conn, session_id)
             if waiting is not None:
                 raise RunRequiresActionError(session_id, waiting)
+            if not queued:  # cancelled since it was read
+                raise RunStateConflictError(run.id, "ended", RunStatus.QUEUED.value)
             if queued[0][0] != run.id:
                 raise SessionBusyError(session_id, queued[0][0])  # another is ahead of it
             return _store_start(conn, run.resumed(), steps, since, journal, insert=False)
@@ -1095,7 +1100,7 @@ def _insert_run(conn: Connection, run: Run) -> None:
             "request_id": run.request_id,
             "input": run.input,
             "queue_position": run.queue_position,
-            "rollback_run_id": run.rollback_run_id,
+            "supersedes": run.supersedes,
             "rollback_from": run.rollback_from,
             **run_mutable_values(run),
         },
@@ -1257,6 +1262,7 @@ def _enqueue(
     position = min(positions, default=1) - 1 if queue.ahead else max(positions, default=0) + 1
     waiting_run = replace(run, input=steps[0].content, queue_position=position).queued()
     if queue.ahead and holder:
+        waiting_run.supersedes = holder
         if queue.supersede is not None:
             conn.execute(
                 update(run_table)
@@ -1271,7 +1277,7 @@ def _enqueue(
             first = conn.execute(
                 select(run_table.c.first_sequence).where(run_table.c.id == holder)
             ).scalar()
-            waiting_run.rollback_run_id, waiting_run.rollback_from = holder, int(first or 0)
+            waiting_run.rollback_from = int(first or 0)
     stored = stored_run(waiting_run)
     records = journal(stored, ()) if journal is not None else ()
     # Its queued start's events come before those of its start.
@@ -1293,8 +1299,8 @@ def _store_start(
     """A run starting on the session it holds: the steps of the run it rolls back deleted,
     its first steps appended, the run inserted (or, queued before, updated), its journal,
     and the history read back after `since`."""
-    if run.rollback_run_id and run.rollback_from:
-        _roll_back(conn, run.session_id, run.rollback_run_id, run.rollback_from)
+    if run.rollback_from:
+        _roll_back(conn, run.session_id, run.supersedes, run.rollback_from)
     stored_steps = _append(conn, run.session_id, steps)
     started = stored_run(
         replace(
@@ -1322,7 +1328,9 @@ def _store_start(
 
 def _roll_back(conn: Connection, session_id: str, run_id: str, start: int) -> None:
     """Delete the session's steps from `start` on, when every one of them is the rolled
-    back run's (else HistoryChangedError: another run wrote after it)."""
+    back run's. When another run wrote after it (a later INTERRUPT went first), its steps
+    are no longer the log's end and nothing is deleted: the ROLLBACK starts as an INTERRUPT
+    would, rather than delete another run's work or never start."""
     last = _require_session(conn, session_id, lock=True)
     if start > last:
         return
@@ -1333,9 +1341,8 @@ def _roll_back(conn: Connection, session_id: str, run_id: str, start: int) -> No
             step_table.c.run_id != run_id,
         )
     ).scalar()
-    if others:
-        raise HistoryChangedError(session_id)
-    _delete_steps(conn, session_id, start)
+    if not others:
+        _delete_steps(conn, session_id, start)
 
 
 _INSERT_EVENTS: Final = Prepared(insert(event_table))

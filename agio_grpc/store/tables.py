@@ -151,7 +151,7 @@ runs = Table(
     # a ROLLBACK interrupted with that run's first sequence.
     Column("input", Text, nullable=False, server_default=""),
     Column("queue_position", BigInteger, nullable=False, server_default="0"),
-    Column("rollback_run_id", String, nullable=False, server_default=""),
+    Column("supersedes", String, nullable=False, server_default=""),
     Column("rollback_from", BigInteger, nullable=False, server_default="0"),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),

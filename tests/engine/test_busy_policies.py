@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
-from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, StopReason
+from agio_grpc.domain import (
+    BusyPolicy,
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StopReason,
+    StopSignal,
+    ToolCall,
+)
 from agio_grpc.engine import ClientTool, RunHandle, RunInput, ToolOutput
 from agio_grpc.engine.events import RunStarted
 from agio_grpc.store.errors import (
@@ -170,10 +181,12 @@ async def test_a_queued_run_cancelled_before_it_starts_never_starts(policies: Ha
 
 
 async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcome, Outcome]:
-    """Two runs racing with `policy` on an idle session whose first model call hangs: the
-    one that started is interrupted by the other. Returns (interrupted, winner)."""
+    """Two runs racing with `policy` on an idle session whose first model call is slow: the
+    one that started is interrupted by the other. Returns (interrupted, winner). (Slow, not
+    hanging: when the interrupted run is stopped before it calls the model, the winner's
+    call is the first and gets that turn.)"""
     session_id = await idle_session(policies)
-    policies.model.enqueue(Turn.hanging())
+    policies.model.enqueue(Turn.text("slow", first_token_delay=1.0))
     requests = [RunInput(f"run {n}", session_id=session_id, on_busy=policy) for n in range(2)]
     first, second = handles(await race(policies, *requests))
     check = policy is not BusyPolicy.ROLLBACK  # the loser's steps go as it is collected
@@ -262,3 +275,63 @@ async def test_interrupting_a_run_waiting_for_its_client_ends_it_with_its_calls_
         ]
         assert steps[2].is_error
     await assert_valid_log(policies, waiting.session_id)
+
+
+async def test_a_rollback_queued_behind_a_later_interrupt_still_starts(
+    policies: Harness,
+) -> None:
+    # The later INTERRUPT goes first and writes after the run the ROLLBACK was to undo: the
+    # ROLLBACK then deletes nothing of another run's work, and starts (the queue never jams).
+    session_id = await idle_session(policies)
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_w")]))
+    busy = await policies.runtime.start_run(RunInput("work", session_id=session_id))
+    await policies.gate.entered.wait()
+    rollback, interrupt = handles(
+        await race(
+            policies,
+            RunInput("undo it", session_id=session_id, on_busy=BusyPolicy.ROLLBACK),
+            RunInput("instead", session_id=session_id, on_busy=BusyPolicy.INTERRUPT),
+        )
+    )
+    outcomes = await asyncio.gather(
+        policies.collect(busy, check_stored=False),
+        policies.collect(rollback, check_stored=False),
+        policies.collect(interrupt, check_stored=False),
+    )
+    assert outcomes[0].run.status is RunStatus.CANCELLED
+    assert [outcome.run.status for outcome in outcomes[1:]] == [RunStatus.COMPLETED] * 2
+    assert await policies.store.next_queued_run(session_id) is None
+    await assert_valid_log(policies, session_id)
+
+
+async def test_an_interrupt_whose_run_went_to_wait_for_its_client_ends_that_run(
+    policies: Harness, store: SqlStepStore
+) -> None:
+    # The run to interrupt runs elsewhere and stops to wait for its client before it sees
+    # the request (its end clears the request): the interrupting run ends it and starts.
+    session = Session()
+    elsewhere = Run(session_id=session.id, agent="assistant")
+    call = ToolCall("call_client", "lookup", "{}")
+    await store.start_run(
+        elsewhere,
+        [Step(session.id, elsewhere.id, Role.USER, content="where?")],
+        new_session=session,
+    )
+    policies.model.enqueue(Turn.text("Starting over."))
+    handle = await policies.runtime.start_run(
+        RunInput("forget it", session_id=session.id, on_busy=BusyPolicy.INTERRUPT)
+    )
+    assert handle.run.status is RunStatus.QUEUED
+    (asked,) = await store.append_steps(
+        [Step(session.id, elsewhere.id, Role.ASSISTANT, tool_calls=[call])], held_by=elsewhere.id
+    )
+    waiting = replace(elsewhere, first_sequence=1, last_sequence=asked.sequence, step_count=2)
+    await store.end_run(waiting.ended(StopSignal(StopReason.REQUIRES_ACTION, "tools", "loop")))
+    policies.runtime._queues.start_next_soon(session.id)  # as the owner's end tells it
+
+    assert (await policies.collect(handle)).run.status is RunStatus.COMPLETED
+    ended = await store.get_run(elsewhere.id)
+    assert ended.status is RunStatus.CANCELLED
+    assert ended.stop_signal is not None
+    assert ended.stop_signal.context == {"superseded_by": handle.run_id}
+    await assert_valid_log(policies, session.id)

@@ -24,7 +24,6 @@ from agio_grpc.domain import (
     ToolCall,
 )
 from agio_grpc.store import (
-    HistoryChangedError,
     LeaseLostError,
     QueueFullError,
     RunRequiresActionError,
@@ -230,7 +229,7 @@ async def test_interrupt_queues_ahead_and_asks_the_holder_to_stop(
     request = QueueRequest(10, ahead=True, supersede=signal, rollback=True)
     ahead = await enqueue(store, busy.session_id, "now", request)
     assert ahead.queue_position == 0
-    assert (ahead.rollback_run_id, ahead.rollback_from) == (busy.id, busy.first_sequence)
+    assert (ahead.supersedes, ahead.rollback_from) == (busy.id, busy.first_sequence)
     assert await store.cancel_requests([busy.id]) == {busy.id: signal}
     head = await store.next_queued_run(busy.session_id)
     assert head is not None
@@ -243,15 +242,16 @@ async def test_interrupt_queues_ahead_and_asks_the_holder_to_stop(
     assert started.run.first_sequence == 1
 
 
-async def test_a_rollback_over_another_runs_steps_is_refused(store: SqlStepStore) -> None:
+async def test_a_rollback_over_another_runs_steps_deletes_nothing(store: SqlStepStore) -> None:
     first = await start(store)
     await store.end_run(first.ended(StopSignal(StopReason.COMPLETED)))
     second = await start(store, Session(id=first.session_id))
     await store.end_run(second.ended(StopSignal(StopReason.COMPLETED)))
-    rolling = Run(session_id=first.session_id, agent="a", rollback_run_id=first.id, rollback_from=1)
-    with pytest.raises(HistoryChangedError):  # step 2 is the second run's
-        await store.start_run(rolling, [user(first.session_id, rolling.id)])
-    assert await store.count_steps(first.session_id) == 2
+    rolling = Run(session_id=first.session_id, agent="a", supersedes=first.id, rollback_from=1)
+    # Step 2 is the second run's: the first run's steps are no longer the log's end, so the
+    # rollback starts as an interrupt would, deleting no other run's work.
+    started = await store.start_run(rolling, [user(first.session_id, rolling.id, "again")])
+    assert [step.content for step in started.history] == ["hi", "hi", "again"]
 
 
 async def test_a_waiting_run_blocks_starts_and_queues_ahead(store: SqlStepStore) -> None:

@@ -1,5 +1,5 @@
 """The run event journal (`run_events`) and run queues (`runs.input`, `queue_position`,
-`rollback_run_id`, `rollback_from`).
+`supersedes`, `rollback_from`).
 
 Every event a replay needs (run_started, step_started, step_completed, run_completed,
 run_failed, error) is stored with the `seq` it was streamed under, in the same transaction
@@ -57,9 +57,7 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("queue_position", sa.BigInteger(), nullable=False, server_default="0")
         )
-        batch.add_column(
-            sa.Column("rollback_run_id", sa.String(), nullable=False, server_default="")
-        )
+        batch.add_column(sa.Column("supersedes", sa.String(), nullable=False, server_default=""))
         batch.add_column(
             sa.Column("rollback_from", sa.BigInteger(), nullable=False, server_default="0")
         )
@@ -67,7 +65,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
-        for column in ("rollback_from", "rollback_run_id", "queue_position", "input"):
+        for column in ("rollback_from", "supersedes", "queue_position", "input"):
             batch.drop_column(column)
     op.drop_index("ix_runs_session_id_request_id", table_name="runs")
     op.drop_index("ix_runs_session_id_status", table_name="runs")
