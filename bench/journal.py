@@ -17,29 +17,14 @@ import asyncio
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
 
 from agio_grpc.domain import Role, Run, Session, Step, StopReason, StopSignal
 from agio_grpc.engine.channel import Announce, RunChannel
-from agio_grpc.engine.events import Event, RunStarted, StepCompleted, terminal_event
+from agio_grpc.engine.lifecycle import closed, completed, opened
 from agio_grpc.store.protocol import Journal
 from agio_grpc.store.sql import SqlStepStore, open_store
 
 WARM_UP = 50
-
-
-def _opened(run: Run | None, steps: Sequence[Step]) -> list[Event]:
-    assert run is not None
-    return [RunStarted(run.snapshot()), *(StepCompleted(step) for step in steps)]
-
-
-def _completed(_: Run | None, steps: Sequence[Step]) -> list[Event]:
-    return [StepCompleted(step) for step in steps]
-
-
-def _closed(run: Run | None, _: Sequence[Step]) -> list[Event]:
-    assert run is not None
-    return [terminal_event(run)]
 
 
 async def one_run(store: SqlStepStore, journaled: bool) -> float:
@@ -56,15 +41,15 @@ async def one_run(store: SqlStepStore, journaled: bool) -> float:
         run,
         [Step(session.id, run.id, Role.USER, content="What is 12 * 7?")],
         new_session=session,
-        journal=journal(_opened),
+        journal=journal(opened),
     )
     channel.publish_journaled()
     reply = Step(session.id, run.id, Role.ASSISTANT, content="The result is 84.")
-    await store.append_steps([reply], held_by=run.id, journal=journal(_completed))
+    await store.append_steps([reply], held_by=run.id, journal=journal(completed))
     channel.publish_journaled()
     ended = started.run.ended(StopSignal(StopReason.COMPLETED))
     ended.last_event_seq = channel.last_seq + 1
-    await store.end_run(ended, journal=journal(_closed))
+    await store.end_run(ended, journal=journal(closed))
     return (time.perf_counter() - began) * 1000
 
 

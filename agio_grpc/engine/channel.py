@@ -83,10 +83,13 @@ class RunChannel:
             sequenced = SequencedEvent(
                 self.run_id, self.session_id, self.last_seq + 1, utc_now(), event
             )
-            self._append(sequenced)
+            # Inline rather than `_append` and `_wake`: this runs for every delta.
+            self._journal.append(sequenced)
             if not isinstance(event, StepDelta):
+                self._closed = sequenced.is_terminal
                 self._unjournaled.append(sequenced)
-        self._wake()
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
         return sequenced
 
     def journal_for(self, announce: Announce) -> Journal:

@@ -163,13 +163,18 @@ def unfinished_reason(signal: StopSignal) -> str:
 # -- what transitions announce ---------------------------------------------------------------
 
 
-def _opened(run: Run | None, steps: Sequence[Step]) -> list[Event]:
+def opened(run: Run | None, steps: Sequence[Step]) -> list[Event]:
     """A segment's start: `run_started`, then each of its first steps stored."""
     assert run is not None
     return [RunStarted(run.snapshot()), *(StepCompleted(step) for step in steps)]
 
 
-def _closed(run: Run | None, steps: Sequence[Step]) -> list[Event]:
+def completed(_: Run | None, steps: Sequence[Step]) -> list[Event]:
+    """Steps the run stored: each one's `step_completed`."""
+    return [StepCompleted(step) for step in steps]
+
+
+def closed(run: Run | None, steps: Sequence[Step]) -> list[Event]:
     """A segment's end: the steps its end stored, then the terminal event."""
     assert run is not None
     return [*(StepCompleted(step) for step in steps), terminal_event(run.snapshot())]
@@ -225,7 +230,7 @@ class Lifecycle:
             steps,
             new_session=new_session,
             since=since,
-            journal=channel.journal_for(_opened),
+            journal=channel.journal_for(opened),
             queue=queue,
         )
         started = await self._commit(write, run, channel, lambda started: started.run)
@@ -237,7 +242,7 @@ class Lifecycle:
     ) -> RunStart:
         """The run heading its free session's queue starts, its input stored."""
         write = self.store.start_queued_run(
-            run, steps, since=since, journal=channel.journal_for(_opened)
+            run, steps, since=since, journal=channel.journal_for(opened)
         )
         started = await self._commit(write, run, channel, lambda started: started.run)
         channel.publish_journaled()
@@ -249,7 +254,7 @@ class Lifecycle:
         """A waiting run going on with its client's tool outputs, if it still waits on the
         log the call read (`expect`)."""
         write = self.store.continue_run(
-            run, steps, expect=expect, journal=channel.journal_for(_opened)
+            run, steps, expect=expect, journal=channel.journal_for(opened)
         )
         continued = await self._commit(write, run, channel, lambda continued: continued.run)
         channel.publish_journaled()
@@ -261,7 +266,7 @@ class Lifecycle:
         """A Retry's new run, the steps from `delete_from` on deleted, if the session's log
         is still the one the call read (`expect`)."""
         write = self.store.restart_run(
-            run, delete_from, expect=expect, journal=channel.journal_for(_opened)
+            run, delete_from, expect=expect, journal=channel.journal_for(opened)
         )
         # Ended before it went on, it resumes where it was to regenerate from.
         started = await self._commit(
@@ -277,7 +282,7 @@ class Lifecycle:
         ended = run.ended(signal)
         ended.last_event_seq = channel.last_seq + 1  # the terminal event's
         try:
-            stored = await self.store.end_run(ended, journal=channel.journal_for(_closed))
+            stored = await self.store.end_run(ended, journal=channel.journal_for(closed))
         except Exception:
             logger.exception("run %s: could not store its final state", run.id)
             await self.release(run.session_id, run.id)
@@ -322,7 +327,7 @@ class Lifecycle:
         ended.last_event_seq = run.last_event_seq + len(results) + 1
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         stored = await self.store.end_idle_run(
-            ended, results, expect=expect, journal=channel.journal_for(_closed)
+            ended, results, expect=expect, journal=channel.journal_for(closed)
         )
         if stored is not None and stored.queued:
             self._on_session_free(run.session_id)  # it may have held up the queue
@@ -384,7 +389,7 @@ class Lifecycle:
         ended = run.ended(call_ended(resume_from or run.last_sequence + 1))
         ended.last_event_seq = channel.last_seq + 1
         try:
-            stored = await self.store.end_run(ended, journal=channel.journal_for(_closed))
+            stored = await self.store.end_run(ended, journal=channel.journal_for(closed))
             channel.publish_journaled()  # to a caller following the run, if one does
             if stored.queued:
                 self._on_session_free(run.session_id)

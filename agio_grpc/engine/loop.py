@@ -38,7 +38,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -59,8 +59,6 @@ from agio_grpc.engine.context import build_context
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
-    Event,
-    StepCompleted,
     StepDelta,
     StepStarted,
 )
@@ -69,6 +67,7 @@ from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
 from agio_grpc.engine.lifecycle import (
     Lifecycle,
+    completed,
     internal_error,
     lease_lost,
     task_cancelled,
@@ -465,7 +464,7 @@ class RunLoop:
     async def _append(self, steps: list[Step]) -> list[Step]:
         """Store the run's steps with their `step_completed` events, then publish those."""
         stored = await self.services.store.append_steps(
-            steps, held_by=self.run_row.id, journal=self.channel.journal_for(_completed)
+            steps, held_by=self.run_row.id, journal=self.channel.journal_for(completed)
         )
         self._record_stored(stored)
         self.channel.publish_journaled()
@@ -554,11 +553,6 @@ class RunLoop:
         )
         first_error = stored[len(finished)] if unfinished else None
         return first_error.sequence if first_error is not None else 0
-
-
-def _completed(_: Run | None, steps: Sequence[Step]) -> list[Event]:
-    """What a write of steps announces: each one stored."""
-    return [StepCompleted(step) for step in steps]
 
 
 def _uncancel() -> None:

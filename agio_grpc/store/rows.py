@@ -73,6 +73,11 @@ def stored_copy(step: Step, *, sequence: int, create_time: datetime) -> Step:
 METRIC_FIELDS: Final = tuple(field.name for field in dataclasses.fields(StepMetrics))
 
 
+def tool_calls_json(calls: Sequence[ToolCall]) -> str:
+    """A step's tool calls as its row stores them (`_tool_calls` reads them back)."""
+    return json.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls])
+
+
 def step_row(step: Step) -> dict[str, Any]:
     row: dict[str, Any] = {
         "id": step.id,
@@ -82,9 +87,7 @@ def step_row(step: Step) -> dict[str, Any]:
         "role": step.role.value,
         "content": step.content,
         "reasoning_content": step.reasoning_content,
-        "tool_calls": json.dumps(
-            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in step.tool_calls]
-        ),
+        "tool_calls": tool_calls_json(step.tool_calls),
         "tool_call_count": len(step.tool_calls),
         "tool_call_id": step.tool_call_id,
         "name": step.name,
@@ -480,8 +483,9 @@ def run_from_json(data: Sequence[Any]) -> Run:
 
 
 def step_json(step: Step) -> list[Any]:
-    """Every field of a step: its session, then `STEP_READ_COLUMNS` order (the tool calls as
-    arrays)."""
+    """Every field of a step: its session, then a row as `steps_from_rows` reads it (the tool
+    calls and the create time as the store writes them)."""
+    assert step.create_time is not None, "the journal has stored steps only"
     metrics = step.metrics
     return [
         step.session_id,
@@ -491,11 +495,11 @@ def step_json(step: Step) -> list[Any]:
         step.role.value,
         step.content,
         step.reasoning_content,
-        [[call.id, call.name, call.arguments] for call in step.tool_calls],
+        tool_calls_json(step.tool_calls),
         step.tool_call_id,
         step.name,
         step.is_error,
-        _time_json(step.create_time),
+        step.create_time.astimezone(UTC).replace(tzinfo=None).isoformat(" "),
         step.trace_id,
         step.span_id,
         *[getattr(metrics, name) for name in METRIC_FIELDS],
@@ -503,40 +507,8 @@ def step_json(step: Step) -> list[Any]:
 
 
 def step_from_json(data: Sequence[Any]) -> Step:
-    (
-        session_id,
-        step_id,
-        run_id,
-        sequence,
-        role,
-        content,
-        reasoning_content,
-        tool_calls,
-        tool_call_id,
-        name,
-        is_error,
-        create_time,
-        trace_id,
-        span_id,
-        *metrics,
-    ) = data
-    return Step(
-        session_id,
-        run_id,
-        _ROLE_OF[role],
-        content,
-        reasoning_content,
-        [ToolCall(*call) for call in tool_calls],
-        tool_call_id,
-        name,
-        bool(is_error),
-        StepMetrics(*metrics),
-        step_id,
-        sequence,
-        _time_from_json(create_time),
-        trace_id,
-        span_id,
-    )
+    (step,) = steps_from_rows(data[0], [data[1:]])
+    return step
 
 
 # One encoder for every journal payload: compact, no circular-reference check (payloads are

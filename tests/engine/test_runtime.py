@@ -30,6 +30,7 @@ from agio_grpc.engine import (
     ToolOutput,
 )
 from agio_grpc.engine import lifecycle as lifecycle_module
+from agio_grpc.engine.lifecycle import opened
 from agio_grpc.store.errors import (
     NotFoundError,
     SessionBusyError,
@@ -691,18 +692,11 @@ async def start_run_then_die(url: str, *, lease_s: float) -> Run:
         session = Session()
         run = Run(session_id=session.id, agent="assistant")
         user = Step(session.id, run.id, Role.USER, content="hi")
-        channel = RunChannel(run.id, session.id)
-        journal = channel.journal_for(
-            lambda run, steps: [RunStarted(run or _never()), *map(StepCompleted, steps)]
-        )
+        journal = RunChannel(run.id, session.id).journal_for(opened)
         await crashed.start_run(run, [user], new_session=session, journal=journal)
     finally:
         await crashed.close()
     return run
-
-
-def _never() -> Run:
-    raise AssertionError("a start journals its run")
 
 
 async def test_a_cancel_takes_over_a_run_whose_process_died(

@@ -123,3 +123,21 @@ async def test_a_full_queue_is_resource_exhausted_and_an_unknown_policy_invalid(
     assert StopReason.Name((await client.cancel_run(busy.id)).stop_signal.reason) == (
         "STOP_REASON_CANCELLED"
     )
+
+
+async def test_start_run_refuses_what_run_refuses_before_anything_is_stored(
+    client: AgioClient,
+) -> None:
+    refusals = [
+        ({"input": ""}, grpc.StatusCode.INVALID_ARGUMENT, "input"),
+        ({"input": "hi", "on_disconnect": 7}, grpc.StatusCode.INVALID_ARGUMENT, "on_disconnect"),
+        ({"input": "hi", "on_busy": -1}, grpc.StatusCode.INVALID_ARGUMENT, "on_busy"),
+        ({"input": "hi", "session_id": "sess_missing"}, grpc.StatusCode.NOT_FOUND, ""),
+    ]
+    for fields, code, field in refusals:
+        with pytest.raises(AgioError) as refused:
+            await client._unary(client.agents.StartRun, pb.RunRequest(**fields))  # type: ignore[arg-type]
+        assert refused.value.code == code, fields
+        if field:
+            assert [name for name, _ in refused.value.field_violations] == [field]
+    assert await client.list_sessions() == []
