@@ -37,7 +37,6 @@ import asyncio
 import copy
 import logging
 import math
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,7 +54,6 @@ from agio_grpc.domain import (
 )
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
-from agio_grpc.engine.context import build_context
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
@@ -78,9 +76,9 @@ from agio_grpc.engine.model import (
     ModelDriver,
     ModelError,
     ModelEvent,
-    ModelRequest,
     ModelRetry,
 )
+from agio_grpc.engine.model_call import ModelCall, model_request
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError
@@ -125,6 +123,8 @@ class RunSegment:
     history_is_log: bool = False
     """`history` was read while the segment held its session (so it is the stored log, and
     the loop may hand it to the history cache when it ends)."""
+    first_call: ModelCall | None = None
+    """The first model call, already sent (a new session's run, engine/model_call.py)."""
 
 
 class _Stop(Exception):  # noqa: N818 - internal control flow
@@ -156,6 +156,7 @@ class RunLoop:
         self.trace = segment.trace
         # The span of each tool call that started, for its step's trace and span ids.
         self.tool_spans: dict[str, SpanIds] = {}
+        self.first_call = segment.first_call
 
     async def run(self) -> Run:
         """Run the segment to its end: the one boundary where every stop is caught."""
@@ -191,6 +192,8 @@ class RunLoop:
             signal = internal_error(error)
         finally:
             timer.cancel()
+            if self.first_call is not None:  # the run stopped before its first model call
+                self.first_call.discard()
         self.control.finish()
         try:
             run = await self._finish(signal)
@@ -226,31 +229,11 @@ class RunLoop:
 
     async def _model_step(self) -> tuple[Step, StopReason | None]:
         """Call the model with the history, stream its deltas, store the assistant step."""
-        limits = self.settings.limits
-        building = time.perf_counter()
-        messages = build_context(
-            self.settings.instructions, self.history, limits.max_history_messages
-        )
-        self.trace.context_built(time.perf_counter() - building, len(messages))
-        if self.services.hooks.before_model_call:
-            await self._call_hooks(
-                self.services.hooks.before_model_call, self._snapshot(), messages
-            )
-        client_tools = [tool.to_openai() for tool in self.settings.client_tools]
-        request = ModelRequest(
-            model=self.settings.model,
-            messages=messages,
-            tools=self.services.registry.definitions(self.settings.tools) + client_tools,
-            temperature=self.settings.temperature,
-            max_tokens=self.settings.max_tokens,
-        )
-        step_id = new_id("step")
-        self.channel.publish(StepStarted(step_id=step_id, role=Role.ASSISTANT))
+        call, self.first_call = self.first_call or await self._model_call(), None
+        self.channel.publish(StepStarted(step_id=call.step_id, role=Role.ASSISTANT))
         self.model_calls += 1
         try:
-            with self.trace.model_call(request, step_id, self._next_sequence()) as call_trace:
-                reply = await self.services.model.complete(request, self._model_listener(step_id))
-                call_trace.replied(reply)
+            called = await call.reply(self._model_listener(call.step_id))
         except ModelError as error:
             raise _Stop(
                 StopSignal(
@@ -262,6 +245,7 @@ class RunLoop:
                     resume_from_sequence=self._next_sequence() if error.retryable else 0,
                 )
             ) from None
+        reply = called.reply
         step = Step(
             session_id=self.run_row.session_id,
             run_id=self.run_row.id,
@@ -270,14 +254,24 @@ class RunLoop:
             reasoning_content=reply.reasoning_content,
             tool_calls=reply.tool_calls,
             metrics=reply.metrics,
-            id=step_id,
-            trace_id=call_trace.trace_id,
-            span_id=call_trace.span_id,
+            id=call.step_id,
+            trace_id=called.trace_id,
+            span_id=called.span_id,
         )
         self.run_row.usage.add(reply.metrics)
         self.run_row.tool_call_count += len(reply.tool_calls)
         (stored,) = await self._store_steps([step])
         return stored, reply.stop_reason
+
+    async def _model_call(self) -> ModelCall:
+        request = model_request(self.settings, self.services.registry, self.history, self.trace)
+        if self.services.hooks.before_model_call:
+            await self._call_hooks(
+                self.services.hooks.before_model_call, self._snapshot(), request.messages
+            )
+        return ModelCall(
+            self.services.model, self.trace, request, new_id("step"), self._next_sequence()
+        )
 
     def _model_listener(self, step_id: str) -> Callable[[ModelEvent], None]:
         def on_event(event: ModelEvent) -> None:

@@ -22,9 +22,9 @@ segment live, and replays any other run from the journal (engine/watching.py), e
 across restarts and replicas. Session leases and cancels across replicas are the
 `LeaseKeeper`'s (engine/leases.py).
 
-Each segment gets a trace from the `RunTracer` (engine/tracing.py), started where the segment
-is started, so it continues the caller's current trace context (the gRPC server span); its
-first steps and the run row keep its ids. The loop task then ends it.
+Each segment's trace (engine/tracing.py) starts where the segment is started, so it continues
+the caller's trace context (the gRPC server span); its first steps and run row keep its ids.
+A run on a new session cannot be refused: its first model call is sent ahead of its start.
 
 Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
 """
@@ -80,16 +80,14 @@ class RuntimeOptions:
     """The runtime's tuning knobs."""
 
     cancel_wait_s: float = 10.0
-    """How long `cancel` waits for a running run to record its end (and `shutdown`, `settle`
-    for runs and clean-ups still finishing)."""
+    """How long `cancel`, `shutdown` and `settle` wait for runs and clean-ups to finish."""
     cancel_poll_s: float = 0.5
     """How often this process looks for cancel requests other replicas recorded for its live
     runs (with leases)."""
     watch_poll_s: float = 0.25
     """How often a watch of a run another process runs reads the journal."""
     history_cache_bytes: int = 64_000_000
-    """The memory bound of the histories kept between runs (engine/history.py; 0 keeps
-    none)."""
+    """Memory bound of the histories kept between runs (engine/history.py); 0 keeps none."""
     max_queued_runs: int = 10
     """How many runs one session's queue may hold (BUSY_POLICY_ENQUEUE and the rest)."""
 
@@ -212,25 +210,27 @@ class Runtime:
         )
         cached = CachedHistory() if new_session else self._histories.cached(run.session_id)
         channel = RunChannel(run.id, run.session_id)
+        first = self._segments.send_first_call(settings, user, trace) if new_session else None
         try:
             started = await self._queues.begin(
                 run, user, channel, new_session, cached.mark, request.on_busy
             )
+            if started.run.status is RunStatus.QUEUED:
+                trace.end(started.run)  # it gets a trace of its own when it starts
+                return self._queues.handle(started, request.on_busy, channel, self.watch)
+            for step in started.steps:
+                trace.step_stored(step.id, step.sequence)
+            try:
+                history = cached.join(started.history_start, started.history)
+            except ValueError:
+                await self.lifecycle.abandon(started.run, channel)
+                raise
         except BaseException:
+            if first is not None:
+                first.discard()
             trace.end(run)  # no stop signal: the run never started
             raise
-        if started.run.status is RunStatus.QUEUED:
-            trace.end(started.run)  # it gets a trace of its own when it starts
-            return self._queues.handle(started, request.on_busy, channel, self.watch)
-        for step in started.steps:
-            trace.step_stored(step.id, step.sequence)
-        try:
-            history = cached.join(started.history_start, started.history)
-        except ValueError:
-            trace.end(started.run)
-            await self.lifecycle.abandon(started.run, channel)
-            raise
-        plan = RunPlan(history, kept_steps=len(history) - len(started.history))
+        plan = RunPlan(history, kept_steps=len(history) - len(started.history), first_call=first)
         return self._segments.spawn(started.run, settings, plan, channel, request.deadline_s, trace)
 
     async def submit_tool_outputs(
