@@ -148,5 +148,5 @@ def _model_calls() -> list[asyncio.Task[Any]]:
     return [
         task
         for task in asyncio.all_tasks()
-        if not task.done() and "ModelCall._call" in task.get_coro().__qualname__
+        if not task.done() and "ModelCall._call" in getattr(task.get_coro(), "__qualname__", "")
     ]
