@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -236,6 +237,30 @@ def abandoned_run_signal(message: str, resume_from_sequence: int) -> StopSignal:
     )
 
 
+REPLACEMENT = "\ufffd"
+
+
+def clean_text(text: str) -> str:
+    """`text` as every backend stores it: U+0000 (which PostgreSQL's text cannot hold) and
+    lone surrogates (which are not UTF-8) become U+FFFD. Cheap for ordinary text."""
+    if "\x00" in text:
+        text = text.replace("\x00", REPLACEMENT)
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(REPLACEMENT, text)
+    return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+MAX_COUNT = 2**63 - 1
+"""The largest count or sequence the store keeps (64-bit columns on every backend)."""
+
+
 @dataclass(slots=True)
 class Usage:
     """Token counts of a run."""
@@ -245,9 +270,10 @@ class Usage:
     total_tokens: int = 0
 
     def add(self, metrics: StepMetrics) -> None:
-        self.input_tokens += metrics.input_tokens
-        self.output_tokens += metrics.output_tokens
-        self.total_tokens += metrics.total_tokens
+        """Add a step's counts, saturating at the store's 64-bit maximum."""
+        self.input_tokens = min(self.input_tokens + metrics.input_tokens, MAX_COUNT)
+        self.output_tokens = min(self.output_tokens + metrics.output_tokens, MAX_COUNT)
+        self.total_tokens = min(self.total_tokens + metrics.total_tokens, MAX_COUNT)
 
 
 @dataclass(slots=True)

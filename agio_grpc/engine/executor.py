@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pydantic
 
-from agio_grpc.domain import StopReason, StopSignal, ToolCall
+from agio_grpc.domain import StopReason, StopSignal, ToolCall, clean_text
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolStop
 from agio_grpc.engine.tracing import NO_CALL_TRACE, ToolCallTrace
 
@@ -135,7 +135,7 @@ async def execute_tool_call(
         content = f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}"
         is_error = True
     elapsed_ms = int((time.perf_counter() - started) * 1000)
-    return ToolResult(call, content, is_error, stop, elapsed_ms)
+    return ToolResult(call, clean_text(content), is_error, stop, elapsed_ms)
 
 
 def _describe(error: pydantic.ValidationError) -> str:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from agio_grpc.domain import (
@@ -49,6 +49,8 @@ from agio_grpc.domain import (
     StopReason,
     StopSignal,
     ToolCall,
+    abandoned_run_signal,
+    clean_text,
 )
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
@@ -72,7 +74,28 @@ T = TypeVar("T")
 UNCLEAR_WRITE_CHECK_S = 1.0
 
 
+# A failed write of a run's end is tried again after each of these pauses (the first: at
+# once), for about the time a database failover or a locked SQLite file takes to clear.
+END_RETRY_PAUSES_S = (0.0, 0.05, 0.25, 1.0, 3.0)
+# The longest stop-signal message `storable` keeps.
+STORABLE_MESSAGE_CHARS = 4096
+
+
 # -- the stop signals of transitions ---------------------------------------------------------
+
+
+def storable(signal: StopSignal) -> StopSignal:
+    """`signal` reduced to what any store takes: its text cleaned and bounded, no context."""
+    return replace(signal, message=clean_text(signal.message)[:STORABLE_MESSAGE_CHARS], context={})
+
+
+def end_unstored(resume_from_sequence: int) -> StopSignal:
+    """The stop a stream is told when its run's end could not be stored: what the take-over
+    of its session will store once the lease runs out."""
+    return abandoned_run_signal(
+        "the run's end could not be stored; it ends INTERRUPTED when its session's lease runs out",
+        resume_from_sequence,
+    )
 
 
 def cancelled(reason: str, source: str) -> StopSignal:
@@ -277,24 +300,46 @@ class Lifecycle:
 
     async def end(self, run: Run, signal: StopSignal, channel: RunChannel) -> SegmentEnd:
         """The loop's end: the run's final state, its session's release and its terminal
-        event, stored together. A store that fails leaves the run to the take-over of its
-        lease, but its session is released if it can be, so the next run need not wait."""
+        event, stored together. A write that fails is tried again (`END_RETRY_PAUSES_S`);
+        unless the store was unavailable, with the signal reduced to what any store takes
+        (`storable`).
+        If every try fails the session stays held: once its lease runs out, the next run on
+        it, a restart of this server or any replica's start ends the run INTERRUPTED, as
+        the stream is told now; never is a run left RUNNING on a released session."""
         ended = run.ended(signal)
         ended.last_event_seq = channel.last_seq + 1  # the terminal event's
-        try:
-            stored = await self.store.end_run(ended, journal=channel.journal_for(closed))
-        except Exception:
-            logger.exception("run %s: could not store its final state", run.id)
-            await self.release(run.session_id, run.id)
-            return SegmentEnd(ended, released=False, journaled=False)
-        if stored.queued:
-            self._on_session_free(run.session_id)
-        if stored.earlier_end is not None:
-            # Ended first by the server that took the session over once this run's lease ran
-            # out (this one stalled past it): that end is the run's, and the stream says so.
-            logger.warning("run %s was ended by a take-over of its session", run.id)
-            return SegmentEnd(stored.earlier_end, stored.released, journaled=False)
-        return SegmentEnd(ended, stored.released, journaled=True)
+        for attempt, pause_s in enumerate(END_RETRY_PAUSES_S):
+            if pause_s:
+                await asyncio.sleep(pause_s)
+            try:
+                stored = await self.store.end_run(ended, journal=channel.journal_for(closed))
+            except Exception as error:
+                # The error's type only: a driver's message may quote what was written.
+                logger.warning(
+                    "run %s: storing its end failed (try %d): %s",
+                    run.id,
+                    attempt + 1,
+                    type(error).__name__,
+                )
+                if not isinstance(error, StoreUnavailableError):  # what was written failed
+                    ended.stop_signal = storable(signal)
+                continue
+            if stored.queued:
+                self._on_session_free(run.session_id)
+            if stored.earlier_end is not None:
+                # Ended first by the server that took the session over once this run's
+                # lease ran out (this one stalled past it): that end is the run's.
+                logger.warning("run %s was ended by a take-over of its session", run.id)
+                return SegmentEnd(stored.earlier_end, stored.released, journaled=False)
+            return SegmentEnd(ended, stored.released, journaled=True)
+        logger.error(
+            "run %s: its end could not be stored; it ends INTERRUPTED when its session's "
+            "lease runs out",
+            run.id,
+        )
+        unstored = run.ended(end_unstored(run.last_sequence + 1))
+        unstored.last_event_seq = ended.last_event_seq
+        return SegmentEnd(unstored, released=False, journaled=False)
 
     async def end_idle(
         self, run: Run, signal: StopSignal, history: list[Step] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -72,13 +73,22 @@ def parse_url(url: str) -> URL:
     )
 
 
-def check_sqlite_directory(url: URL) -> None:
-    """Fail early, and clearly, where SQLite could only say "unable to open database file"."""
+SQLITE_FILE_MODE: Final = 0o600
+"""A new SQLite file is its owner's only (SQLite gives its -wal and -shm files the same)."""
+
+
+def prepare_sqlite_file(url: URL) -> None:
+    """Fail early, and clearly, where SQLite could only say "unable to open database file";
+    create a new database file readable by its owner only."""
     if url.get_backend_name() != "sqlite" or url.query.get("uri"):
         return
-    directory = Path(url.database or "").expanduser().resolve().parent
-    if not directory.is_dir():
-        raise StoreUnavailableError(f"cannot open the SQLite database: no directory {directory}")
+    if url.database in (None, "", ":memory:"):
+        return
+    path = Path(url.database).expanduser().resolve()
+    if not path.parent.is_dir():
+        raise StoreUnavailableError(f"cannot open the SQLite database: no directory {path.parent}")
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, SQLITE_FILE_MODE))
 
 
 T = TypeVar("T")
@@ -140,6 +150,7 @@ class SqliteDatabase:
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
             pool_size=SQLITE_READER_THREADS + 1,
             max_overflow=0,
+            hide_parameters=True,  # a statement's error never carries user content
         )
         _install_sqlite_hooks(self._engine, mode)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="agio-sqlite-writer")
@@ -193,6 +204,7 @@ class PostgresDatabase:
             pool_pre_ping=True,
             pool_recycle=1800,
             connect_args={"timeout": 10},
+            hide_parameters=True,  # a statement's error never carries user content
         )
 
     @property

@@ -465,3 +465,10 @@ class SessionLeases(Protocol):
         Safe to call from any replica at any time: live leases are never touched.
         """
         ...
+
+    async def recover_own_runs(self) -> list[str]:
+        """Release every session this server instance holds (by the store's instance id),
+        finalising the holder's run as a take-over would, live lease or not; the run ids
+        finalised. For a server starting (it runs nothing yet): the runs it left when it
+        stopped need not wait for their leases. Nothing without an instance id."""
+        ...

@@ -25,6 +25,7 @@ from agio_grpc.domain import (
     StopSignal,
     ToolCall,
     Usage,
+    clean_text,
 )
 from agio_grpc.store.protocol import JournalRecord
 from agio_grpc.store.tables import steps as step_table
@@ -85,12 +86,15 @@ def step_row(step: Step) -> dict[str, Any]:
         "run_id": step.run_id,
         "sequence": step.sequence,
         "role": step.role.value,
-        "content": step.content,
-        "reasoning_content": step.reasoning_content,
+        # Text as both backends can store it (domain.clean_text): the engine cleans what it
+        # gets from models and tools, and the service refuses U+0000 in requests; this is
+        # the last line, so that no text can fail a write.
+        "content": clean_text(step.content),
+        "reasoning_content": clean_text(step.reasoning_content),
         "tool_calls": tool_calls_json(step.tool_calls),
         "tool_call_count": len(step.tool_calls),
-        "tool_call_id": step.tool_call_id,
-        "name": step.name,
+        "tool_call_id": clean_text(step.tool_call_id),
+        "name": clean_text(step.name),
         "is_error": step.is_error,
         "create_time": step.create_time,
         "trace_id": step.trace_id,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -61,15 +61,16 @@ from agio_grpc.domain import (
     StopReason,
     StopSignal,
     abandoned_run_signal,
+    clean_text,
     new_id,
     utc_now,
 )
 from agio_grpc.store.database import (
     DRIVER_ERRORS,
     Database,
-    check_sqlite_directory,
     open_database,
     parse_url,
+    prepare_sqlite_file,
 )
 from agio_grpc.store.errors import (
     DuplicateRequestError,
@@ -140,6 +141,7 @@ async def open_store(
     *,
     sqlite_synchronous: str = "NORMAL",
     session_lease_s: float = DEFAULT_SESSION_LEASE_S,
+    instance_id: str = "",
 ) -> SqlStepStore:
     """Connect to `url`, migrate the schema to head and return the store.
 
@@ -147,15 +149,17 @@ async def open_store(
     `sqlite://` and `postgresql://` forms work too). `sqlite_synchronous` is SQLite's
     `PRAGMA synchronous`: NORMAL survives an application crash, FULL also a power loss, at
     several times the cost per commit. `session_lease_s` is how long a take or renewal holds
-    a session (see the protocol). Raises StoreUnavailableError when the database cannot be
+    a session (see the protocol); `instance_id` names this server on the sessions it takes,
+    stable across its restarts, so that a restarted server can end the runs it left
+    (`recover_own_runs`). Raises StoreUnavailableError when the database cannot be
     reached, ValueError for an unsupported URL or a lease that is not positive.
     """
     if not session_lease_s > 0:
         raise ValueError(f"session_lease_s must be positive, got {session_lease_s}")
     parsed = parse_url(url)
-    check_sqlite_directory(parsed)
+    prepare_sqlite_file(parsed)
     database = open_database(parsed, sqlite_synchronous)
-    store = SqlStepStore(database, session_lease_s=session_lease_s)
+    store = SqlStepStore(database, session_lease_s=session_lease_s, instance_id=instance_id)
     try:
         await store._migrate()
     except BaseException:
@@ -168,14 +172,18 @@ class SqlStepStore:
     """A StepStore (and SessionLeases) on one `Database`. Build it with `open_store`."""
 
     def __init__(
-        self, database: Database, *, session_lease_s: float = DEFAULT_SESSION_LEASE_S
+        self,
+        database: Database,
+        *,
+        session_lease_s: float = DEFAULT_SESSION_LEASE_S,
+        instance_id: str = "",
     ) -> None:
         self._database = database
-        self._lease = timedelta(seconds=session_lease_s)
+        self._lease = _Lease(timedelta(seconds=session_lease_s), instance_id or None)
 
     @property
     def session_lease_s(self) -> float:
-        return self._lease.total_seconds()
+        return self._lease.term.total_seconds()
 
     @property
     def backend(self) -> str:
@@ -759,7 +767,7 @@ class SqlStepStore:
         pairs = list(holders.items())
 
         def work(conn: Connection) -> set[str]:
-            expires = utc_now() + self._lease
+            expires = utc_now() + self._lease.term
             renewed = conn.execute(
                 update(session_table)
                 .where(tuple_(session_table.c.id, session_table.c.active_run_id).in_(pairs))
@@ -819,6 +827,18 @@ class SqlStepStore:
         return await self._read(work)
 
     async def recover_expired_runs(self) -> list[str]:
+        return await self._recover(lambda now: _lease_expired(now))
+
+    async def recover_own_runs(self) -> list[str]:
+        """End INTERRUPTED the runs this server's instance left RUNNING when it stopped, live
+        lease or not (it runs none yet), and release their sessions; their run ids. Call it
+        at start, before serving: nothing when the store has no instance id."""
+        owner = self._lease.owner
+        if owner is None:
+            return []
+        return await self._recover(lambda _: session_table.c.lease_owner == owner)
+
+    async def _recover(self, which: Callable[[datetime], Any]) -> list[str]:
         def work(conn: Connection) -> list[str]:
             now = utc_now()
             # SKIP LOCKED: a session another transaction is taking over is its business.
@@ -828,7 +848,7 @@ class SqlStepStore:
                     session_table.c.active_run_id,
                     session_table.c.last_sequence,
                 )
-                .where(_HELD, _lease_expired(now))
+                .where(_HELD, which(now))
                 .with_for_update(skip_locked=True)
             ).all()
             interrupted = [
@@ -840,7 +860,7 @@ class SqlStepStore:
                 conn.execute(
                     update(session_table)
                     .where(session_table.c.id.in_([row.id for row in expired]))
-                    .values(active_run_id=None, lease_expires_at=None)
+                    .values(active_run_id=None, lease_expires_at=None, lease_owner=None)
                 )
             return interrupted
 
@@ -979,14 +999,22 @@ _TAKE_FREE_SESSION: Final = Prepared(
         session_table.c.id == bindparam("session_id"),
         or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
     )
-    .values(active_run_id=bindparam("run_id"), lease_expires_at=bindparam("expires"))
+    .values(
+        active_run_id=bindparam("run_id"),
+        lease_expires_at=bindparam("expires"),
+        lease_owner=bindparam("owner"),
+    )
     .returning(session_table.c.id)
 )
 # Only after the holder was read under a row lock and found free or expired.
 _TAKE_LOCKED_SESSION: Final = (
     update(session_table)
     .where(session_table.c.id == bindparam("session_id"))
-    .values(active_run_id=bindparam("run_id"), lease_expires_at=bindparam("expires"))
+    .values(
+        active_run_id=bindparam("run_id"),
+        lease_expires_at=bindparam("expires"),
+        lease_owner=bindparam("owner"),
+    )
 )
 # A run's mutable columns, as `update_run` and `end_run` (on every run) write them.
 _UPDATE_RUN: Final = (
@@ -1004,7 +1032,7 @@ _RELEASE_SESSION: Final = Prepared(
         session_table.c.id == bindparam("session_id"),
         session_table.c.active_run_id == bindparam("run_id"),
     )
-    .values(active_run_id=None, lease_expires_at=None)
+    .values(active_run_id=None, lease_expires_at=None, lease_owner=None)
 )
 
 
@@ -1058,6 +1086,14 @@ def _read_start(
     return 1
 
 
+@dataclass(frozen=True, slots=True)
+class _Lease:
+    """How a take holds a session: for `term` from now, by the instance `owner`."""
+
+    term: timedelta
+    owner: str | None
+
+
 def _lease_expired(now: datetime) -> Any:
     """The holder's lease ran out; a holder with no lease was taken before leases existed
     (revision 0002) and outlived its server, so it counts as expired too."""
@@ -1070,7 +1106,7 @@ def _insert_session(
     session: Session,
     *,
     last_sequence: int,
-    lease: timedelta,
+    lease: _Lease,
     active_run_id: str = "",
 ) -> None:
     holder = active_run_id or session.active_run_id or None
@@ -1084,7 +1120,8 @@ def _insert_session(
             "update_time": session.update_time,
             "last_sequence": last_sequence,
             "active_run_id": holder,
-            "lease_expires_at": utc_now() + lease if holder else None,
+            "lease_expires_at": utc_now() + lease.term if holder else None,
+            "lease_owner": lease.owner if holder else None,
         },
     )
 
@@ -1098,7 +1135,7 @@ def _insert_run(conn: Connection, run: Run) -> None:
             "agent": run.agent,
             "create_time": run.create_time,
             "request_id": run.request_id,
-            "input": run.input,
+            "input": clean_text(run.input),
             "queue_position": run.queue_position,
             "supersedes": run.supersedes,
             "rollback_from": run.rollback_from,
@@ -1358,7 +1395,7 @@ def _write_journal(conn: Connection, run_id: str, records: Sequence[JournalRecor
         _INSERT_EVENTS.execute_many(conn, [journal_row(run_id, record) for record in records])
 
 
-def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -> None:
+def _acquire(conn: Connection, session_id: str, run_id: str, lease: _Lease) -> None:
     """Make `run_id` the session's active run under a lease of `lease` from now; over an
     expired lease, the previous holder's run is interrupted. Raises NotFoundError,
     SessionBusyError.
@@ -1366,7 +1403,12 @@ def _acquire(conn: Connection, session_id: str, run_id: str, lease: timedelta) -
     # Compare-and-set in the database, so it holds across processes and replicas. Not
     # re-entrant: two continuations of one run (a submit and a cancel) exclude each other.
     now = utc_now()
-    values = {"session_id": session_id, "run_id": run_id, "expires": now + lease}
+    values = {
+        "session_id": session_id,
+        "run_id": run_id,
+        "expires": now + lease.term,
+        "owner": lease.owner,
+    }
     if _TAKE_FREE_SESSION.first(conn, values) is not None:
         return
     # Held (or unknown): read the holder under a row lock, so a renewal or another take

@@ -59,6 +59,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+INT64 = BigInteger().with_variant(Integer(), "sqlite")
+"""Counts and sequences: 64-bit on every backend (SQLite's INTEGER is 64-bit already, and
+revision 0005 widened PostgreSQL's `integer` columns)."""
+
 metadata = MetaData()
 
 sessions = Table(
@@ -66,16 +70,19 @@ sessions = Table(
     metadata,
     Column("id", String, primary_key=True),
     Column("parent_session_id", String, nullable=True),
-    Column("fork_sequence", Integer, nullable=False, server_default="0"),
+    Column("fork_sequence", INT64, nullable=False, server_default="0"),
     Column("create_time", UTCDateTime, nullable=False),
     Column("update_time", UTCDateTime, nullable=False),
     # The highest sequence allocated; equals the step count because sequences are gapless.
-    Column("last_sequence", Integer, nullable=False, server_default="0"),
+    Column("last_sequence", INT64, nullable=False, server_default="0"),
     # The one running run holding the session (NULL when idle); compare-and-set only.
     Column("active_run_id", String, nullable=True),
     # When the holder's lease runs out unless renewed (app clock, UTC); NULL when idle.
     # A holder whose lease expired may be displaced: its process is presumed dead.
     Column("lease_expires_at", UTCDateTime, nullable=True),
+    # The server instance holding it (revision 0005; NULL when idle): a restarted server
+    # ends the runs it left at once instead of after their lease.
+    Column("lease_owner", String, nullable=True),
     Index("ix_sessions_create_time_id", "create_time", "id"),
 )
 
@@ -91,26 +98,26 @@ steps = Table(
     ),
     # No foreign key: a fork keeps the parent's run ids, and runs may be written after steps.
     Column("run_id", String, nullable=False, server_default=""),
-    Column("sequence", Integer, nullable=False),
+    Column("sequence", INT64, nullable=False),
     Column("role", String, nullable=False),
     Column("content", Text, nullable=False, server_default=""),
     Column("reasoning_content", Text, nullable=False, server_default=""),
     Column("tool_calls", Text, nullable=False, server_default="[]"),
-    Column("tool_call_count", Integer, nullable=False, server_default="0"),
+    Column("tool_call_count", INT64, nullable=False, server_default="0"),
     Column("tool_call_id", String, nullable=False, server_default=""),
     Column("name", String, nullable=False, server_default=""),
     Column("is_error", Boolean, nullable=False, server_default=false()),
-    Column("duration_ms", Integer, nullable=False, server_default="0"),
-    Column("first_token_latency_ms", Integer, nullable=False, server_default="0"),
-    Column("input_tokens", Integer, nullable=False, server_default="0"),
-    Column("output_tokens", Integer, nullable=False, server_default="0"),
-    Column("total_tokens", Integer, nullable=False, server_default="0"),
-    Column("cached_input_tokens", Integer, nullable=False, server_default="0"),
-    Column("reasoning_tokens", Integer, nullable=False, server_default="0"),
+    Column("duration_ms", INT64, nullable=False, server_default="0"),
+    Column("first_token_latency_ms", INT64, nullable=False, server_default="0"),
+    Column("input_tokens", INT64, nullable=False, server_default="0"),
+    Column("output_tokens", INT64, nullable=False, server_default="0"),
+    Column("total_tokens", INT64, nullable=False, server_default="0"),
+    Column("cached_input_tokens", INT64, nullable=False, server_default="0"),
+    Column("reasoning_tokens", INT64, nullable=False, server_default="0"),
     Column("model_name", String, nullable=False, server_default=""),
     Column("provider", String, nullable=False, server_default=""),
-    Column("tool_exec_time_ms", Integer, nullable=False, server_default="0"),
-    Column("retries", Integer, nullable=False, server_default="0"),
+    Column("tool_exec_time_ms", INT64, nullable=False, server_default="0"),
+    Column("retries", INT64, nullable=False, server_default="0"),
     Column("create_time", UTCDateTime, nullable=False),
     Column("trace_id", String, nullable=False, server_default=""),
     Column("span_id", String, nullable=False, server_default=""),
@@ -131,20 +138,20 @@ runs = Table(
     Column("agent", String, nullable=False),
     Column("status", String, nullable=False),
     Column("stop_signal", Text, nullable=True),
-    Column("input_tokens", Integer, nullable=False, server_default="0"),
-    Column("output_tokens", Integer, nullable=False, server_default="0"),
-    Column("total_tokens", Integer, nullable=False, server_default="0"),
-    Column("step_count", Integer, nullable=False, server_default="0"),
-    Column("tool_call_count", Integer, nullable=False, server_default="0"),
-    Column("first_sequence", Integer, nullable=False, server_default="0"),
-    Column("last_sequence", Integer, nullable=False, server_default="0"),
+    Column("input_tokens", INT64, nullable=False, server_default="0"),
+    Column("output_tokens", INT64, nullable=False, server_default="0"),
+    Column("total_tokens", INT64, nullable=False, server_default="0"),
+    Column("step_count", INT64, nullable=False, server_default="0"),
+    Column("tool_call_count", INT64, nullable=False, server_default="0"),
+    Column("first_sequence", INT64, nullable=False, server_default="0"),
+    Column("last_sequence", INT64, nullable=False, server_default="0"),
     Column("create_time", UTCDateTime, nullable=False),
     Column("end_time", UTCDateTime, nullable=True),
     Column("trace_id", String, nullable=False, server_default=""),
     Column("request_id", String, nullable=False, server_default=""),
     Column("metadata", Text, nullable=False, server_default="{}"),
     Column("options", Text, nullable=False, server_default="{}"),
-    Column("last_event_seq", Integer, nullable=False, server_default="0"),
+    Column("last_event_seq", INT64, nullable=False, server_default="0"),
     # A CancelRun for a run another replica runs: its stop signal as JSON (NULL: none).
     Column("cancel_request", Text, nullable=True),
     # A QUEUED run (revision 0004): its input, its place in the session's queue, and the run

@@ -922,6 +922,60 @@ async def test_end_run_stores_the_final_state_and_frees_the_session_together(
     assert await store.end_run(run) == RunEnd(released=False)  # no longer its to release
 
 
+async def test_counts_are_64_bit_on_every_backend(store: SqlStepStore) -> None:
+    big = 2**62
+    session = await store.create_session()
+    run = await store.create_run(Run(session_id=session.id, agent="default"))
+    await store.acquire_session(session.id, run.id)
+    step = assistant(session.id)
+    step.metrics = StepMetrics(
+        input_tokens=big,
+        output_tokens=big,
+        total_tokens=big,
+        cached_input_tokens=big,
+        reasoning_tokens=big,
+        duration_ms=big,
+        first_token_latency_ms=big,
+        tool_exec_time_ms=big,
+        retries=big,
+    )
+    (stored,) = await store.append_steps([step], held_by=run.id)
+    assert (await store.get_step(session.id, stored.sequence)).metrics == step.metrics
+    run.usage = Usage(input_tokens=big, output_tokens=big, total_tokens=big)
+    run.last_event_seq = big
+    run.status = RunStatus.COMPLETED
+    run.stop_signal = StopSignal(StopReason.COMPLETED, "", "model")
+    assert await store.end_run(run) == RunEnd(released=True)
+    assert await store.get_run(run.id) == run
+
+
+@pytest.mark.parametrize(
+    ("text", "stored"),
+    [
+        ("a\x00b", "a\ufffdb"),
+        ("lone \ud800 surrogate", "lone \ufffd surrogate"),
+        ("\udfff\x00é", "\ufffd\ufffdé"),
+        ("plain é ✓", "plain é ✓"),
+    ],
+)
+async def test_text_no_backend_can_hold_is_stored_with_replacement_characters(
+    store: SqlStepStore, text: str, stored: str
+) -> None:
+    session = await store.create_session()
+    step = Step(
+        session.id,
+        "run_1",
+        Role.TOOL,
+        content=text,
+        reasoning_content=text,
+        name=text,
+        tool_call_id=text,
+    )
+    (written,) = await store.append_steps([step])
+    read = await store.get_step(session.id, written.sequence)
+    assert (read.content, read.reasoning_content, read.name, read.tool_call_id) == (stored,) * 4
+
+
 async def test_end_run_of_a_run_that_lost_its_session_keeps_the_new_holder(
     store: SqlStepStore,
 ) -> None:

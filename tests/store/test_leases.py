@@ -381,6 +381,36 @@ async def test_recover_expired_runs_finalises_only_expired_holders(
     assert await store.recover_expired_runs() == []
 
 
+async def test_a_restarted_instance_ends_the_runs_it_left_at_once(
+    store: SqlStepStore, store_url: str
+) -> None:
+    before = await open_store(store_url, instance_id="host-a/0.0.0.0:50051")
+    try:
+        left = await start(before)  # its server dies here: the lease stays live
+    finally:
+        await before.close()
+    other = await open_store(store_url, instance_id="host-b/0.0.0.0:50051")
+    restarted = await open_store(store_url, instance_id="host-a/0.0.0.0:50051")
+    try:
+        live = await start(other)
+        assert await store.recover_own_runs() == []  # no instance id: nothing is its own
+
+        assert await restarted.recover_own_runs() == [left.id]
+
+        ended = await store.get_run(left.id)
+        assert ended.status is RunStatus.INTERRUPTED
+        assert ended.stop_signal is not None
+        assert (ended.stop_signal.retryable, ended.stop_signal.resume_from_sequence) == (True, 2)
+        assert await lease_of(store_url, left.session_id) == (None, None)
+        assert (await store.get_run(live.id)).status is RunStatus.RUNNING
+        assert (await lease_of(store_url, live.session_id))[0] == live.id
+        assert await restarted.recover_own_runs() == []
+        await start(restarted, await store.get_session(left.session_id))  # usable at once
+    finally:
+        await other.close()
+        await restarted.close()
+
+
 async def test_a_run_whose_lease_expired_is_interrupted_without_taking_its_session(
     store: SqlStepStore, crashing: SqlStepStore, store_url: str
 ) -> None:
@@ -518,4 +548,4 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     holder, expires = await lease_of(store_url, "sess_stuck")
     assert holder == "run_next"
     assert expires is not None
-    assert head_revision() == "0004"
+    assert head_revision() == "0005"

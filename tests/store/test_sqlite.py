@@ -6,6 +6,7 @@ The behaviour both backends share lives in test_conformance.py.
 from __future__ import annotations
 
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,21 @@ async def test_plain_sqlite_url_and_full_sync_are_accepted(tmp_path: Path) -> No
 async def test_unknown_synchronous_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="sqlite_synchronous"):
         await open_store(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="OFTEN")
+
+
+async def test_a_new_sqlite_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "private.db"
+    store = await open_store(f"sqlite+aiosqlite:///{path}")
+    try:
+        session = await store.create_session()
+        await store.append_steps([Step(session.id, "run_1", Role.USER, content="secret")])
+        modes = file_modes(tmp_path)  # with the -wal and -shm files there too
+    finally:
+        await store.close()
+    assert modes["private.db"] == 0o600
+    assert len(modes) == 3
+    assert all(mode & 0o077 == 0 for mode in modes.values()), modes
+
+
+def file_modes(directory: Path) -> dict[str, int]:
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()}

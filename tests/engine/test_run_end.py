@@ -1,0 +1,129 @@
+"""A run's end that fails to be stored (engine/lifecycle.py `Lifecycle.end`): tried again,
+reduced to what any store takes when what was written failed, and when nothing works the
+session stays held so that its lease's take-over (or a restart) ends the run: never a run
+left RUNNING on a released session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from agio_grpc.domain import RunStatus, StopReason
+from agio_grpc.engine import ClientTool
+from agio_grpc.engine import lifecycle as lifecycle_module
+from agio_grpc.store.errors import StoreError, StoreUnavailableError
+from agio_grpc.store.protocol import StepStore, terminal_kind
+from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.engine.harness import Gate, build_runtime
+
+
+class FailingEnds:
+    """The real store, except that its next `failures` ends raise (each error in turn)."""
+
+    def __init__(self, store: StepStore, *failures: Exception) -> None:
+        self._store = store
+        self.failures = list(failures)
+        self.ends: list[Any] = []
+
+    async def end_run(self, run: Any, **kwargs: Any) -> Any:
+        self.ends.append(run.stop_signal)
+        if self.failures:
+            raise self.failures.pop(0)
+        return await self._store.end_run(run, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+LOOKUP = ClientTool("lookup_order", "Look an order up.", '{"type": "object"}')
+
+
+@pytest.fixture(autouse=True)
+def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle_module, "END_RETRY_PAUSES_S", (0.0, 0.0, 0.0))
+
+
+async def test_an_unavailable_store_is_tried_again_with_the_same_end(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    store = FailingEnds(sqlite_store, StoreUnavailableError("locked"), StoreUnavailableError("x"))
+    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    fake_model.enqueue(
+        Turn.tool_calls([ToolCallSpec("lookup_order", '{"order_id": "A1"}', id="call_1")])
+    )
+    try:
+        outcome = await harness.run("where is my order?", client_tools=[LOOKUP])
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+    assert outcome.reason is StopReason.REQUIRES_ACTION
+    assert len(store.ends) == 3
+    stored = await sqlite_store.get_run(outcome.run_id)
+    assert stored.status is RunStatus.REQUIRES_ACTION
+    assert stored.stop_signal is not None
+    assert stored.stop_signal.context["tool_calls"][0]["id"] == "call_1"  # kept whole
+    assert (await sqlite_store.get_session(outcome.session_id)).active_run_id == ""
+
+
+async def test_an_end_the_store_refuses_is_stored_reduced(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    store = FailingEnds(sqlite_store, StoreError("value out of range"))
+    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    fake_model.enqueue(Turn.error(400, message="bad \x00 request " + "x" * 10_000))
+    try:
+        outcome = await harness.run("hi")
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+    assert outcome.reason is StopReason.MODEL_ERROR
+    stored = await sqlite_store.get_run(outcome.run_id)
+    assert stored.status is RunStatus.FAILED
+    assert stored.stop_signal is not None
+    assert stored.stop_signal.reason is StopReason.MODEL_ERROR
+    assert stored.stop_signal.context == {}
+    assert "\x00" not in stored.stop_signal.message
+    assert len(stored.stop_signal.message) <= lifecycle_module.STORABLE_MESSAGE_CHARS
+    assert outcome.run == stored  # the stream was told what was stored
+
+
+async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_run(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ends.db'}"
+    real = await open_store(url, instance_id="host/127.0.0.1:50051")
+    store = FailingEnds(real, *[StoreUnavailableError("gone")] * 3)
+    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    fake_model.enqueue(Turn.text("done"))
+    try:
+        outcome = await harness.run("hi")
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+        await real.close()
+    # Told what the take-over will store: INTERRUPTED, retryable after the reply.
+    signal = outcome.run.stop_signal
+    assert signal is not None
+    assert (signal.reason, signal.retryable, signal.resume_from_sequence) == (
+        StopReason.INTERRUPTED,
+        True,
+        3,
+    )
+    restarted = await open_store(url, instance_id="host/127.0.0.1:50051")
+    try:
+        held = await restarted.get_session(outcome.session_id)
+        assert held.active_run_id == outcome.run_id  # not released while RUNNING
+        assert (await restarted.get_run(outcome.run_id)).status is RunStatus.RUNNING
+        assert await restarted.recover_own_runs() == [outcome.run_id]
+        ended = await restarted.get_run(outcome.run_id)
+        assert ended.status is RunStatus.INTERRUPTED
+        assert ended.stop_signal is not None
+        assert ended.stop_signal.resume_from_sequence == 3
+        assert (await restarted.get_session(outcome.session_id)).active_run_id == ""
+        kinds = [record.kind for record in await restarted.read_journal(outcome.run_id)]
+        assert kinds[-1] == terminal_kind(ended)
+    finally:
+        await restarted.close()
