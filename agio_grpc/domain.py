@@ -237,6 +237,36 @@ def abandoned_run_signal(message: str, resume_from_sequence: int) -> StopSignal:
     )
 
 
+def unfinished_reason(signal: StopSignal) -> str:
+    """Why a tool call got no result, for the synthetic error result a stop stores."""
+    detail = f" ({signal.message})" if signal.message else ""
+    match signal.reason:
+        case StopReason.CANCELLED:
+            return f"the run was cancelled{detail}"
+        case StopReason.TIMEOUT:
+            return f"the run timed out{detail}"
+        case StopReason.INTERRUPTED:
+            return f"the run was interrupted{detail}"
+        case StopReason.MAX_TOKENS | StopReason.CONTENT_FILTER:
+            return f"the call was not run: the model's reply was cut off{detail}"
+        case _:
+            return f"the call was not run: the run stopped with {signal.reason.value}{detail}"
+
+
+def unanswered_call_result(session_id: str, run_id: str, call: ToolCall, why: str) -> Step:
+    """The error result a stop stores for a tool call that never returned, so the log
+    stays valid history (every call answered)."""
+    return Step(
+        session_id,
+        run_id,
+        Role.TOOL,
+        content=f"Error: tool {call.name!r} did not return a result: {why}",
+        tool_call_id=call.id,
+        name=call.name,
+        is_error=True,
+    )
+
+
 REPLACEMENT = "\ufffd"
 
 

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import pydantic
 
-from agio_grpc.domain import StopReason, StopSignal, ToolCall, clean_text
+from agio_grpc.domain import (
+    StopReason,
+    StopSignal,
+    ToolCall,
+    clean_text,
+    unanswered_call_result,
+)
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolStop
 from agio_grpc.engine.tracing import NO_CALL_TRACE, ToolCallTrace
 
@@ -40,7 +46,7 @@ class ToolResult:
 
 def unfinished_result(call: ToolCall, why: str) -> ToolResult:
     """The error result of a call that never returned (cancelled, interrupted, not run)."""
-    return ToolResult(call, f"Error: tool {call.name!r} did not return a result: {why}", True)
+    return ToolResult(call, unanswered_call_result("", "", call, why).content, True)
 
 
 async def execute_tool_calls(

@@ -41,7 +41,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from agio_grpc.domain import (
-    Role,
     Run,
     RunStatus,
     Session,
@@ -51,11 +50,12 @@ from agio_grpc.domain import (
     ToolCall,
     abandoned_run_signal,
     clean_text,
+    unanswered_call_result,
+    unfinished_reason,
 )
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.engine.events import Event, RunStarted, StepCompleted, terminal_event
-from agio_grpc.engine.executor import unfinished_result
 from agio_grpc.store.errors import NotFoundError, StoreError, StoreUnavailableError
 from agio_grpc.store.protocol import (
     HistoryMark,
@@ -165,22 +165,6 @@ def internal_error(error: Exception) -> StopSignal:
         f"internal error ({type(error).__name__}); see the server log",
         "server",
     )
-
-
-def unfinished_reason(signal: StopSignal) -> str:
-    """Why a tool call got no result, for the synthetic error result a stop stores."""
-    detail = f" ({signal.message})" if signal.message else ""
-    match signal.reason:
-        case StopReason.CANCELLED:
-            return f"the run was cancelled{detail}"
-        case StopReason.TIMEOUT:
-            return f"the run timed out{detail}"
-        case StopReason.INTERRUPTED:
-            return f"the run was interrupted{detail}"
-        case StopReason.MAX_TOKENS | StopReason.CONTENT_FILTER:
-            return f"the call was not run: the model's reply was cut off{detail}"
-        case _:
-            return f"the call was not run: the run stopped with {signal.reason.value}{detail}"
 
 
 # -- what transitions announce ---------------------------------------------------------------
@@ -356,18 +340,7 @@ class Lifecycle:
             pending = open_tool_calls(history)[1]
         expect = HistoryMark(history[-1].sequence, history[-1].id) if history else None
         why = unfinished_reason(signal)
-        results = [
-            Step(
-                run.session_id,
-                run.id,
-                Role.TOOL,
-                content=unfinished_result(call, why).content,
-                tool_call_id=call.id,
-                name=call.name,
-                is_error=True,
-            )
-            for call in pending
-        ]
+        results = [unanswered_call_result(run.session_id, run.id, call, why) for call in pending]
         ended = run.ended(signal)
         ended.last_event_seq = run.last_event_seq + len(results) + 1
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)

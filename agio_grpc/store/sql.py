@@ -63,6 +63,8 @@ from agio_grpc.domain import (
     abandoned_run_signal,
     clean_text,
     new_id,
+    unanswered_call_result,
+    unfinished_reason,
     utc_now,
 )
 from agio_grpc.store.database import (
@@ -1462,12 +1464,45 @@ def _interrupt_run(
     journaled = conn.execute(
         select(func.max(event_table.c.seq)).where(event_table.c.run_id == run_id)
     ).scalar()
-    run.last_event_seq = max(int(journaled or 0), run.last_event_seq) + TAKEOVER_SEQ_GAP
-    ended = stored_run(run.ended(abandoned_run_signal(message, last_sequence + 1), now))
+    seq = max(int(journaled or 0), run.last_event_seq) + TAKEOVER_SEQ_GAP
+    signal = abandoned_run_signal(message, last_sequence + 1)
+    # Its calls left without a result get an error result, as a stop's would: the log stays
+    # valid history, and a Retry from the first of them runs those calls again.
+    results = _answer_open_calls(conn, session_id, run_id, unfinished_reason(signal))
+    records = []
+    for offset, step in enumerate(results):
+        records.append(JournalRecord(seq + offset, now, "step_completed", step=step))
+    if results:
+        run.step_count += len(results)
+        run.last_sequence = results[-1].sequence
+        signal.resume_from_sequence = results[0].sequence
+    run.last_event_seq = seq + len(results)
+    ended = stored_run(run.ended(signal, now))
     conn.execute(_UPDATE_RUN, _run_update(ended))
-    terminal = JournalRecord(ended.last_event_seq, now, terminal_kind(ended), run=ended)
-    _write_journal(conn, run_id, [terminal])
+    records.append(JournalRecord(ended.last_event_seq, now, terminal_kind(ended), run=ended))
+    _write_journal(conn, run_id, records)
     return True
+
+
+def _answer_open_calls(conn: Connection, session_id: str, run_id: str, why: str) -> list[Step]:
+    """Store an error result for each call of the session's last assistant step, when it
+    is the run's, that has none; the results as stored."""
+    last_reply = conn.execute(
+        select(func.max(step_table.c.sequence)).where(
+            step_table.c.session_id == session_id, step_table.c.role == Role.ASSISTANT.value
+        )
+    ).scalar()
+    if last_reply is None:
+        return []
+    reply, *after = _read_history(conn, session_id, int(last_reply), None, known_session=True)
+    if reply.run_id != run_id or not reply.tool_calls:
+        return []
+    answered = {step.tool_call_id for step in after if step.role is Role.TOOL}
+    open_calls = [call for call in reply.tool_calls if call.id not in answered]
+    if not open_calls:
+        return []
+    results = [unanswered_call_result(session_id, run_id, call, why) for call in open_calls]
+    return _append(conn, session_id, results)
 
 
 def _require_session(

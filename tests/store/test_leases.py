@@ -25,6 +25,7 @@ from agio_grpc.domain import (
     Step,
     StopReason,
     StopSignal,
+    ToolCall,
     utc_now,
 )
 from agio_grpc.store import (
@@ -145,6 +146,70 @@ async def test_a_take_over_an_expired_lease_interrupts_the_previous_run(
     assert holder == taker.id
     assert expires is not None
     assert expires > utc_now() + timedelta(seconds=store.session_lease_s / 2)
+
+
+async def test_a_take_over_answers_the_calls_the_crashed_run_left_open(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)  # user 1
+    calls = [ToolCall(f"call_{n}", "lookup", "{}") for n in range(3)]
+    reply = Step(crashed.session_id, crashed.id, Role.ASSISTANT, tool_calls=calls)
+    done = Step(
+        crashed.session_id,
+        crashed.id,
+        Role.TOOL,
+        content="42",
+        tool_call_id="call_1",
+        name="lookup",
+    )
+    await crashing.append_steps([reply, done], held_by=crashed.id)  # 2, 3
+    await wait_for_expiry(store_url, crashed.session_id)
+
+    taker = await start(store, await store.get_session(crashed.session_id), "again")
+
+    steps = await store.get_steps(crashed.session_id)
+    assert [(s.sequence, s.role, s.tool_call_id) for s in steps] == [
+        (1, Role.USER, ""),
+        (2, Role.ASSISTANT, ""),
+        (3, Role.TOOL, "call_1"),
+        (4, Role.TOOL, "call_0"),
+        (5, Role.TOOL, "call_2"),
+        (6, Role.USER, ""),
+    ]
+    for answer in steps[3:5]:
+        assert answer.is_error
+        assert answer.run_id == crashed.id
+        assert "did not return a result: the run was interrupted" in answer.content
+    interrupted = await store.get_run(crashed.id)
+    assert interrupted.stop_signal is not None
+    assert interrupted.stop_signal.resume_from_sequence == 4  # Retry runs them again
+    assert (interrupted.step_count, interrupted.last_sequence) == (5, 5)
+    assert taker.first_sequence == 6
+    journal = await store.read_journal(crashed.id)
+    assert [r.kind for r in journal[-3:]] == ["step_completed", "step_completed", "run_completed"]
+    assert [r.step.sequence for r in journal[-3:-1] if r.step] == [4, 5]
+    assert [r.seq for r in journal[-3:]] == [
+        journal[-3].seq,
+        journal[-3].seq + 1,
+        journal[-3].seq + 2,
+    ]
+
+
+async def test_a_take_over_adds_nothing_after_a_final_reply(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)
+    await crashing.append_steps(
+        [Step(crashed.session_id, crashed.id, Role.ASSISTANT, content="done")],
+        held_by=crashed.id,
+    )
+    await wait_for_expiry(store_url, crashed.session_id)
+    await start(store, await store.get_session(crashed.session_id), "again")
+    assert [s.role for s in await store.get_steps(crashed.session_id)] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.USER,
+    ]
 
 
 async def test_a_run_whose_session_was_taken_over_can_no_longer_write_to_it(
