@@ -51,6 +51,7 @@ from agio_grpc.domain import (
     ToolCall,
     new_id,
     pick_stop_signal,
+    unfinished_reason,
 )
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
@@ -69,7 +70,6 @@ from agio_grpc.engine.lifecycle import (
     internal_error,
     lease_lost,
     task_cancelled,
-    unfinished_reason,
 )
 from agio_grpc.engine.model import (
     ModelDelta,
