@@ -271,20 +271,25 @@ REPLACEMENT = "\ufffd"
 
 
 def clean_text(text: str) -> str:
-    """`text` as every backend stores it: U+0000 (which PostgreSQL's text cannot hold) and
-    lone surrogates (which are not UTF-8) become U+FFFD. Cheap for ordinary text."""
-    if "\x00" in text:
-        text = text.replace("\x00", REPLACEMENT)
-    if text.isascii():
-        return text
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub(REPLACEMENT, text)
-    return text
+    """`text` as every backend stores it: each U+0000 (which PostgreSQL's text cannot hold)
+    and lone surrogate (JSON `"\\ud800"`: not UTF-8) replaced by U+FFFD.
+
+    Returns `text` itself when there is nothing to replace, the usual case, checked without
+    copying ASCII text.
+    """
+    if text.isascii():  # O(1): a flag of the string
+        return text.replace("\x00", REPLACEMENT) if "\x00" in text else text
+    if "\x00" not in text:
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # a surrogate (a pair from JSON is one character)
+            pass
+        else:
+            return text
+    return _UNSAFE_CHARACTERS.sub(REPLACEMENT, text)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_UNSAFE_CHARACTERS: Final = re.compile("[\x00\ud800-\udfff]")
 
 
 MAX_COUNT = 2**63 - 1

@@ -8,6 +8,8 @@ each to one gRPC status. Store errors (`NotFoundError`, `SessionBusyError`,
 
 from __future__ import annotations
 
+from agio_grpc.domain import Run, RunStatus
+
 
 class EngineError(Exception):
     """Base of the engine's request errors."""
@@ -38,6 +40,14 @@ class RunStateError(EngineError):
         super().__init__(message)
         self.run_id = run_id
         self.status = status
+
+    @classmethod
+    def unless_waiting(cls, run: Run) -> Run:
+        """`run`, when it waits for its client's tool outputs; else raise this error."""
+        if run.status is not RunStatus.REQUIRES_ACTION:
+            status = run.status.value
+            raise cls(run.id, status, f"run {run.id!r} is {status}, not REQUIRES_ACTION")
+        return run
 
 
 class RuntimeClosedError(EngineError):

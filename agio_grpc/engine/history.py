@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agio_grpc.domain import Step
-from agio_grpc.store.protocol import HistoryMark
+from agio_grpc.store.protocol import HistoryMark, StepStore
 
 # What a cached step costs besides its texts: the Step, its StepMetrics, ids and list
 # (measured with tracemalloc on decoded history steps: ~400 B, plus the id strings).
@@ -113,6 +113,14 @@ class HistoryCache:
             return CachedHistory()
         self._histories.move_to_end(session_id)
         return CachedHistory(entry.steps)
+
+    async def read_through(self, store: StepStore, session_id: str) -> tuple[list[Step], int]:
+        """The session's whole history: what is cached, then the steps `store` has after it;
+        with how many came from the cache."""
+        cached = self.cached(session_id)
+        read = await store.get_history_since(session_id, cached.mark)
+        history = cached.join(read.start, read.steps)
+        return history, len(history) - len(read.steps)
 
     def remember(self, session_id: str, history: Sequence[Step]) -> None:
         """Hold `history` as the session's, when it is whole (sequences 1..N, in order)."""

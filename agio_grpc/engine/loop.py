@@ -235,12 +235,21 @@ class RunLoop:
         try:
             called = await call.reply(self._model_listener(call.step_id))
         except ModelError as error:
+            # What failed and how hard it was tried: the last HTTP error status, the code of
+            # an error the model sent in its stream, the retries (each only when there is one).
+            context: dict[str, object] = {}
+            if error.status_code is not None:
+                context["status_code"] = error.status_code
+            if error.error_code is not None:
+                context["error_code"] = error.error_code
+            if error.retries:
+                context["retries"] = error.retries
             raise _Stop(
                 StopSignal(
                     StopReason.MODEL_ERROR,
                     error.message,
                     "model",
-                    context={"status_code": error.status_code} if error.status_code else {},
+                    context=context,
                     retryable=error.retryable,
                     resume_from_sequence=self._next_sequence() if error.retryable else 0,
                 )

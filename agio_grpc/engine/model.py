@@ -16,7 +16,17 @@ Failure policy (every retry is ours: counted in `StepMetrics.retries` and report
   discard the step's deltas so far. If the restarted call fails too, the call fails with a
   retryable `ModelError`. Partial output is never returned as a reply.
 - Other 4xx (400, 401, 403, 404, 422) fail at once with the provider's message, not retryable.
+- An error object sent inside a 200 stream (`data: {"error": {...}}`) is classified as its
+  HTTP status would be (`_is_transient`, one rule for both): authentication, unknown model
+  and invalid request fail at once, rate limits and server errors are retried.
 - A stream that ends without `finish_reason` is never a success.
+- A chunk that is JSON but not the Chat Completions chunk shape fails at once, not
+  retryable, naming the field (`model stream: choices[0].delta must be an object or null,
+  got str`): a server that sends it once will send it again. Text that is not JSON at all is
+  what a cut stream looks like, and is a transient failure.
+- Nothing the model sends can fail a later write: text (content, reasoning, tool call ids,
+  names and arguments, the model name, error messages) is cleaned with `clean_text` (U+0000
+  and lone surrogates become U+FFFD), and token counts are clamped to `MAX_TOKEN_COUNT`.
 
 The request is the one the `openai` client would send: the client resolves the endpoint,
 the API key (as a bearer token), the organisation and project (`OPENAI_ORG_ID`,
@@ -61,13 +71,45 @@ import httpx2
 import openai
 from aiohttp.http_exceptions import HttpProcessingError
 
-from agio_grpc.domain import StepMetrics, StopReason, ToolCall
+from agio_grpc.domain import StepMetrics, StopReason, ToolCall, clean_text
 from agio_grpc.engine.events import ToolCallDelta
 
 _TRANSIENT_STATUS = frozenset({408, 409, 429})
+# In-band error codes and types (OpenAI's, Anthropic-style and vLLM's names) that decide
+# without a status: a retry cannot fix the first kind, and may fix the second.
+_FINAL_ERROR_CODES = frozenset(
+    {
+        "invalid_api_key",
+        "authentication_error",
+        "permission_error",
+        "permission_denied",
+        "model_not_found",
+        "not_found_error",
+        "invalid_request_error",
+        "context_length_exceeded",
+    }
+)
+_TRANSIENT_ERROR_CODES = frozenset(
+    {
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        "server_error",
+        "api_error",
+        "overloaded",
+        "overloaded_error",
+        "service_unavailable",
+        "timeout",
+    }
+)
 _ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_TEXT_LIMIT = 500
+_ERROR_CODE_LIMIT = 64
 _BODY_END_WAIT_S = 1.0
+
+MAX_TOKEN_COUNT = 2**53 - 1
+"""Token counts the model reports are clamped to this. The store keeps 64-bit integers and
+sums a run's counts over its steps; 2**53 - 1 is also the largest integer every client (a
+JSON number, a JavaScript number) reads exactly. A negative count is a malformed chunk."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +175,28 @@ ModelListener = Callable[[ModelEvent], None]
 
 
 class ModelError(Exception):
-    """The model call failed for good; `retryable` says whether trying later may work."""
+    """The model call failed for good; `retryable` says whether trying later may work.
 
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+    `status_code` is the HTTP status of the last attempt's answer when it was an error status;
+    `error_code` the `code` (else `type`) of an error object the model sent inside its stream;
+    `retries` the retries and restarts made before giving up.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status_code: int | None = None,
+        error_code: str | None = None,
+        retries: int = 0,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
         self.status_code = status_code
+        self.error_code = error_code
+        self.retries = retries
 
 
 class ModelDriver(Protocol):
@@ -183,22 +240,53 @@ def provider_name(base_url: str) -> str:
     return "openai" if host == "api.openai.com" else "openai_compatible"
 
 
-class _Transient(Exception):  # noqa: N818 - internal control flow
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+class _Failed(Exception):  # noqa: N818 - internal control flow
+    """A failed attempt; its kind (the subclass) says what `complete` does next."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        error_code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.status_code = status_code
+        self.error_code = error_code
         self.retry_after_s = retry_after_s
 
+    def error(self, *, retryable: bool, retries: int, after: str = "") -> ModelError:
+        """The call's `ModelError`, its message prefixed with `after` (what was tried)."""
+        return ModelError(
+            f"{after}: {self.message}" if after else self.message,
+            retryable=retryable,
+            status_code=self.status_code,
+            error_code=self.error_code,
+            retries=retries,
+        )
 
-class _StreamBroken(Exception):  # noqa: N818 - internal control flow
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+
+class _Final(_Failed):
+    """Trying again cannot help: a refused request, a malformed chunk."""
 
 
-def _failed(reply: _ReplyBuilder, message: str) -> _Transient | _StreamBroken:
+class _Transient(_Failed):
+    """Retried after a backoff (nothing streamed yet)."""
+
+
+class _StreamBroken(_Failed):
+    """The stream failed after deltas: the call restarts."""
+
+
+def _failed(reply: _ReplyBuilder, failure: _Transient) -> _Transient | _StreamBroken:
     """A failed attempt: retried while nothing streamed, else the stream restarts."""
-    return _StreamBroken(message) if reply.streamed else _Transient(message)
+    if not reply.streamed:
+        return failure
+    return _StreamBroken(
+        failure.message, status_code=failure.status_code, error_code=failure.error_code
+    )
 
 
 class OpenAIModelDriver:
@@ -259,11 +347,14 @@ class OpenAIModelDriver:
         while True:
             try:
                 reply = await self._attempt(request, on_event, started)
+            except _Final as failure:
+                raise failure.error(retryable=False, retries=retries + restarts) from None
             except _Transient as failure:
                 if retries >= self.retry.max_retries:
-                    raise ModelError(
-                        f"model call failed after {retries} retries: {failure.message}",
+                    raise failure.error(
                         retryable=True,
+                        retries=retries + restarts,
+                        after=f"model call failed after {retries} retries",
                     ) from None
                 delay = self.retry.backoff_s(retries, failure.retry_after_s)
                 retries += 1
@@ -272,9 +363,10 @@ class OpenAIModelDriver:
                 continue
             except _StreamBroken as failure:
                 if restarts >= self.retry.stream_restarts:
-                    raise ModelError(
-                        f"model stream failed after {restarts} restart(s): {failure.message}",
+                    raise failure.error(
                         retryable=True,
+                        retries=retries + restarts,
+                        after=f"model stream failed after {restarts} restart(s)",
                     ) from None
                 restarts += 1
                 on_event(ModelRestart(failure.message))
@@ -306,19 +398,21 @@ class OpenAIModelDriver:
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
                 await _finish_body(response.content, self._body_end_wait_s)
+        # An error status, an error object in the stream, a chunk that is not JSON.
+        except _Transient as failure:
+            raise _failed(reply, failure) from None
         # aiohttp's own timeouts are TimeoutErrors too: its errors are classified first. A
         # malformed response surfaces as an HttpProcessingError with aiohttp's Python parser.
         except (aiohttp.ClientError, HttpProcessingError) as error:
-            raise _failed(reply, _describe_transport_error(error)) from None
+            raise _failed(reply, _Transient(_describe_transport_error(error))) from None
         except TimeoutError:  # the watchdog
-            raise _failed(reply, f"the model sent nothing for {self._idle_timeout_s:g}s") from None
+            message = f"the model sent nothing for {self._idle_timeout_s:g}s"
+            raise _failed(reply, _Transient(message)) from None
         except OSError as error:
-            raise _failed(reply, _describe_transport_error(error)) from None
-        except _ErrorChunk as error:
-            raise _failed(reply, error.message) from None
+            raise _failed(reply, _Transient(_describe_transport_error(error))) from None
         if reply.finish_reason is None:
             message = "the model stream ended without a finish_reason (truncated response)"
-            raise _failed(reply, message)
+            raise _failed(reply, _Transient(message))
         return reply.build()
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
@@ -347,9 +441,25 @@ class _PartialCall:
     arguments: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class _Usage:
+    """The token counts of a usage chunk, checked and clamped."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cached_input_tokens: int
+    reasoning_tokens: int
+
+
 @dataclass(slots=True)
 class _ReplyBuilder:
-    """Accumulates the chunks of one streamed reply."""
+    """Accumulates the chunks of one streamed reply, checking the shape of each.
+
+    Only the fields a reply is made of are checked (others pass unread): a field of the wrong
+    type raises `_Final` naming it, which fails the call (so what the chunk's earlier fields
+    changed here is never used).
+    """
 
     model_name: str
     content: list[str] = field(default_factory=list)
@@ -357,29 +467,49 @@ class _ReplyBuilder:
     calls: list[_PartialCall] = field(default_factory=list)
     slot_of_index: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: _Usage | None = None
     first_token_latency_ms: int | None = None
     streamed: bool = False
 
-    def add(self, chunk: dict[str, Any]) -> ModelDelta | None:
+    def add(self, chunk: object) -> ModelDelta | None:
         """Take one parsed chunk; return the fragments it carries, if any."""
-        model = chunk.get("model")
-        if model and isinstance(model, str):
+        if not isinstance(chunk, dict):
+            raise _malformed("the chunk", "an object", chunk)
+        model = _text(chunk, "model", "")
+        if model:
             self.model_name = model
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
+        if usage is not None:
+            self.usage = _usage_of(usage)
         choices = chunk.get("choices")
-        if not choices:  # the usage chunk (vLLM sends `choices: null`)
+        if choices is None:  # the usage chunk (vLLM sends `choices: null`)
             return None
-        choice = choices[0]
+        if not isinstance(choices, list):
+            raise _malformed("choices", "an array or null", choices)
+        return self._add_choice(choices[0]) if choices else None
+
+    def _add_choice(self, choice: object) -> ModelDelta | None:
+        if not isinstance(choice, dict):
+            raise _malformed("choices[0]", "an object", choice)
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
+            if not isinstance(finish_reason, str):
+                raise _malformed("choices[0].finish_reason", "a string or null", finish_reason)
             self.finish_reason = finish_reason
-        delta = choice.get("delta") or {}
-        content = delta.get("content") or ""
+        delta = choice.get("delta")
+        if delta is None:
+            delta = {}
+        elif not isinstance(delta, dict):
+            raise _malformed("choices[0].delta", "an object or null", delta)
+        content = _text(delta, "content", "choices[0].delta.")
         reasoning = _reasoning_of(delta)
-        calls = tuple(self._add_call(fragment) for fragment in delta.get("tool_calls") or ())
+        _text(delta, "refusal", "choices[0].delta.")  # checked; a refusal is not kept
+        fragments = delta.get("tool_calls")
+        if fragments is None:
+            fragments = ()
+        elif not isinstance(fragments, list):
+            raise _malformed("choices[0].delta.tool_calls", "an array or null", fragments)
+        calls = tuple(self._add_call(fragment, n) for n, fragment in enumerate(fragments))
         if not (content or reasoning or calls):
             return None
         self.content.append(content)
@@ -387,18 +517,14 @@ class _ReplyBuilder:
         self.streamed = True
         return ModelDelta(content, reasoning, calls)
 
-    def _add_call(self, fragment: dict[str, Any]) -> ToolCallDelta:
-        index = fragment.get("index") or 0
-        fragment_id = fragment.get("id") or ""
+    def _add_call(self, fragment: object, position: int) -> ToolCallDelta:
+        index, fragment_id, name, arguments = _call_fragment(fragment, position)
         slot = self.slot_of_index.get(index)
         if slot is None or (fragment_id and self.calls[slot].id not in ("", fragment_id)):
             slot = len(self.calls)
             self.calls.append(_PartialCall())
             self.slot_of_index[index] = slot
         call = self.calls[slot]
-        function = fragment.get("function") or {}
-        name = function.get("name") or ""
-        arguments = function.get("arguments") or ""
         if fragment_id and not call.id:
             call.id = fragment_id
         if name and not call.name:
@@ -411,15 +537,11 @@ class _ReplyBuilder:
             first_token_latency_ms=self.first_token_latency_ms or 0, model_name=self.model_name
         )
         if self.usage is not None:
-            metrics.input_tokens = _int(self.usage.get("prompt_tokens"))
-            metrics.output_tokens = _int(self.usage.get("completion_tokens"))
-            metrics.total_tokens = _int(self.usage.get("total_tokens")) or (
-                metrics.input_tokens + metrics.output_tokens
-            )
-            prompt_details = self.usage.get("prompt_tokens_details") or {}
-            completion_details = self.usage.get("completion_tokens_details") or {}
-            metrics.cached_input_tokens = _int(prompt_details.get("cached_tokens"))
-            metrics.reasoning_tokens = _int(completion_details.get("reasoning_tokens"))
+            metrics.input_tokens = self.usage.input_tokens
+            metrics.output_tokens = self.usage.output_tokens
+            metrics.total_tokens = self.usage.total_tokens
+            metrics.cached_input_tokens = self.usage.cached_input_tokens
+            metrics.reasoning_tokens = self.usage.reasoning_tokens
         return ModelReply(
             content="".join(self.content),
             reasoning_content="".join(self.reasoning),
@@ -432,17 +554,98 @@ class _ReplyBuilder:
         )
 
 
+def _call_fragment(fragment: object, position: int) -> tuple[int, str, str, str]:
+    """The index, id, function name and arguments of `choices[0].delta.tool_calls[position]`,
+    checked and cleaned."""
+    where = f"choices[0].delta.tool_calls[{position}]"
+    if not isinstance(fragment, dict):
+        raise _malformed(where, "an object", fragment)
+    index = fragment.get("index")
+    if index is None:  # some servers leave it out of single calls
+        index = 0
+    elif type(index) is not int:  # a bool is an int to isinstance
+        raise _malformed(f"{where}.index", "an integer", index)
+    kind = fragment.get("type")
+    if kind is not None and kind != "function":
+        # A protocol word, not model output: quoted (shortened), as "got str" would not help.
+        got = repr(kind)[:40] if isinstance(kind, str) else type(kind).__name__
+        raise _Final(f'model stream: {where}.type must be "function" or null, got {got}')
+    fragment_id = _text(fragment, "id", f"{where}.")
+    function = fragment.get("function")
+    if function is None:
+        return index, fragment_id, "", ""
+    if not isinstance(function, dict):
+        raise _malformed(f"{where}.function", "an object or null", function)
+    name = _text(function, "name", f"{where}.function.")
+    return index, fragment_id, name, _text(function, "arguments", f"{where}.function.")
+
+
+def _text(container: dict[str, Any], name: str, prefix: str) -> str:
+    """The string field `name` (null or absent: ""), cleaned; `prefix` + `name` is its path."""
+    value = container.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _malformed(prefix + name, "a string or null", value)
+    return clean_text(value)
+
+
 def _reasoning_of(delta: dict[str, Any]) -> str:
-    """`reasoning_content` (vLLM, DeepSeek) or `reasoning` (Ollama, OpenRouter), if sent."""
-    for name in ("reasoning_content", "reasoning"):
-        value = delta.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return ""
+    """`reasoning_content` (vLLM, DeepSeek) or `reasoning` (Ollama, OpenRouter), if sent.
+
+    `reasoning` is an extension others shape differently: anything but a string is ignored.
+    """
+    reasoning = _text(delta, "reasoning_content", "choices[0].delta.")
+    if reasoning:
+        return reasoning
+    value = delta.get("reasoning")
+    return clean_text(value) if isinstance(value, str) else ""
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) else 0
+def _usage_of(usage: object) -> _Usage:
+    """The counts of a `usage` object, checked and clamped to `MAX_TOKEN_COUNT`."""
+    if not isinstance(usage, dict):
+        raise _malformed("usage", "an object or null", usage)
+    input_tokens = _count(usage, "prompt_tokens", "usage.")
+    output_tokens = _count(usage, "completion_tokens", "usage.")
+    total_tokens = _count(usage, "total_tokens", "usage.")
+    prompt_details = _details(usage, "prompt_tokens_details")
+    completion_details = _details(usage, "completion_tokens_details")
+    return _Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=total_tokens or min(input_tokens + output_tokens, MAX_TOKEN_COUNT),
+        cached_input_tokens=_count(prompt_details, "cached_tokens", "usage.prompt_tokens_details."),
+        reasoning_tokens=_count(
+            completion_details, "reasoning_tokens", "usage.completion_tokens_details."
+        ),
+    )
+
+
+def _details(usage: dict[str, Any], name: str) -> dict[str, Any]:
+    value = usage.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _malformed(f"usage.{name}", "an object or null", value)
+    return value
+
+
+def _count(container: dict[str, Any], name: str, prefix: str) -> int:
+    """The token count `name` (null or absent: 0), clamped to `MAX_TOKEN_COUNT`."""
+    value = container.get(name)
+    if value is None:
+        return 0
+    if type(value) is not int:  # a bool is an int to isinstance
+        raise _malformed(prefix + name, "an integer or null", value)
+    if value < 0:
+        raise _Final(f"model stream: {prefix}{name} must not be negative")
+    return min(value, MAX_TOKEN_COUNT)
+
+
+def _malformed(path: str, expected: str, value: object) -> _Final:
+    """A chunk field of the wrong type. Names the type only: the value may be model output."""
+    return _Final(f"model stream: {path} must be {expected}, got {type(value).__name__}")
 
 
 class _IdleWatchdog:
@@ -484,14 +687,6 @@ class _IdleWatchdog:
         if self._timer is not None:
             self._timer.cancel()
         await self._timeout.__aexit__(kind, error, traceback)
-
-
-class _ErrorChunk(Exception):  # noqa: N818 - internal control flow
-    """The provider sent an error object in the stream instead of a chunk."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 async def _lines(body: aiohttp.StreamReader) -> AsyncGenerator[str, None]:
@@ -561,33 +756,82 @@ async def _sse_data(
         yield "\n".join(data)
 
 
-def _chunk_of(data: str) -> dict[str, Any]:
-    """One parsed chunk; an error object (or a line that is not a JSON object) raises."""
+def _chunk_of(data: str) -> object:
+    """One parsed chunk (its shape is `_ReplyBuilder.add`'s to check); an error object
+    raises as `_in_band_failure` classifies it, text that is not JSON as a transient failure
+    (what a stream cut mid-event looks like)."""
     try:
         chunk = json.loads(data)
     except (ValueError, RecursionError):  # RecursionError: nested deeper than json can parse
-        raise _ErrorChunk(f"the model sent a malformed stream chunk: {data[:200]!r}") from None
-    if not isinstance(chunk, dict):
-        raise _ErrorChunk(f"the model sent a chunk that is not an object: {data[:200]!r}")
-    error = chunk.get("error")
-    if error:
-        message = error.get("message") if isinstance(error, dict) else None
-        raise _ErrorChunk(
-            message
-            if isinstance(message, str) and message
-            else "the model stream reported an error"
-        )
+        message = f"the model sent a malformed stream chunk: {data[:200]!r}"
+        raise _Transient(message) from None
+    if isinstance(chunk, dict):
+        error = chunk.get("error")
+        if error:
+            raise _in_band_failure(error)
     return chunk
 
 
-async def _status_failure(response: aiohttp.ClientResponse) -> _Transient | ModelError:
+def _is_transient(status: int | None, codes: tuple[str, ...] = ()) -> bool:
+    """Whether a failure with this HTTP status, or else these error codes and types (most
+    telling first), may pass on a retry. The one rule for error answers and in-band errors:
+    - 408, 409, 429 and 5xx: yes; other statuses (400, 401, 403, 404, 422): no;
+    - `_FINAL_ERROR_CODES` (authentication, unknown model, invalid request): no;
+      `_TRANSIENT_ERROR_CODES` (rate limits, server errors, overload): yes;
+    - nothing known: yes, as for a dropped connection.
+    """
+    if status is not None:
+        return status in _TRANSIENT_STATUS or status >= 500
+    for code in codes:
+        if code.lower() in _FINAL_ERROR_CODES:
+            return False
+        if code.lower() in _TRANSIENT_ERROR_CODES:
+            return True
+    return True
+
+
+def _in_band_failure(error: object) -> _Final | _Transient:
+    """An error object sent inside a 200 stream, classified as an HTTP error answer is.
+
+    `{"message", "type", "code"}` as OpenAI sends it; vLLM sends an HTTP status as `code`,
+    Anthropic-style servers only a `type`. The failure's `error_code` is the `code`, else the
+    `type`.
+    """
+    fields: dict[str, Any] = error if isinstance(error, dict) else {"message": error}
+    code, kind = fields.get("code"), fields.get("type")
+    names = tuple(
+        clean_text(str(name))[:_ERROR_CODE_LIMIT]
+        for name in (code, kind)
+        if (isinstance(name, str) and name) or type(name) is int
+    )
+    status = _status_in(code)
+    error_code = names[0] if names else None
+    message = fields.get("message")
+    text = clean_text(message)[:_ERROR_TEXT_LIMIT] if isinstance(message, str) else ""
+    description = "the model stream reported an error" + (f" ({error_code})" if error_code else "")
+    failure = _Transient if _is_transient(status, names) else _Final
+    return failure(f"{description}: {text}" if text else description, error_code=error_code)
+
+
+def _status_in(value: object) -> int | None:
+    """An HTTP error status given as an in-band `code` (400-599, a number or digits)."""
+    if isinstance(value, str) and value.isdigit() and len(value) == 3:
+        value = int(value)
+    if type(value) is int and 400 <= value <= 599:
+        return value
+    return None
+
+
+async def _status_failure(response: aiohttp.ClientResponse) -> _Final | _Transient:
     """An HTTP error answer: transient (retried) or final, with the provider's message."""
     status = response.status
     body = await _read_up_to(response.content, _ERROR_BODY_LIMIT)
     message = f"HTTP {status}: {_error_message(body) or response.reason or 'no message'}"
-    if status in _TRANSIENT_STATUS or status >= 500:
-        return _Transient(message, _retry_after_s(response.headers))
-    return ModelError(message, retryable=False, status_code=status)
+    if _is_transient(status):
+        return _Transient(
+            message, status_code=status, retry_after_s=_retry_after_s(response.headers)
+        )
+    return _Final(message, status_code=status)
 
 
 async def _read_up_to(body: aiohttp.StreamReader, limit: int) -> bytes:
@@ -608,11 +852,11 @@ def _error_message(body: bytes) -> str:
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError):
-        return body.decode(errors="replace").strip()[:_ERROR_TEXT_LIMIT]
+        return clean_text(body.decode(errors="replace").strip()[:_ERROR_TEXT_LIMIT])
     error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
     message = error.get("message") if isinstance(error, dict) else None
     if isinstance(message, str) and message:
-        return message
+        return clean_text(message)
     return json.dumps(parsed)[:_ERROR_TEXT_LIMIT]
 
 

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from agio_grpc.domain import Role, Run, RunStatus, Session, Step
+from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopSignal
 from agio_grpc.engine.agents import (
     AgentSpec,
     RunInput,
@@ -67,12 +67,18 @@ from agio_grpc.engine.segments import RunHandle, RunPlan, Segments, retry_plan
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTracer
 from agio_grpc.engine.watching import Watching, follow
-from agio_grpc.store.errors import HistoryChangedError, NotFoundError, RunStateConflictError
+from agio_grpc.store import (
+    HistoryChangedError,
+    NotFoundError,
+    RunStateConflictError,
+    SessionBusyError,
+)
 from agio_grpc.store.protocol import SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_CANCEL_AGAIN_S = 0.01  # how soon a cancel looks again at a run that was just continued
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,13 +251,17 @@ class Runtime:
         HistoryChangedError (the log changed while the call decided).
         """
         self._check_open()
-        run = _requiring_action(await self.store.get_run(run_id))
+        run = RunStateError.unless_waiting(await self.store.get_run(run_id))
         settings = self._settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
             return await self._submit(run, settings, outputs, history, kept, deadline_s)
 
-        return await self._on_history(run.session_id, submit)
+        try:
+            return await self._on_history(run.session_id, submit)
+        except InvalidInputError:  # no calls left to answer: ended meanwhile?
+            RunStateError.unless_waiting(await self.store.get_run(run_id))
+            raise
 
     async def _submit(
         self,
@@ -364,40 +374,41 @@ class Runtime:
     async def cancel(self, run_id: str, reason: str, source: str = "client") -> Run:
         """Cancel a run; idempotent. Returns the run as stored afterwards.
 
-        A running run here stops with CANCELLED (no partial step stored; open tool calls get
-        error results); this waits, up to `cancel_wait_s`, for its end to be recorded. A
-        REQUIRES_ACTION run becomes CANCELLED (its open calls get error results), a QUEUED one
-        never starts; an ended one is returned unchanged. A run another process runs gets a
-        cancel request on its row, acted on within that process's `cancel_poll_s` (this waits
-        the same way); one whose process died is taken over (INTERRUPTED) once its lease ran
-        out, before that returned still RUNNING. Raises NotFoundError.
+        A run running here stops CANCELLED (open tool calls get error results), waited for
+        up to `cancel_wait_s`; so does a REQUIRES_ACTION one, and a QUEUED one never starts;
+        an ended one is returned unchanged. A run another process runs gets a cancel request
+        on its row (acted on within that process's `cancel_poll_s`, waited for alike); one
+        whose process died is ended INTERRUPTED once its lease ran out. Never SESSION_BUSY:
+        a run continued meanwhile is cancelled as running. Raises NotFoundError.
         """
-        signal = cancelled(reason, source)
-        wait_s = self.options.cancel_wait_s
-        if await self._segments.stop(run_id, signal, wait_s):
-            return await self.store.get_run(run_id)
-        run = await self.store.get_run(run_id)
-        if run.status is RunStatus.RUNNING and self._keeper is not None:
-            run = await self._keeper.cancel_elsewhere(run, signal, wait_s)
-        if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
-            return run
+        signal, wait_s = cancelled(reason, source), self.options.cancel_wait_s
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            if await self._segments.stop(run_id, signal, wait_s):
+                return await self.store.get_run(run_id)
+            run = await self.store.get_run(run_id)
+            if run.status is RunStatus.RUNNING and self._keeper is not None:
+                run = await self._keeper.cancel_elsewhere(run, signal, wait_s)
+            if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
+                return run
+            try:
+                if ended := await self._end_idle(run, signal):
+                    return ended
+            except (SessionBusyError, HistoryChangedError):
+                pass  # a submit is continuing it right now: cancel what it runs
+            if asyncio.get_running_loop().time() >= deadline:
+                return run
+            await asyncio.sleep(_CANCEL_AGAIN_S)  # it started or went on just now: again
 
+    async def _end_idle(self, run: Run, signal: StopSignal) -> Run | None:
         async def end(history: list[Step] | None, _: int = 0) -> Run | None:
             ended = await self.lifecycle.end_idle(run, signal, history)
             if ended is not None and history is not None:  # the log, checked by the write
                 self._histories.remember(run.session_id, [*history, *ended.steps])
             return ended.run if ended is not None else None
 
-        try:
-            waits = run.status is RunStatus.REQUIRES_ACTION
-            ended = await (self._on_history(run.session_id, end) if waits else end(None))
-        except Exception:
-            # A submit is continuing it right now: stop that segment instead.
-            if await self._segments.stop(run_id, signal, wait_s):
-                return await self.store.get_run(run_id)
-            raise
-        # None: it started (or went on) just now, its loop maybe not yet running: again.
-        return ended or await self.cancel(run_id, reason, source)
+        waits = run.status is RunStatus.REQUIRES_ACTION
+        return await (self._on_history(run.session_id, end) if waits else end(None))
 
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq` up to its next terminal event: live for a run
@@ -480,21 +491,5 @@ class Runtime:
                 return await decide(list(cached.steps), len(cached.steps))
             except (HistoryChangedError, InvalidInputError):
                 self._histories.forget(session_id)
-        history, kept = await self._read_through_cache(session_id)
+        history, kept = await self._histories.read_through(self.store, session_id)
         return await decide(history, kept)
-
-    async def _read_through_cache(self, session_id: str) -> tuple[list[Step], int]:
-        """The session's whole history: what the cache kept, then the steps stored after it,
-        read from the store; with how many came from the cache."""
-        cached = self._histories.cached(session_id)
-        read = await self.store.get_history_since(session_id, cached.mark)
-        history = cached.join(read.start, read.steps)
-        return history, len(history) - len(read.steps)
-
-
-def _requiring_action(run: Run) -> Run:
-    if run.status is not RunStatus.REQUIRES_ACTION:
-        raise RunStateError(
-            run.id, run.status.value, f"run {run.id!r} is {run.status.value}, not REQUIRES_ACTION"
-        )
-    return run

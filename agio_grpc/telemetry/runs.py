@@ -300,7 +300,12 @@ class OtelRunTracer:
     def call_failed(self, call: _CallSpan, error: BaseException) -> None:
         span = call.span
         if isinstance(error, ModelError):
-            error_type = str(error.status_code) if error.status_code else type(error).__name__
+            # The HTTP status ("429"), else the code of an error sent in the stream.
+            error_type = (
+                str(error.status_code)
+                if error.status_code is not None
+                else error.error_code or type(error).__name__
+            )
             description = "the model call failed" + (" (retryable)" if error.retryable else "")
             self.instruments.operation_duration.record(
                 time.perf_counter() - call.started,

@@ -110,7 +110,7 @@ class Turn:
     """One scripted reply: served to exactly one chat.completions request.
 
     Prefer the constructors (`Turn.text`, `Turn.words`, `Turn.tokens`,
-    `Turn.tool_calls`, `Turn.error`, `Turn.hanging`); `dataclasses.replace`
+    `Turn.tool_calls`, `Turn.error`, `Turn.raw`, `Turn.hanging`); `dataclasses.replace`
     tweaks one field of a built turn.
     A streamed reply is: a role chunk, the reasoning pieces, the content
     pieces, the tool call fragments, a chunk with the finish reason, the usage
@@ -148,6 +148,12 @@ class Turn:
     """Seconds to wait before each later output chunk (0.1 is 10 chunks/s)."""
     hang: bool = False
     """Never answer: hold the request until the client leaves or the server stops."""
+    raw_data: tuple[str, ...] = ()
+    """When set, a streamed answer is these SSE `data` payloads, one event each, written
+    verbatim (`data: {payload}\\n\\n`), then `[DONE]`: nothing of the scripted reply, no
+    role chunk, no usage chunk. For chunks no well-behaved model sends (wrong types, an
+    in-band `{"error": ...}`). `cut_after` still applies; a non-streamed request gets an
+    empty reply."""
 
     @classmethod
     def text(
@@ -212,6 +218,15 @@ class Turn:
     ) -> Turn:
         """An HTTP error answer, e.g. `Turn.error(429, retry_after=1)` or `Turn.error(500)`."""
         return cls(http_status=status, retry_after=retry_after, error_message=message)
+
+    @classmethod
+    def raw(cls, *data: str) -> Turn:
+        """A stream of exactly these `data` payloads (usually JSON text), then `[DONE]`.
+
+        `Turn.raw('{"choices": "oops"}')`, or an error inside a 200 stream:
+        `Turn.raw(json.dumps({"error": {"message": "slow down", "code": "rate_limit_exceeded"}}))`.
+        """
+        return cls(raw_data=data)
 
     @classmethod
     def hanging(cls) -> Turn:

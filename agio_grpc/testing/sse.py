@@ -92,9 +92,12 @@ def output_deltas(turn: Turn) -> Iterator[str]:
 def stream_events(turn: Turn, body: dict[str, Any]) -> list[StreamEvent]:
     """Every event of the streamed answer to `body` scripted by `turn`, with its delay.
 
-    Honours `omit_finish_reason` and the pacing delays; `cut_after` and the
-    HTTP faults are the server's business.
+    Honours `omit_finish_reason`, `raw_data` and the pacing delays; `cut_after`
+    and the HTTP faults are the server's business.
     """
+    if turn.raw_data:
+        raw = [StreamEvent(0.0, f"data: {data}\n\n".encode()) for data in turn.raw_data]
+        return [*raw, StreamEvent(0.0, DONE)]
     encoder = ChunkEncoder(requested_model(body))
     events = [StreamEvent(0.0, encoder.delta('{"role":"assistant","content":""}'))]
     for i, delta in enumerate(output_deltas(turn)):

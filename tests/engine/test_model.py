@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from agio_grpc.domain import StopReason, ToolCall
+from agio_grpc.domain import StopReason, ToolCall, clean_text
 from agio_grpc.engine.events import ToolCallDelta
 from agio_grpc.engine.model import (
     ModelDelta,
@@ -172,6 +172,7 @@ async def test_retries_give_up_retryable_after_the_limit(fake_model: FakeModelSe
         await complete(fake_model)
     assert raised.value.retryable
     assert "after 3 retries" in raised.value.message
+    assert (raised.value.status_code, raised.value.retries) == (500, 3)  # the last status
     assert len(fake_model.requests) == 4
 
 
@@ -185,6 +186,32 @@ async def test_client_errors_fail_at_once_with_the_providers_message(
     assert not raised.value.retryable
     assert raised.value.status_code == status
     assert raised.value.message == f"HTTP {status}: model 'x' does not exist"
+    assert len(fake_model.requests) == 1
+
+
+async def test_an_in_band_server_error_after_deltas_restarts_the_stream(
+    fake_model: FakeModelServer,
+) -> None:
+    partial = {"choices": [{"index": 0, "delta": {"content": "partial"}}]}
+    error = {"error": {"message": "try again", "type": "server_error", "code": None}}
+    fake_model.enqueue(Turn.raw(json.dumps(partial), json.dumps(error)), Turn.text("whole"))
+    reply, recorder = await complete(fake_model)
+    assert (reply.content, reply.metrics.retries) == ("whole", 1)
+    (restart,) = recorder.of(ModelRestart)
+    assert restart.message == "the model stream reported an error (server_error): try again"
+
+
+async def test_a_malformed_chunk_fails_at_once_even_after_deltas(
+    fake_model: FakeModelServer,
+) -> None:
+    partial = {"choices": [{"index": 0, "delta": {"content": "partial"}}]}
+    fake_model.enqueue(Turn.raw(json.dumps(partial), '{"choices": [{"delta": 7}]}'))
+    with pytest.raises(ModelError) as raised:
+        await complete(fake_model)
+    assert (
+        raised.value.message == "model stream: choices[0].delta must be an object or null, got int"
+    )
+    assert (raised.value.retryable, raised.value.retries) == (False, 0)
     assert len(fake_model.requests) == 1
 
 
@@ -555,6 +582,24 @@ def test_reasoning_is_read_from_provider_extra_fields() -> None:
     delta = builder.add(chunk({"reasoning_content": "hmm"}))
     assert delta == ModelDelta(reasoning_content="hmm")
     assert builder.add(chunk({"reasoning": "ollama"})) == ModelDelta(reasoning_content="ollama")
+
+
+@pytest.mark.parametrize(
+    ("text", "cleaned"),
+    [
+        ("a\x00b", "a\ufffdb"),
+        ("\ud800 und \udfff", "\ufffd und \ufffd"),
+        ("naïve\x00", "naïve\ufffd"),
+        ("\ud83d\ude00", "\ufffd\ufffd"),  # a pair split in two strings stays two halves
+    ],
+)
+def test_clean_text_replaces_nuls_and_lone_surrogates(text: str, cleaned: str) -> None:
+    assert clean_text(text) == cleaned
+
+
+@pytest.mark.parametrize("text", ["", "plain ascii", "naïve café 😀", "\ufffd"])
+def test_clean_text_returns_ordinary_text_itself(text: str) -> None:
+    assert clean_text(text) is text
 
 
 def test_a_call_without_an_id_gets_one() -> None:

@@ -759,7 +759,8 @@ async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_o
         (took.run.id, Role.USER),
         (took.run.id, Role.ASSISTANT),
     ]
-    assert stored[2].is_error and stored[2].tool_call_id == "call_slow"
+    assert stored[2].is_error
+    assert stored[2].tool_call_id == "call_slow"
     assert (await sqlite_store.get_session(handle.session_id)).active_run_id == ""
     # A lost lease is an outcome the loop expects, not an error with a traceback.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -291,6 +291,29 @@ async def test_a_model_error_marks_the_chat_and_agent_spans_failed(
     assert attrs(server)["rpc.grpc.status_code"] == 0
 
 
+@pytest.mark.parametrize(
+    ("turn", "error_type"),
+    [
+        (Turn.error(429, retry_after=0), "429"),  # the last status, after the retries
+        (
+            Turn.raw(json.dumps({"error": {"message": "no", "code": "invalid_api_key"}})),
+            "invalid_api_key",  # an error sent inside a 200 stream
+        ),
+    ],
+    ids=["http-status-after-retries", "in-band-code"],
+)
+async def test_a_failed_chat_span_names_the_status_or_the_in_band_code(
+    client: AgioClient, fake_model: FakeModelServer, traced: Traced, turn: Turn, error_type: str
+) -> None:
+    fake_model.enqueue(*[turn] * 4)
+    events = await drain(client.run("hello"))
+    await traced.open_spans.all_ended()
+    assert final_run(events).status == resources_pb2.RUN_STATUS_FAILED
+    chat = one(traced.spans(), "chat fake-model")
+    assert chat.status.status_code is StatusCode.ERROR
+    assert attrs(chat)["error.type"] == error_type
+
+
 async def test_a_refused_call_sets_the_grpc_status_on_the_server_span(
     client: AgioClient, traced: Traced
 ) -> None:

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionToolParam
@@ -390,6 +391,36 @@ async def test_cut_after_drops_the_connection_mid_stream(
     assert received[0].choices[0].delta.role == "assistant"
     assert content_of(received) == "Hello "
     assert finish_reasons(received) == []
+
+
+async def test_a_raw_turn_streams_its_payloads_verbatim_then_done(
+    server: FakeModelServer,
+) -> None:
+    server.enqueue(Turn.raw('{"choices": "oops"}', '{"id": 1}'))
+    request = {"model": "fake-model", "messages": HELLO, "stream": True}
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{server.base_url}/chat/completions", json=request) as response,
+    ):
+        body = await response.read()
+
+    assert response.status == 200
+    assert body == b'data: {"choices": "oops"}\n\ndata: {"id": 1}\n\ndata: [DONE]\n\n'
+
+
+async def test_a_raw_error_object_is_an_error_inside_a_200_stream(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    error = {"message": "Incorrect API key provided", "type": "invalid_request_error"}
+    server.enqueue(Turn.raw(json.dumps({"error": error | {"code": "invalid_api_key"}})))
+
+    with pytest.raises(openai.APIError) as raised:
+        await stream_chunks(client)
+
+    assert not isinstance(raised.value, openai.APIStatusError)  # the answer was a 200
+    assert raised.value.message == "Incorrect API key provided"
+    assert raised.value.code == "invalid_api_key"
 
 
 async def test_the_connection_after_a_cut_is_not_needed_for_the_next_request(
