@@ -202,8 +202,11 @@ class ModelError(Exception):
 class ModelDriver(Protocol):
     """What the loop needs from a model."""
 
-    async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
-        """Stream one reply, reporting events; raise ModelError when it cannot be had."""
+    async def complete(
+        self, request: ModelRequest, on_event: ModelListener, *, ready: asyncio.Event | None = None
+    ) -> ModelReply:
+        """Stream one reply, reporting events; raise ModelError when it cannot be had. With
+        `ready`, the request is sent at once but the reply read only once `ready` is set."""
         ...
 
     async def close(self) -> None:
@@ -341,12 +344,14 @@ class OpenAIModelDriver:
             )
         return self._http
 
-    async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
+    async def complete(
+        self, request: ModelRequest, on_event: ModelListener, *, ready: asyncio.Event | None = None
+    ) -> ModelReply:
         started = time.perf_counter()
         retries = restarts = 0
         while True:
             try:
-                reply = await self._attempt(request, on_event, started)
+                reply = await self._attempt(request, on_event, started, ready)
             except _Final as failure:
                 raise failure.error(retryable=False, retries=retries + restarts) from None
             except _Transient as failure:
@@ -377,7 +382,11 @@ class OpenAIModelDriver:
             return reply
 
     async def _attempt(
-        self, request: ModelRequest, on_event: ModelListener, started: float
+        self,
+        request: ModelRequest,
+        on_event: ModelListener,
+        started: float,
+        ready: asyncio.Event | None,
     ) -> ModelReply:
         reply = _ReplyBuilder(model_name=request.model)
         body = json.dumps(self._body(request)).encode()
@@ -390,6 +399,8 @@ class OpenAIModelDriver:
             ):
                 if response.status >= 300:
                     raise await _status_failure(response)
+                if ready is not None:  # reading costs CPU the caller needs meanwhile
+                    await ready.wait()
                 async for data in _sse_data(_lines(response.content), watchdog.saw_data):
                     delta = reply.add(_chunk_of(data))
                     if delta is not None:

@@ -5,8 +5,9 @@ The loop makes each call inline (`ModelCall.reply`). A run on a new session may 
 refused (there is no session to be busy, no request id to repeat), and its first request
 holds nothing but the instructions and the input, so waiting for the commit before sending
 it only adds the transaction's time to the time to first token (B1 in docs/benchmarks).
-The events of a call sent ahead are kept until the loop takes the call (it publishes the
-step's `StepStarted` first); a call nobody takes is cancelled with `discard`.
+A call sent ahead reads its reply only once the loop takes it (events of retries before
+that are kept; the loop publishes the step's `StepStarted` first); a call nobody takes is
+cancelled with `discard`.
 
 Never imports grpc, SQLAlchemy or OpenTelemetry.
 """
@@ -73,11 +74,14 @@ class ModelCall:
         self._task: asyncio.Task[CallReply] | None = None
         self._kept: list[ModelEvent] = []
         self._listener: ModelListener | None = None
+        self._ready = asyncio.Event()
 
     def send(self) -> None:
-        """Send the request now, in a task of its own; its events are kept for `reply`."""
+        """Send the request now, in a task of its own, which reads the reply only once the
+        caller takes it with `reply` (parsing a stream costs CPU the start needs meanwhile;
+        a SQLite transaction runs in a thread that waits for the GIL)."""
         with self._trace.activate():  # the task's context is a copy of this one
-            self._task = asyncio.create_task(self._call(self._relay))
+            self._task = asyncio.create_task(self._call(self._relay, self._ready))
         self._task.add_done_callback(_retrieve)
 
     async def reply(self, listener: ModelListener) -> CallReply:
@@ -93,6 +97,7 @@ class ModelCall:
             listener(event)
         self._kept.clear()
         self._listener = listener
+        self._ready.set()
         try:
             return await asyncio.shield(task)
         finally:
@@ -111,9 +116,9 @@ class ModelCall:
         else:
             self._listener(event)
 
-    async def _call(self, listener: ModelListener) -> CallReply:
+    async def _call(self, listener: ModelListener, ready: asyncio.Event | None = None) -> CallReply:
         with self._trace.model_call(self.request, self.step_id, self._sequence) as span:
-            reply = await self._model.complete(self.request, listener)
+            reply = await self._model.complete(self.request, listener, ready=ready)
             span.replied(reply)
         return CallReply(reply, span.trace_id, span.span_id)
 
