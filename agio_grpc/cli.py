@@ -27,10 +27,12 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 def _configure_logging(level: str) -> None:
     """Log lines to stderr, each with the trace and span id current when it was written."""
     from agio_grpc.telemetry import trace_log_handler
+    from agio_grpc.telemetry.setup import capture_content_from_environment
 
-    logging.basicConfig(
-        level=level, handlers=[trace_log_handler(logging.StreamHandler(sys.stderr))]
+    handler = trace_log_handler(
+        logging.StreamHandler(sys.stderr), capture_content=capture_content_from_environment()
     )
+    logging.basicConfig(level=level, handlers=[handler])
     if level == "INFO":
         # The HTTP client logs every model request at INFO: one line per model call, in a
         # service that makes thousands of them; its warnings and errors still show.

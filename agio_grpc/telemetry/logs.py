@@ -2,15 +2,23 @@
 
 `TraceContextFilter` (on a handler) sets `record.trace_id` / `record.span_id` from the
 current span ("" outside any trace); `LOG_FORMAT` prints them as `key=value` fields so a
-backend can join a line to its span. The engine logs ids and reasons, never prompt or
-completion text, at INFO and above.
+backend can join a line to its span.
+
+No log line carries user or model content unless content capture is opted in (the switch
+spans use, `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`): the code logs ids, types
+and reasons, and a traceback shows its frames and exception types but not the exceptions'
+messages (a driver's, a tool's or a library's message may quote what it was given).
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
+from types import TracebackType
 
 from opentelemetry import trace
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 LOG_FORMAT = (
     "%(asctime)s %(levelname)s %(name)s trace_id=%(trace_id)s span_id=%(span_id)s %(message)s"
@@ -30,8 +38,38 @@ class TraceContextFilter(logging.Filter):
         return True
 
 
-def trace_log_handler(handler: logging.Handler) -> logging.Handler:
-    """`handler` with the trace filter and the `key=value` format."""
+class ContentFreeFormatter(logging.Formatter):
+    """Formats tracebacks without the exceptions' messages (each chained one included)."""
+
+    def formatException(self, ei: ExcInfo) -> str:
+        if ei[1] is None:
+            return ""
+        shown = traceback.TracebackException.from_exception(ei[1])
+        chain: list[traceback.TracebackException] = []
+        current: traceback.TracebackException | None = shown
+        while current is not None:
+            chain.append(current)
+            cause = current.__cause__
+            context = None if current.__suppress_context__ else current.__context__
+            current = cause or context
+        lines: list[str] = []
+        for index, link in enumerate(reversed(chain)):
+            if index:
+                lines.append("\nThen, while handling it (or caused by it):\n")
+            lines.append("Traceback (most recent call last):\n")
+            lines.extend(link.stack.format())
+            kind = link.exc_type
+            name = f"{kind.__module__}.{kind.__qualname__}" if kind is not None else "?"
+            lines.append(f"{name}: (message withheld: content capture is off)")
+        return "".join(lines).rstrip("\n")
+
+
+def trace_log_handler(
+    handler: logging.Handler, *, capture_content: bool = False
+) -> logging.Handler:
+    """`handler` with the trace filter and the `key=value` format; tracebacks without the
+    exceptions' messages unless `capture_content`."""
     handler.addFilter(TraceContextFilter())
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    formatter = logging.Formatter if capture_content else ContentFreeFormatter
+    handler.setFormatter(formatter(LOG_FORMAT))
     return handler

@@ -67,10 +67,16 @@ class Telemetry:
             metrics.set_meter_provider(self.meter_provider)
 
 
+def capture_content_from_environment(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether content is opted in (`CAPTURE_CONTENT_ENV`): in spans, and in log lines."""
+    env = os.environ if environ is None else environ
+    return env.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _CAPTURE_IN_SPANS
+
+
 def telemetry_from_environment(environ: Mapping[str, str] | None = None) -> Telemetry:
     """The Telemetry the `OTEL_*` variables describe (see the module docstring)."""
     env = os.environ if environ is None else environ
-    capture = env.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _CAPTURE_IN_SPANS
+    capture = capture_content_from_environment(env)
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return Telemetry(capture_content=capture)
     resource = _resource()
