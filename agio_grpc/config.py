@@ -30,6 +30,10 @@ from pydantic_settings import (
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Use the tools when they help; answer concisely."
 )
+MAX_STEPS_LIMIT = 1000
+"""The highest `max_steps` an agent or a run's overrides may set."""
+KIB = 1024
+MIB = 1024 * KIB
 
 
 class _Strict(BaseModel):
@@ -39,7 +43,7 @@ class _Strict(BaseModel):
 class LimitsConfig(_Strict):
     """Limits of one agent's runs."""
 
-    max_steps: int = Field(10, ge=1, le=1000)
+    max_steps: int = Field(10, ge=1, le=MAX_STEPS_LIMIT)
     """The maximum model calls in a run."""
     token_budget: int | None = Field(None, ge=1)
     """The maximum tokens (input + output over all model calls) a run may use."""
@@ -78,6 +82,35 @@ class HooksConfig(_Strict):
     on_run_end: list[str] = Field(default_factory=list)
 
 
+class RequestLimitsConfig(_Strict):
+    """How large the parts of a request may be; a request over any of them is refused with
+    INVALID_ARGUMENT naming the field. Sizes are UTF-8 bytes."""
+
+    max_input_bytes: int = Field(1 * MIB, ge=1)
+    """`RunRequest.input`, the user message."""
+    max_instructions_bytes: int = Field(256 * KIB, ge=1)
+    """`RunOverrides.instructions`, the run's system prompt."""
+    max_metadata_entries: int = Field(64, ge=0)
+    """Entries of `RunRequest.metadata`."""
+    max_metadata_key_bytes: int = Field(128, ge=1)
+    max_metadata_value_bytes: int = Field(4 * KIB, ge=1)
+    max_client_tools: int = Field(128, ge=0)
+    """Entries of `RunRequest.client_tools`."""
+    max_tool_description_bytes: int = Field(16 * KIB, ge=1)
+    """A client tool's `description`."""
+    max_tool_schema_bytes: int = Field(64 * KIB, ge=2)
+    """A client tool's `parameters_json` (its JSON Schema as text)."""
+    max_tool_schema_depth: int = Field(32, ge=1, le=64)
+    """How deeply a client tool's JSON Schema may nest objects and arrays (the top level is
+    1). Bounded so checking and encoding the schema never runs out of stack."""
+    max_tool_schema_objects: int = Field(2048, ge=1)
+    """JSON objects (subschemas and property maps) in all client tool schemas of one request
+    together. Checking a schema against the JSON Schema metaschema costs up to about half a
+    millisecond per object, so this bounds what one request can cost."""
+    max_tool_output_bytes: int = Field(1 * MIB, ge=1)
+    """Each `SubmitToolOutputsRequest.tool_outputs[].output`."""
+
+
 class ServerConfig(_Strict):
     """gRPC server tuning."""
 
@@ -103,6 +136,11 @@ class ServerConfig(_Strict):
     session_lease_s: float = Field(30.0, gt=0)
     """How long a run holds its session without renewal (renewed every third of it): after a
     crash, the session is taken over by the next run this long after the last renewal."""
+    instance_id: str = Field("", max_length=256)
+    """This server's name on the sessions its runs hold, stable across its restarts: a
+    server starting ends at once (INTERRUPTED, retryable) the runs it left, instead of after
+    their lease. "" = `HOST:PORT` of the listen address (the host's name for a wildcard or
+    loopback address). Two live servers must never share one."""
     max_queued_runs: int = Field(10, ge=0)
     """How many runs may wait in one session's queue (BUSY_POLICY_ENQUEUE, INTERRUPT,
     ROLLBACK); one more is refused with RESOURCE_EXHAUSTED `QUEUE_FULL`."""
@@ -111,6 +149,11 @@ class ServerConfig(_Strict):
     sessions' histories may take between runs, so a new run on one of them reads only the
     steps stored since (checked against the store in the run's start transaction). 0 turns
     it off: every run reads its whole history."""
+    max_run_timeout_s: float = Field(24 * 3600.0, gt=0)
+    """The longest run timeout an agent's `limits.run_timeout_s` or a run's
+    `overrides.timeout` may ask for; a longer override is refused with INVALID_ARGUMENT."""
+    request_limits: RequestLimitsConfig = Field(default_factory=RequestLimitsConfig)
+    """Sizes of requests (input, instructions, metadata, client tools, tool outputs)."""
 
 
 class Settings(BaseSettings):
@@ -165,6 +208,17 @@ class Settings(BaseSettings):
     def _default_agent_exists(self) -> Settings:
         if self.default_agent not in {agent.name for agent in self.agents}:
             raise ValueError(f"default_agent {self.default_agent!r} is not among the agents")
+        return self
+
+    @model_validator(mode="after")
+    def _run_timeouts_within_maximum(self) -> Settings:
+        longest = self.server.max_run_timeout_s
+        for agent in self.agents:
+            if agent.limits.run_timeout_s > longest:
+                raise ValueError(
+                    f"agent {agent.name!r}: limits.run_timeout_s {agent.limits.run_timeout_s} "
+                    f"is above server.max_run_timeout_s {longest}"
+                )
         return self
 
     @classmethod

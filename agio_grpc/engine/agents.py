@@ -37,6 +37,10 @@ class Limits:
     """How many tool calls of one step run at once."""
     max_history_messages: int | None = None
     """Cap on history messages sent to the model (besides the system prompt); None: no cap."""
+    max_step_bytes: int = 4 * 1024 * 1024
+    """The largest step a run stores from a model reply or a server tool's result (UTF-8
+    bytes of its texts): a larger one is cut to it and ends the run (MAX_TOKENS for a reply,
+    TOOL_ERROR for a tool result), so that every step fits in a gRPC message."""
 
 
 @dataclass(slots=True)

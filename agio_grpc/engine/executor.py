@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pydantic
 
@@ -59,11 +59,14 @@ async def execute_tool_calls(
     max_parallel: int,
     completed: dict[str, ToolResult] | None = None,
     trace_call: Callable[[ToolCall], AbstractContextManager[ToolCallTrace]] | None = None,
+    max_result_bytes: int | None = None,
 ) -> list[ToolResult]:
     """Run `calls` (at most `max_parallel` at once) and return their results in call order.
 
-    `offered` are the tool names this run may call. Each result is also put in `completed`
-    (by call id) as soon as it is ready, so a caller cancelled midway keeps the finished ones.
+    `offered` are the tool names this run may call. A result over `max_result_bytes` is cut
+    to it and asks the run to stop with TOOL_ERROR (`oversized`). Each result is also put in
+    `completed` (by call id) as soon as it is ready, so a caller cancelled midway keeps the
+    finished ones.
     `trace_call` traces each call from the moment it may run (its wait for a slot excluded).
     """
     limit = asyncio.Semaphore(max(1, max_parallel))
@@ -80,11 +83,33 @@ async def execute_tool_calls(
                 result = await execute_tool_call(
                     call, registry, offered=offered, context=make_context(call), timeout_s=timeout_s
                 )
+                if max_result_bytes is not None:
+                    result = oversized(result, max_result_bytes)
                 span.finished(result)
         done[call.id] = result
         return result
 
     return list(await asyncio.gather(*(run_one(call) for call in calls)))
+
+
+def oversized(result: ToolResult, max_bytes: int) -> ToolResult:
+    """`result`, or when its content is over `max_bytes` (UTF-8), an error result cut to
+    them that stops the run with TOOL_ERROR: the step stays readable and fits a message."""
+    content = result.content
+    size = len(content) if content.isascii() else len(content.encode())
+    if size <= max_bytes:
+        return result
+    name = result.call.name
+    message = f"tool {name!r} returned {size} bytes, over the step limit of {max_bytes}"
+    note = f"\n[cut off: {message}]"
+    kept = content.encode()[: max(0, max_bytes - len(note.encode()))].decode(errors="ignore")
+    stop = StopSignal(
+        StopReason.TOOL_ERROR,
+        message,
+        f"tool:{name}",
+        context={"result_bytes": size, "max_step_bytes": max_bytes},
+    )
+    return replace(result, content=kept + note, is_error=True, stop=stop)
 
 
 async def execute_tool_call(

@@ -103,6 +103,11 @@ def cancelled(reason: str, source: str) -> StopSignal:
     return StopSignal(StopReason.CANCELLED, reason or "cancelled", source or "client")
 
 
+def server_fault(message: str) -> StopSignal:
+    """A fault outside the loop that the run cannot go on past (`Runtime.fail`)."""
+    return StopSignal(StopReason.INTERNAL_ERROR, message, "server")
+
+
 def shutting_down() -> StopSignal:
     """The server stops while the run goes on: retryable where it stopped."""
     return StopSignal(

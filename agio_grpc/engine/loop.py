@@ -76,6 +76,7 @@ from agio_grpc.engine.model import (
     ModelDriver,
     ModelError,
     ModelEvent,
+    ModelReply,
     ModelRetry,
 )
 from agio_grpc.engine.model_call import ModelCall, model_request
@@ -208,8 +209,8 @@ class RunLoop:
             self.control.check()
             if signal := pick_stop_signal(self._limits_reached()):
                 return signal
-            assistant, finish = await self._model_step()
-            if signal := self._reply_signal(assistant, finish):
+            assistant, reply = await self._model_step()
+            if signal := self._reply_signal(assistant, reply):
                 return signal
             signals = await self._run_tool_calls(assistant.tool_calls)
             if signal := pick_stop_signal(signals + self._limits_reached()):
@@ -227,7 +228,7 @@ class RunLoop:
 
     # -- model ------------------------------------------------------------------------------
 
-    async def _model_step(self) -> tuple[Step, StopReason | None]:
+    async def _model_step(self) -> tuple[Step, ModelReply]:
         """Call the model with the history, stream its deltas, store the assistant step."""
         call, self.first_call = self.first_call or await self._model_call(), None
         self.channel.publish(StepStarted(step_id=call.step_id, role=Role.ASSISTANT))
@@ -270,7 +271,7 @@ class RunLoop:
         self.run_row.usage.add(reply.metrics)
         self.run_row.tool_call_count += len(reply.tool_calls)
         (stored,) = await self._store_steps([step])
-        return stored, reply.stop_reason
+        return stored, reply
 
     async def _model_call(self) -> ModelCall:
         request = model_request(self.settings, self.services.registry, self.history, self.trace)
@@ -315,9 +316,18 @@ class RunLoop:
 
         return on_event
 
-    def _reply_signal(self, assistant: Step, reason: StopReason | None) -> StopSignal | None:
+    def _reply_signal(self, assistant: Step, reply: ModelReply) -> StopSignal | None:
         """The stop signal a model reply raises by itself (None: run its tool calls)."""
-        if reason is StopReason.MAX_TOKENS:
+        reason = reply.stop_reason
+        if reply.oversized:
+            limit = self.settings.limits.max_step_bytes
+            signal = StopSignal(
+                StopReason.MAX_TOKENS,
+                f"the reply was cut off at the step limit of {limit} bytes",
+                "model",
+                context={"max_step_bytes": limit},
+            )
+        elif reason is StopReason.MAX_TOKENS:
             signal = StopSignal(reason, "the reply was cut off at max_tokens", "model")
         elif reason is StopReason.CONTENT_FILTER:
             signal = StopSignal(reason, "the provider's content filter stopped the reply", "model")
@@ -359,6 +369,7 @@ class RunLoop:
                 max_parallel=self.settings.limits.max_parallel_tools,
                 completed=self.finished_results,
                 trace_call=lambda call: self._trace_tool_call(call, sequences[call.id]),
+                max_result_bytes=self.settings.limits.max_step_bytes,
             )
             for result in results:
                 if result.is_error:

@@ -121,6 +121,9 @@ class ModelRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     temperature: float | None = None
     max_tokens: int | None = None
+    max_reply_bytes: int | None = None
+    """The largest reply kept (its texts' UTF-8 bytes): a longer one is cut off there, its
+    tool calls dropped, and it ends as `oversized` with finish_reason `length`."""
 
 
 @dataclass(slots=True)
@@ -132,6 +135,8 @@ class ModelReply:
     tool_calls: list[ToolCall]
     finish_reason: str
     metrics: StepMetrics
+    oversized: bool = False
+    """Cut off at the request's `max_reply_bytes`."""
 
     @property
     def stop_reason(self) -> StopReason | None:
@@ -403,12 +408,17 @@ class OpenAIModelDriver:
                     await ready.wait()
                 async for data in _sse_data(_lines(response.content), watchdog.saw_data):
                     delta = reply.add(_chunk_of(data))
+                    limit = request.max_reply_bytes
+                    if limit is not None and reply.size > limit:
+                        reply.cut_off(limit)
+                        break  # the rest is not read: the connection closes with the response
                     if delta is not None:
                         if reply.first_token_latency_ms is None:
                             reply.first_token_latency_ms = _ms_since(started)
                         on_event(delta)
                         await asyncio.sleep(0)  # let the relay run (see the module docstring)
-                await _finish_body(response.content, self._body_end_wait_s)
+                if not reply.oversized:
+                    await _finish_body(response.content, self._body_end_wait_s)
         # An error status, an error object in the stream, a chunk that is not JSON.
         except _Transient as failure:
             raise _failed(reply, failure) from None
@@ -481,6 +491,9 @@ class _ReplyBuilder:
     usage: _Usage | None = None
     first_token_latency_ms: int | None = None
     streamed: bool = False
+    size: int = 0
+    """UTF-8 bytes of the texts so far (content, reasoning, tool call ids, names, arguments)."""
+    oversized: bool = False
 
     def add(self, chunk: object) -> ModelDelta | None:
         """Take one parsed chunk; return the fragments it carries, if any."""
@@ -523,6 +536,9 @@ class _ReplyBuilder:
         calls = tuple(self._add_call(fragment, n) for n, fragment in enumerate(fragments))
         if not (content or reasoning or calls):
             return None
+        self.size += _utf8_len(content) + _utf8_len(reasoning)
+        for call in calls:
+            self.size += _utf8_len(call.id) + _utf8_len(call.name) + _utf8_len(call.arguments)
         self.content.append(content)
         self.reasoning.append(reasoning)
         self.streamed = True
@@ -543,6 +559,14 @@ class _ReplyBuilder:
         call.arguments += arguments
         return ToolCallDelta(index=slot, id=fragment_id, name=name, arguments=arguments)
 
+    def cut_off(self, max_bytes: int) -> None:
+        """End the reply at `max_bytes` of its texts: content first, then reasoning, no tool
+        calls (an argument cut short is no call)."""
+        content = _utf8_prefix("".join(self.content), max_bytes)
+        reasoning = _utf8_prefix("".join(self.reasoning), max_bytes - _utf8_len(content))
+        self.content, self.reasoning, self.calls = [content], [reasoning], []
+        self.finish_reason, self.oversized = "length", True
+
     def build(self) -> ModelReply:
         metrics = StepMetrics(
             first_token_latency_ms=self.first_token_latency_ms or 0, model_name=self.model_name
@@ -562,7 +586,19 @@ class _ReplyBuilder:
             ],
             finish_reason=self.finish_reason or "stop",
             metrics=metrics,
+            oversized=self.oversized,
         )
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _utf8_prefix(text: str, max_bytes: int) -> str:
+    """The longest prefix of `text` of at most `max_bytes` UTF-8 bytes."""
+    if _utf8_len(text) <= max_bytes:
+        return text
+    return text.encode()[: max(0, max_bytes)].decode(errors="ignore")
 
 
 def _call_fragment(fragment: object, position: int) -> tuple[int, str, str, str]:

@@ -43,6 +43,7 @@ def model_request(
         tools=registry.definitions(settings.tools) + client_tools,
         temperature=settings.temperature,
         max_tokens=settings.max_tokens,
+        max_reply_bytes=settings.limits.max_step_bytes,
     )
 
 

@@ -372,16 +372,20 @@ class Runtime:
         return self._segments.spawn(started, settings, plan, channel, deadline_s, trace)
 
     async def cancel(self, run_id: str, reason: str, source: str = "client") -> Run:
-        """Cancel a run; idempotent. Returns the run as stored afterwards.
+        """`stop` the run CANCELLED (a CancelRun, or a caller gone)."""
+        return await self.stop(run_id, cancelled(reason, source))
 
-        A run running here stops CANCELLED (open tool calls get error results), waited for
+    async def stop(self, run_id: str, signal: StopSignal) -> Run:
+        """Stop a run with `signal`; idempotent. Returns the run as stored afterwards.
+
+        A run running here stops with it (open tool calls get error results), waited for
         up to `cancel_wait_s`; so does a REQUIRES_ACTION one, and a QUEUED one never starts;
         an ended one is returned unchanged. A run another process runs gets a cancel request
         on its row (acted on within that process's `cancel_poll_s`, waited for alike); one
         whose process died is ended INTERRUPTED once its lease ran out. Never SESSION_BUSY:
-        a run continued meanwhile is cancelled as running. Raises NotFoundError.
+        a run continued meanwhile is stopped as a running one. Raises NotFoundError.
         """
-        signal, wait_s = cancelled(reason, source), self.options.cancel_wait_s
+        wait_s = self.options.cancel_wait_s
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             if await self._segments.stop(run_id, signal, wait_s):

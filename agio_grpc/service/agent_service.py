@@ -12,24 +12,33 @@ write, hence the `override` ignores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
 
-from agio_grpc.domain import BusyPolicy
+from agio_grpc.config import MAX_STEPS_LIMIT, RequestLimitsConfig, ServerConfig
+from agio_grpc.domain import BusyPolicy, StopSignal
 from agio_grpc.engine.agents import AgentSpec, ClientTool, RunInput, RunOverrides, ToolOutput
 from agio_grpc.engine.events import SequencedEvent
+from agio_grpc.engine.lifecycle import cancelled, server_fault
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
-from agio_grpc.service.errors import FieldViolation, invalid_argument
+from agio_grpc.service.errors import FieldViolation
 from agio_grpc.service.validation import (
+    ToolSchemaChecks,
+    check_duration,
     check_id,
     check_non_negative,
     check_positive,
+    check_range,
+    check_size,
     decode_page_token,
+    duration_seconds,
+    map_entry_path,
     page_size,
     raise_if_any,
     time_key,
@@ -37,14 +46,14 @@ from agio_grpc.service.validation import (
 )
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import agent_service_pb2 as pb
-from agio_grpc.v1 import agent_service_pb2_grpc, resources_pb2
+from agio_grpc.v1 import agent_service_pb2_grpc, events_pb2, resources_pb2
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RUN_PAGE = 50
-MAX_INPUT_CHARS = 1_000_000
-MAX_METADATA_ENTRIES = 64
+MAX_CANCEL_REASON_CHARS = 1000
 DEADLINE_MARGIN_S = 0.25
+UNSENDABLE_EVENT_REASON = "an event of the run could not be encoded for its client"
 
 
 def _overrides(request: pb.RunOverrides) -> RunOverrides:
@@ -54,9 +63,7 @@ def _overrides(request: pb.RunOverrides) -> RunOverrides:
         temperature=request.temperature if request.HasField("temperature") else None,
         max_tokens=request.max_tokens if request.HasField("max_tokens") else None,
         max_steps=request.max_steps if request.HasField("max_steps") else None,
-        timeout_s=request.timeout.ToTimedelta().total_seconds()
-        if request.HasField("timeout")
-        else None,
+        timeout_s=duration_seconds(request.timeout) if request.HasField("timeout") else None,
         tools=list(request.tools.names) if request.HasField("tools") else None,
         token_budget=request.token_budget if request.HasField("token_budget") else None,
     )
@@ -76,33 +83,90 @@ _DISCONNECT_POLICIES = (
 )
 
 
-def _check_run_request(request: pb.RunRequest) -> None:
+def _run_request_violations(
+    request: pb.RunRequest, config: ServerConfig
+) -> list[FieldViolation | None]:
+    """What is wrong with a RunRequest, client tool schemas aside (`ToolSchemaChecks`)."""
+    limits = config.request_limits
     violations = [
         check_id("session_id", request.session_id, required=False),
         check_id("agent", request.agent, required=False),
         check_id("request_id", request.request_id, required=False),
+        *_overrides_violations(request.overrides, config),
+        *_metadata_violations(request.metadata, limits),
+        *_client_tool_violations(request.client_tools, limits),
     ]
     if not request.input.strip():
         violations.append(FieldViolation("input", "is required"))
-    elif len(request.input) > MAX_INPUT_CHARS:
-        violations.append(FieldViolation("input", f"must be at most {MAX_INPUT_CHARS} characters"))
-    if len(request.metadata) > MAX_METADATA_ENTRIES:
-        violations.append(
-            FieldViolation("metadata", f"must have at most {MAX_METADATA_ENTRIES} entries")
-        )
-    for index, tool in enumerate(request.client_tools):
-        violations.append(check_id(f"client_tools[{index}].name", tool.name))
+    else:
+        violations.append(check_size("input", request.input, limits.max_input_bytes))
     if request.on_busy not in _BUSY_POLICIES:
         violations.append(FieldViolation("on_busy", f"unknown BusyPolicy {request.on_busy}"))
     if request.on_disconnect not in _DISCONNECT_POLICIES:
         violations.append(
             FieldViolation("on_disconnect", f"unknown DisconnectPolicy {request.on_disconnect}")
         )
-    raise_if_any(*violations)
+    return violations
 
 
-def _run_input(request: pb.RunRequest, deadline_s: float | None) -> RunInput:
-    _check_run_request(request)
+def _overrides_violations(
+    overrides: pb.RunOverrides, config: ServerConfig
+) -> list[FieldViolation | None]:
+    found: list[FieldViolation | None] = []
+    if overrides.HasField("instructions"):
+        limit = config.request_limits.max_instructions_bytes
+        found.append(check_size("overrides.instructions", overrides.instructions, limit))
+    if overrides.HasField("max_tokens"):
+        found.append(check_range("overrides.max_tokens", overrides.max_tokens, 1))
+    if overrides.HasField("max_steps"):
+        found.append(check_range("overrides.max_steps", overrides.max_steps, 1, MAX_STEPS_LIMIT))
+    if overrides.HasField("token_budget"):
+        found.append(check_range("overrides.token_budget", overrides.token_budget, 1))
+    if overrides.HasField("timeout"):
+        found.append(
+            check_duration("overrides.timeout", overrides.timeout, config.max_run_timeout_s)
+        )
+    return found
+
+
+def _metadata_violations(
+    metadata: Mapping[str, str], limits: RequestLimitsConfig
+) -> list[FieldViolation | None]:
+    if len(metadata) > limits.max_metadata_entries:
+        return [
+            FieldViolation("metadata", f"must have at most {limits.max_metadata_entries} entries")
+        ]
+    found: list[FieldViolation | None] = []
+    long_key = FieldViolation(
+        "metadata", f"keys must be at most {limits.max_metadata_key_bytes} bytes (UTF-8)"
+    )
+    for key, value in metadata.items():
+        if check_size("", key, limits.max_metadata_key_bytes) is not None:
+            found.append(long_key)
+            continue
+        where = map_entry_path("metadata", key)
+        found.append(check_size(where, value, limits.max_metadata_value_bytes))
+    return list(dict.fromkeys(found))  # a long key is reported once
+
+
+def _client_tool_violations(
+    tools: Sequence[resources_pb2.ToolDefinition], limits: RequestLimitsConfig
+) -> list[FieldViolation | None]:
+    if len(tools) > limits.max_client_tools:
+        return [
+            FieldViolation("client_tools", f"must have at most {limits.max_client_tools} tools")
+        ]
+    found: list[FieldViolation | None] = []
+    for index, tool in enumerate(tools):
+        where = f"client_tools[{index}]"
+        found.append(check_id(f"{where}.name", tool.name))
+        found.append(
+            check_size(f"{where}.description", tool.description, limits.max_tool_description_bytes)
+        )
+    return found
+
+
+def _to_run_input(request: pb.RunRequest) -> RunInput:
     return RunInput(
         input=request.input,
         session_id=request.session_id,
@@ -113,7 +177,6 @@ def _run_input(request: pb.RunRequest, deadline_s: float | None) -> RunInput:
         ],
         request_id=request.request_id,
         metadata=dict(request.metadata),
-        deadline_s=deadline_s,
         on_busy=_BUSY_POLICIES[request.on_busy],
     )
 
@@ -128,12 +191,45 @@ def _deadline_s(context: grpc.aio.ServicerContext) -> float | None:
     return max(remaining - margin, 0.0)
 
 
+def _encoded(event: SequencedEvent) -> tuple[events_pb2.StepEvent, bool]:
+    """The event as streamed, and whether it was itself (else its stand-in)."""
+    try:
+        return convert.event_to_proto(event), True
+    except Exception:
+        # A server fault, not the caller's: logged with its traceback, without content.
+        log.exception(
+            "run %s: event %d (%s) could not be encoded; a stand-in was sent",
+            event.run_id,
+            event.seq,
+            event.event.type,
+        )
+        return convert.unsendable_event(event), False
+
+
 class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
     """Serves AgentService from the engine runtime and the store."""
 
-    def __init__(self, runtime: Runtime, store: StepStore) -> None:
+    def __init__(
+        self, runtime: Runtime, store: StepStore, config: ServerConfig | None = None
+    ) -> None:
         self._runtime = runtime
         self._store = store
+        self._config = config or ServerConfig()
+        self._schemas = ToolSchemaChecks(self._config.request_limits)
+
+    async def _run_input(self, request: pb.RunRequest) -> RunInput:
+        """The run the request asks for (no deadline yet); INVALID_ARGUMENT naming all that
+        is wrong with it."""
+        violations = _run_request_violations(request, self._config)
+        if len(request.client_tools) <= self._config.request_limits.max_client_tools:
+            violations += await self._schemas.violations(
+                [
+                    (f"client_tools[{index}].parameters_json", tool.parameters_json)
+                    for index, tool in enumerate(request.client_tools)
+                ]
+            )
+        raise_if_any(*violations)
+        return _to_run_input(request)
 
     async def _relay(
         self,
@@ -143,30 +239,47 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         *,
         owns_run: bool,
     ) -> None:
-        """Write every event to the caller; a caller that leaves an owned run cancels it."""
+        """Write every event to the caller; a caller that leaves an owned run cancels it.
+
+        An event that cannot be encoded never cuts the stream while the run goes on: its
+        place is taken by `convert.unsendable_event` (same seq), the run is ended, and the
+        stream still closes with exactly one terminal event.
+        """
+        ending = False  # the run is being ended for an event that could not be sent
         try:
             async for event in events:
-                await context.write(convert.event_to_proto(event))
+                message, sendable = _encoded(event)
+                await context.write(message)
+                if not sendable and not event.is_terminal and not ending:
+                    ending = True
+                    await self._stop(run_id, server_fault(UNSENDABLE_EVENT_REASON))
         except asyncio.CancelledError:
             if owns_run:
                 # The run must not outlive its only watcher unseen; its row ends CANCELLED.
-                cancel = asyncio.ensure_future(
-                    self._runtime.cancel(run_id, "client disconnected", source="client")
-                )
-                try:
-                    await asyncio.shield(cancel)
-                except asyncio.CancelledError:
-                    pass
-                except Exception:
-                    log.exception("cancelling run %s after a disconnect failed", run_id)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._stop(run_id, cancelled("client disconnected", "client"))
             raise
+
+    async def _stop(self, run_id: str, signal: StopSignal) -> None:
+        """Stop the run and wait for its end to be recorded; the stop goes on to the end
+        even if this call is cancelled meanwhile."""
+        stop = asyncio.ensure_future(self._runtime.stop(run_id, signal))
+        try:
+            await asyncio.shield(stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stopping run %s (%s) failed", run_id, signal.reason.value)
 
     async def Run(  # type: ignore[override]
         self, request: pb.RunRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        # A run that outlives its caller is not cut off by the caller's deadline either.
+        run_input = await self._run_input(request)
+        # A run that outlives its caller is not cut off by the caller's deadline either. Read
+        # after the checks, which take time.
         stays = request.on_disconnect == pb.DISCONNECT_POLICY_CONTINUE
-        run_input = _run_input(request, None if stays else _deadline_s(context))
+        if not stays:
+            run_input.deadline_s = _deadline_s(context)
         handle = await self._runtime.start_run(run_input)
         await self._relay(handle.run_id, handle.events(), context, owns_run=not stays)
 
@@ -174,15 +287,19 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         self, request: pb.RunRequest, context: grpc.aio.ServicerContext
     ) -> pb.StartRunResponse:
         # No caller follows the run: neither the call's deadline nor its end stop it.
-        handle = await self._runtime.start_run(_run_input(request, None))
+        handle = await self._runtime.start_run(await self._run_input(request))
         return pb.StartRunResponse(run=convert.run_to_proto(handle.run))
 
     async def SubmitToolOutputs(  # type: ignore[override]
         self, request: pb.SubmitToolOutputsRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        raise_if_any(check_id("run_id", request.run_id))
+        limit = self._config.request_limits.max_tool_output_bytes
+        violations = [check_id("run_id", request.run_id)]
         if not request.tool_outputs:
-            raise invalid_argument([FieldViolation("tool_outputs", "is required")])
+            violations.append(FieldViolation("tool_outputs", "is required"))
+        for index, output in enumerate(request.tool_outputs):
+            violations.append(check_size(f"tool_outputs[{index}].output", output.output, limit))
+        raise_if_any(*violations)
         outputs = [ToolOutput(o.tool_call_id, o.output, o.is_error) for o in request.tool_outputs]
         handle = await self._runtime.submit_tool_outputs(
             request.run_id, outputs, deadline_s=_deadline_s(context)
@@ -215,9 +332,12 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
     async def CancelRun(
         self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelRunResponse:
-        raise_if_any(check_id("run_id", request.run_id))
-        if len(request.reason) > 1000:
-            raise invalid_argument([FieldViolation("reason", "must be at most 1000 characters")])
+        violations = [check_id("run_id", request.run_id)]
+        if len(request.reason) > MAX_CANCEL_REASON_CHARS:
+            violations.append(
+                FieldViolation("reason", f"must be at most {MAX_CANCEL_REASON_CHARS} characters")
+            )
+        raise_if_any(*violations)
         run = await self._runtime.cancel(
             request.run_id, request.reason or "cancelled by the client", source="client"
         )

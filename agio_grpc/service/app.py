@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 from dataclasses import dataclass
 
 from agio_grpc.config import Settings
@@ -41,6 +42,17 @@ from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
 log = logging.getLogger(__name__)
 
 RUN_DRAIN_MARGIN_S = 0.5
+
+
+def instance_id(settings: Settings) -> str:
+    """The configured instance id, else `HOSTNAME/LISTEN_ADDRESS`: stable across restarts,
+    and distinct for servers listening apart. "" (none) on a port picked at bind time, which
+    a restart never gets again."""
+    if settings.server.instance_id:
+        return settings.server.instance_id
+    if settings.listen_address.rpartition(":")[2] == "0":
+        return ""
+    return f"{socket.gethostname()}/{settings.listen_address}"
 
 
 def build_registry(settings: Settings) -> ToolRegistry:
@@ -107,11 +119,13 @@ class AgioApp:
             settings.database_url,
             sqlite_synchronous=settings.sqlite_synchronous,
             session_lease_s=settings.server.session_lease_s,
+            instance_id=instance_id(settings),
         )
         fake_model: FakeModelServer | None = None
         try:
-            # Only expired leases are touched, so this is safe beside live replicas.
-            recovered = await sql_store.recover_expired_runs()
+            # Only this instance's and expired leases: safe beside live replicas.
+            recovered = await sql_store.recover_own_runs()
+            recovered += await sql_store.recover_expired_runs()
             if recovered:
                 log.warning(
                     "interrupted %d run(s) left running by a stopped server: %s",
@@ -148,7 +162,7 @@ class AgioApp:
                 [
                     (
                         agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                        AgentServicer(runtime, store),
+                        AgentServicer(runtime, store, settings.server),
                     ),
                     (
                         session_service_pb2_grpc.add_SessionServiceServicer_to_server,

@@ -1,11 +1,13 @@
 """Conversion between the domain model and the `agio.v1` messages.
 
 The only module that knows both shapes. Enum values map by name (`Role.USER` <->
-`ROLE_USER`), so adding a value to one side without the other fails loudly here.
+`ROLE_USER`), so adding a value to one side without the other fails loudly here. When an
+event cannot be converted, `unsendable_event` gives what is streamed in its place.
 """
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -16,6 +18,8 @@ from agio_grpc.v1 import events_pb2
 from agio_grpc.v1 import resources_pb2 as pb
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EVENT_NOT_SENDABLE = "EVENT_NOT_SENDABLE"
+"""The reason of the `error` event streamed in place of an event that could not be encoded."""
 
 
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -200,4 +204,39 @@ def event_to_proto(sequenced: events.SequencedEvent) -> events_pb2.StepEvent:
                     retryable=event.retryable,
                 )
             )
+    return message
+
+
+def unsendable_event(sequenced: events.SequencedEvent) -> events_pb2.StepEvent:
+    """What is streamed in place of an event `event_to_proto` failed on, built only from the
+    ids, seq and time the engine assigned, so the stream keeps its gapless seqs and its one
+    terminal event: for the terminal event a minimal `run_failed` (INTERNAL_ERROR, the run
+    FAILED), for any other an `error` event."""
+    message = events_pb2.StepEvent(
+        run_id=sequenced.run_id, session_id=sequenced.session_id, seq=sequenced.seq
+    )
+    with contextlib.suppress(ValueError, OverflowError, TypeError):
+        _set_time(message.time, sequenced.time)
+    if sequenced.is_terminal:
+        message.run_failed.run.CopyFrom(
+            pb.Run(
+                id=sequenced.run_id,
+                session_id=sequenced.session_id,
+                status=run_status_to_proto(domain.RunStatus.FAILED),
+                stop_signal=pb.StopSignal(
+                    reason=stop_reason_to_proto(domain.StopReason.INTERNAL_ERROR),
+                    message="the run's final state could not be encoded for the stream",
+                    source="server",
+                ),
+            )
+        )
+    else:
+        message.error.CopyFrom(
+            events_pb2.ErrorEvent(
+                reason=EVENT_NOT_SENDABLE,
+                message="an event of this run could not be encoded and was left out; "
+                "the server ends the run",
+                source="server",
+            )
+        )
     return message

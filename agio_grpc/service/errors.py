@@ -39,6 +39,10 @@ from agio_grpc.store.errors import (
 )
 
 ERROR_DOMAIN = "agio-grpc"
+MAX_REPORTED_VIOLATIONS = 8
+MAX_SUMMARISED_VIOLATIONS = 3
+MAX_FIELD_PATH_CHARS = 160
+MAX_DESCRIPTION_CHARS = 240
 log = logging.getLogger(__name__)
 
 
@@ -65,13 +69,42 @@ class ServiceError(Exception):
 
 
 def invalid_argument(violations: list[FieldViolation]) -> ServiceError:
-    """INVALID_ARGUMENT naming every bad field."""
-    summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    """INVALID_ARGUMENT naming the bad fields.
+
+    Bounded so the status always fits in the 8 KiB of trailing metadata a gRPC client
+    accepts by default: at most `MAX_REPORTED_VIOLATIONS` violations (the message names
+    the first few), each field path and description cut to a fixed length.
+    """
+    shown = [
+        FieldViolation(
+            _cut(v.field, MAX_FIELD_PATH_CHARS), _cut(v.description, MAX_DESCRIPTION_CHARS)
+        )
+        for v in violations[:MAX_REPORTED_VIOLATIONS]
+    ]
+    summary = "; ".join(f"{v.field}: {v.description}" for v in shown[:MAX_SUMMARISED_VIOLATIONS])
+    if len(violations) > MAX_SUMMARISED_VIOLATIONS:
+        summary += f"; and {len(violations) - MAX_SUMMARISED_VIOLATIONS} more"
     return ServiceError(
         grpc.StatusCode.INVALID_ARGUMENT,
         "INVALID_ARGUMENT",
         f"invalid request: {summary}",
-        violations=violations,
+        violations=shown,
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def malformed_request(method: str) -> ServiceError:
+    """INVALID_ARGUMENT for request bytes that do not decode as the method's request message
+    (malformed protobuf, or a string field that is not valid UTF-8)."""
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MALFORMED_REQUEST",
+        "the request could not be decoded: malformed protobuf, or a string field that is "
+        "not valid UTF-8",
+        metadata={"method": method},
     )
 
 

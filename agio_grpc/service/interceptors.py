@@ -1,30 +1,71 @@
-"""Server interceptors: the one boundary where handler failures become rich statuses.
+"""Server interceptors: the one boundary where requests are admitted and handler failures
+become rich statuses.
 
-`ErrorInterceptor` wraps every handler: a `ServiceError`, a store error or an unexpected
-exception aborts the call with the status built by `errors.to_status`. Streaming handlers
-are written with `context.write` (not `yield`), so cancellation reaches them as
-`CancelledError` and their cleanup runs in the handler's own task. Cancellation and
-aborts raised by the handler itself pass through untouched.
+`ErrorInterceptor` wraps every `agio.v1` handler. Before the handler runs it refuses what
+no handler should see: request bytes that do not decode (INVALID_ARGUMENT
+`MALFORMED_REQUEST`, one WARNING line, no traceback) and U+0000 in any string field of the
+request (INVALID_ARGUMENT naming each field). Then a `ServiceError`, a store error or an
+unexpected exception escaping the handler aborts the call with the status built by
+`errors.to_status`. Streaming handlers are written with `context.write` (not `yield`), so
+cancellation reaches them as `CancelledError` and their cleanup runs in the handler's own
+task. Cancellation and aborts raised by the handler itself pass through untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from agio_grpc.service.errors import as_service_error, to_status
+from agio_grpc.service.errors import as_service_error, malformed_request, to_status
+from agio_grpc.service.validation import nul_violations, raise_if_any
+
+log = logging.getLogger(__name__)
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
+Deserializer = Callable[[bytes], Any]
 
 
-def _guard(behavior: Behavior) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+@dataclass(frozen=True, slots=True)
+class _Undecodable:
+    """Stands in for a request whose bytes did not decode, so the handler wrapper, not
+    grpc, answers it (grpc would answer UNKNOWN and log a traceback)."""
+
+    error: str
+
+
+def _tolerant(deserialize: Deserializer) -> Deserializer:
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as error:
+            return _Undecodable(type(error).__name__)
+
+    return decode
+
+
+def _admit(method: str, request: Any) -> None:
+    """Raise the ServiceError for a request no handler may see."""
+    if isinstance(request, _Undecodable):
+        # The client's fault: one line, no traceback and none of the request's bytes.
+        log.warning("refused an undecodable %s request (%s)", method, request.error)
+        raise malformed_request(method)
+    raise_if_any(*nul_violations(request))
+
+
+def _guard(
+    method: str, behavior: Behavior
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """Wrap a unary handler or a streaming handler written with `context.write`."""
 
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            _admit(method, request)
             return await behavior(request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
@@ -35,7 +76,8 @@ def _guard(behavior: Behavior) -> Callable[[Any, grpc.aio.ServicerContext], Awai
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Maps every exception escaping a handler to one status with an ErrorInfo."""
+    """Admits each request and maps every exception escaping a handler to one status with
+    an ErrorInfo."""
 
     async def intercept_service(
         self,
@@ -43,18 +85,19 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith("/agio.v1."):
+        method: str = handler_call_details.method
+        if handler is None or not method.startswith("/agio.v1."):
             return handler
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _guard(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                _guard(method, handler.unary_unary),
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _guard(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                _guard(method, handler.unary_stream),
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler

@@ -16,7 +16,6 @@ from agio_grpc import domain
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, invalid_argument
 from agio_grpc.service.validation import (
-    bad_page_token,
     check_id,
     check_non_negative,
     check_positive,
@@ -24,6 +23,7 @@ from agio_grpc.service.validation import (
     encode_page_token,
     page_size,
     raise_if_any,
+    sequence_key,
     time_key,
     trim_time_keyed_page,
 )
@@ -108,12 +108,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             "start": request.start_sequence,
             "end": request.end_sequence,
         }
-        position = decode_page_token(request.page_token, query)
-        start = max(request.start_sequence, 1)
-        if position is not None:
-            if not (len(position) == 1 and isinstance(position[0], int)):
-                raise bad_page_token()
-            start = position[0]
+        resume = sequence_key(decode_page_token(request.page_token, query))
+        start = resume if resume is not None else max(request.start_sequence, 1)
         await self._store.get_session(request.session_id)  # NOT_FOUND for an unknown session
         end = request.end_sequence or None
         steps = await self._store.get_steps(request.session_id, start, end, limit + 1)

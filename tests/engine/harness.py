@@ -39,7 +39,16 @@ from agio_grpc.testing import FakeModelServer
 E = TypeVar("E", bound=Event)
 
 INSTRUCTIONS = "You are a test assistant."
-TEST_TOOLS = ["calculate", "current_time", "echo", "note", "wait_for_gate", "explode", "finish"]
+TEST_TOOLS = [
+    "calculate",
+    "current_time",
+    "echo",
+    "note",
+    "wait_for_gate",
+    "explode",
+    "finish",
+    "repeat",
+]
 FAST_RETRIES = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.05)
 
 
@@ -96,8 +105,12 @@ def make_registry(gate: Gate) -> ToolRegistry:
         """Ends the run."""
         raise ToolStop(f"finished: {summary}")
 
+    def repeat(text: str, times: int) -> str:
+        """Returns `text` `times` times (a result much longer than its arguments)."""
+        return text * times
+
     registry = ToolRegistry(TOOLS)
-    for function in (note, wait_for_gate, explode, finish):
+    for function in (note, wait_for_gate, explode, finish, repeat):
         registry.register(function)
     return registry
 

@@ -60,3 +60,19 @@ async def app(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[Agio
 async def client(app: AgioApp) -> AsyncIterator[AgioClient]:
     async with AgioClient(app.address) as connected:
         yield connected
+
+
+@pytest.fixture
+async def backend_app(store_url: str, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
+    """The service on the backend under test (`store_url`: SQLite, then PostgreSQL)."""
+    started = await AgioApp.start(make_settings(store_url, fake_model.base_url))
+    try:
+        yield started
+    finally:
+        await started.stop(grace=0)
+
+
+@pytest.fixture
+async def backend_client(backend_app: AgioApp) -> AsyncIterator[AgioClient]:
+    async with AgioClient(backend_app.address) as connected:
+        yield connected
