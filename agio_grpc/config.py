@@ -55,6 +55,10 @@ class LimitsConfig(_Strict):
     """How many tool calls of one step run at once."""
     max_history_messages: int | None = Field(None, ge=1)
     """Cap on history messages sent to the model (a tool call is never split from its result)."""
+    max_step_bytes: int = Field(4 * MIB, ge=KIB)
+    """The largest model reply or server tool result a run stores (UTF-8 bytes of its texts):
+    a larger one is cut to it and ends the run (MAX_TOKENS, TOOL_ERROR). At most half of
+    `server.max_message_bytes`, so that every step and event fits in a message."""
 
 
 class AgentConfig(_Strict):
@@ -213,11 +217,17 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _run_timeouts_within_maximum(self) -> Settings:
         longest = self.server.max_run_timeout_s
+        largest_step = self.server.max_message_bytes // 2
         for agent in self.agents:
             if agent.limits.run_timeout_s > longest:
                 raise ValueError(
                     f"agent {agent.name!r}: limits.run_timeout_s {agent.limits.run_timeout_s} "
                     f"is above server.max_run_timeout_s {longest}"
+                )
+            if agent.limits.max_step_bytes > largest_step:
+                raise ValueError(
+                    f"agent {agent.name!r}: limits.max_step_bytes {agent.limits.max_step_bytes} "
+                    f"is above half of server.max_message_bytes ({largest_step})"
                 )
         return self
 

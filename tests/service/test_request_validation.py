@@ -736,6 +736,24 @@ def test_limits_and_the_longest_run_timeout_are_settings(monkeypatch: pytest.Mon
         Settings(agents=[slow])
 
 
+def test_a_step_limit_must_leave_room_in_a_message() -> None:
+    fits = AgentConfig(name="assistant", limits=LimitsConfig(max_step_bytes=8 * MIB))
+    assert Settings(agents=[fits]).agents[0].limits.max_step_bytes == 8 * MIB
+    big = AgentConfig(name="assistant", limits=LimitsConfig(max_step_bytes=8 * MIB + 1))
+    with pytest.raises(ValidationError, match="max_step_bytes"):
+        Settings(agents=[big])
+
+
+def test_the_instance_id_is_configured_or_derived_from_the_listen_address() -> None:
+    from agio_grpc.service.app import instance_id
+
+    assert instance_id(Settings(listen_address="127.0.0.1:0")) == ""
+    derived = instance_id(Settings(listen_address="0.0.0.0:50051"))
+    assert derived.endswith("/0.0.0.0:50051")
+    named = Settings.model_validate({"server": {"instance_id": "replica-a"}})
+    assert instance_id(named) == "replica-a"
+
+
 async def test_the_agent_service_applies_the_configured_limits(app: AgioApp) -> None:
     config = ServerConfig(
         max_run_timeout_s=60,
