@@ -410,11 +410,22 @@ class AgioClient:
     async def get_context(
         self, session_id: str, agent: str = ""
     ) -> session_service_pb2.GetContextResponse:
-        response: session_service_pb2.GetContextResponse = await self._unary(
-            self.sessions.GetContext,
-            session_service_pb2.GetContextRequest(session_id=session_id, agent=agent),
-        )
-        return response
+        """The whole context, its pages joined (a page token is refused once the session
+        changed: then this raises AgioError INVALID_ARGUMENT)."""
+        whole = session_service_pb2.GetContextResponse()
+        token = ""
+        while True:
+            page: session_service_pb2.GetContextResponse = await self._unary(
+                self.sessions.GetContext,
+                session_service_pb2.GetContextRequest(
+                    session_id=session_id, agent=agent, page_token=token
+                ),
+            )
+            whole.messages.extend(page.messages)
+            whole.summary.CopyFrom(page.summary)
+            token = page.next_page_token
+            if not token:
+                return whole
 
     async def delete_session(self, session_id: str) -> int:
         response = await self._unary(

@@ -29,6 +29,7 @@ from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation
 from agio_grpc.service.validation import (
+    PageTokens,
     ToolSchemaChecks,
     check_duration,
     check_id,
@@ -36,13 +37,12 @@ from agio_grpc.service.validation import (
     check_positive,
     check_range,
     check_size,
-    decode_page_token,
     duration_seconds,
+    fitting,
     map_entry_path,
     page_size,
     raise_if_any,
     time_key,
-    trim_time_keyed_page,
 )
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import agent_service_pb2 as pb
@@ -210,11 +210,18 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
     """Serves AgentService from the engine runtime and the store."""
 
     def __init__(
-        self, runtime: Runtime, store: StepStore, config: ServerConfig | None = None
+        self,
+        runtime: Runtime,
+        store: StepStore,
+        config: ServerConfig | None = None,
+        pages: PageTokens | None = None,
     ) -> None:
+        """`pages` signs page tokens (the store's shared key: `PageTokens`)."""
         self._runtime = runtime
         self._store = store
         self._config = config or ServerConfig()
+        self._pages = pages or PageTokens()
+        self._page_bytes = self._config.max_message_bytes * 3 // 4
         self._schemas = ToolSchemaChecks(self._config.request_limits)
 
     async def _run_input(self, request: pb.RunRequest) -> RunInput:
@@ -356,14 +363,13 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         raise_if_any(check_id("session_id", request.session_id))
         limit = page_size(request.page_size, DEFAULT_RUN_PAGE)
         query: dict[str, object] = {"rpc": "ListRuns", "session": request.session_id}
-        after = time_key(decode_page_token(request.page_token, query))
+        after = time_key(self._pages.decode(request.page_token, query))
         await self._store.get_session(request.session_id)
-        runs, token = trim_time_keyed_page(
-            await self._store.list_runs(request.session_id, limit + 1, after), limit, query
-        )
-        return pb.ListRunsResponse(
-            runs=[convert.run_to_proto(r) for r in runs], next_page_token=token
-        )
+        runs = await self._store.list_runs(request.session_id, limit + 1, after)
+        page = [convert.run_to_proto(r) for r in runs[:limit]]
+        del page[fitting(page, self._page_bytes) :]
+        runs, token = self._pages.trim_time_keyed(runs, len(page), query)
+        return pb.ListRunsResponse(runs=page, next_page_token=token)
 
     async def ListAgents(
         self, request: pb.ListAgentsRequest, context: grpc.aio.ServicerContext

@@ -27,6 +27,7 @@ from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
 from agio_grpc.service.session_service import SessionServicer
+from agio_grpc.service.validation import PageTokens
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import open_store
 from agio_grpc.telemetry import (
@@ -42,6 +43,10 @@ from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
 log = logging.getLogger(__name__)
 
 RUN_DRAIN_MARGIN_S = 0.5
+
+
+PAGE_TOKEN_KEY = "page_tokens"
+"""The name of the store's secret that signs page tokens."""
 
 
 def instance_id(settings: Settings) -> str:
@@ -96,6 +101,8 @@ class AgioApp:
     bound: BoundServer
     fake_model: FakeModelServer | None
     telemetry: Telemetry
+    pages: PageTokens
+    """Signs and checks page tokens with the key every replica shares."""
 
     @property
     def address(self) -> str:
@@ -157,16 +164,18 @@ class AgioApp:
                 ),
             )
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
+            pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
+            page_bytes = settings.server.max_message_bytes * 3 // 4
             bound = await start_grpc_server(
                 settings,
                 [
                     (
                         agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                        AgentServicer(runtime, store, settings.server),
+                        AgentServicer(runtime, store, settings.server, pages),
                     ),
                     (
                         session_service_pb2_grpc.add_SessionServiceServicer_to_server,
-                        SessionServicer(store, runtime),
+                        SessionServicer(store, runtime, pages, page_bytes),
                     ),
                 ],
                 interceptors=interceptors,
@@ -178,7 +187,7 @@ class AgioApp:
             telemetry.shutdown()
             raise
         log.info("agio-grpc listening on %s", bound.address)
-        return cls(settings, store, runtime, model, bound, fake_model, telemetry)
+        return cls(settings, store, runtime, model, bound, fake_model, telemetry, pages)
 
     async def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, refuse new calls, let running ones finish within `grace`,

@@ -16,16 +16,16 @@ from agio_grpc import domain
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, invalid_argument
 from agio_grpc.service.validation import (
+    PageTokens,
+    bad_page_token,
     check_id,
     check_non_negative,
     check_positive,
-    decode_page_token,
-    encode_page_token,
+    fitting,
     page_size,
     raise_if_any,
     sequence_key,
     time_key,
-    trim_time_keyed_page,
 )
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import session_service_pb2 as pb
@@ -33,6 +33,8 @@ from agio_grpc.v1 import session_service_pb2_grpc
 
 DEFAULT_SESSION_PAGE = 50
 DEFAULT_STEP_PAGE = 100
+DEFAULT_PAGE_BYTES = 12 * 1024 * 1024
+"""How much a page of steps or messages may hold: room to spare in a 16 MiB message."""
 
 
 class ContextSource(Protocol):
@@ -46,9 +48,19 @@ class ContextSource(Protocol):
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     """Serves SessionService from a StepStore."""
 
-    def __init__(self, store: StepStore, context: ContextSource) -> None:
+    def __init__(
+        self,
+        store: StepStore,
+        context: ContextSource,
+        pages: PageTokens | None = None,
+        page_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> None:
+        """`pages` signs page tokens (the store's shared key, `PageTokens` docstring);
+        `page_bytes` bounds each page of steps or messages, whatever its page size."""
         self._store = store
         self._context = context
+        self._pages = pages or PageTokens()
+        self._page_bytes = page_bytes
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, session_id: str) -> AsyncIterator[None]:
@@ -73,8 +85,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     ) -> pb.ListSessionsResponse:
         limit = page_size(request.page_size, DEFAULT_SESSION_PAGE)
         query: dict[str, object] = {"rpc": "ListSessions"}
-        after = time_key(decode_page_token(request.page_token, query))
-        sessions, token = trim_time_keyed_page(
+        after = time_key(self._pages.decode(request.page_token, query))
+        sessions, token = self._pages.trim_time_keyed(
             await self._store.list_sessions(limit + 1, after), limit, query
         )
         return pb.ListSessionsResponse(
@@ -108,18 +120,17 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             "start": request.start_sequence,
             "end": request.end_sequence,
         }
-        resume = sequence_key(decode_page_token(request.page_token, query))
+        resume = sequence_key(self._pages.decode(request.page_token, query))
         start = resume if resume is not None else max(request.start_sequence, 1)
         await self._store.get_session(request.session_id)  # NOT_FOUND for an unknown session
         end = request.end_sequence or None
         steps = await self._store.get_steps(request.session_id, start, end, limit + 1)
+        page = [convert.step_to_proto(s) for s in steps[:limit]]
+        del page[fitting(page, self._page_bytes) :]
         token = ""
-        if len(steps) > limit:
-            token = encode_page_token(query, [steps[limit].sequence])
-            steps = steps[:limit]
-        return pb.ListStepsResponse(
-            steps=[convert.step_to_proto(s) for s in steps], next_page_token=token
-        )
+        if len(steps) > len(page):
+            token = self._pages.encode(query, [steps[len(page)].sequence])
+        return pb.ListStepsResponse(steps=page, next_page_token=token)
 
     async def GetStep(
         self, request: pb.GetStepRequest, context: grpc.aio.ServicerContext
@@ -164,9 +175,39 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_id("agent", request.agent, required=False),
         )
+        limit = page_size(request.page_size, MAX_CONTEXT_PAGE)
         steps = await self._context.next_context(request.session_id, request.agent)
         summary = await self._store.context_summary(request.session_id)
+        # Bound to the session as it is: a page of a context that changed since is refused.
+        query: dict[str, object] = {
+            "rpc": "GetContext",
+            "session": request.session_id,
+            "agent": request.agent,
+            "last": summary.max_sequence,
+            "steps": summary.total_steps,
+        }
+        position = _index_key(self._pages.decode(request.page_token, query))
+        start = position or 0
+        page = [convert.step_to_proto(s) for s in steps[start : start + limit]]
+        del page[fitting(page, self._page_bytes) :]
+        end = start + len(page)
+        token = self._pages.encode(query, [end]) if end < len(steps) else ""
         return pb.GetContextResponse(
-            messages=[convert.step_to_proto(s) for s in steps],
-            summary=convert.summary_to_proto(summary),
+            messages=page, summary=convert.summary_to_proto(summary), next_page_token=token
         )
+
+
+MAX_CONTEXT_PAGE = 1_000_000
+"""GetContext's page size when none is asked for: every message that fits."""
+
+
+def _index_key(position: list[object] | None) -> int | None:
+    """A GetContext position from a decoded token: the index of the page's first message."""
+    if position is None:
+        return None
+    if len(position) != 1:
+        raise bad_page_token()
+    (index,) = position
+    if isinstance(index, bool) or not isinstance(index, int) or not 1 <= index <= 2**31:
+        raise bad_page_token()
+    return index

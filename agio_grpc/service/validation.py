@@ -12,10 +12,12 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import re
+import secrets
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -318,36 +320,95 @@ def bad_page_token() -> ServiceError:
     return invalid_argument([FieldViolation("page_token", "is not a valid page token")])
 
 
+def fitting(messages: Sequence[Message], budget: int) -> int:
+    """How many of `messages`, in order, fit in `budget` bytes (at least one, so a page
+    always moves on)."""
+    used = 0
+    for count, message in enumerate(messages):
+        used += message.ByteSize()
+        if used > budget and count:
+            return count
+    return len(messages)
+
+
+class PageTokens:
+    """Opaque page tokens: the next position and the query they continue, signed.
+
+    A token is `payload.signature` in base64url, the signature an HMAC-SHA256 (truncated to
+    16 bytes) of the payload with `key`; the service uses the key kept in the store
+    (`server_secret`), so every replica accepts every other's tokens. A token that is not
+    one of these, or that another server (another key) signed, or that another request
+    issued, is INVALID_ARGUMENT; positions inside a valid one are checked all the same.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        """`key`: the signing key (a random one, for this process only, when None)."""
+        self._key = key if key is not None else secrets.token_bytes(32)
+
+    def encode(self, query: dict[str, Any], position: list[Any]) -> str:
+        """A token holding the next position, bound to the query it came from."""
+        payload = json.dumps({"q": _fingerprint(query), "p": position}, separators=(",", ":"))
+        body = payload.encode()
+        return f"{_b64(body)}.{_b64(self._sign(body))}"
+
+    def decode(self, token: str, query: dict[str, Any]) -> list[Any] | None:
+        """The position in `token`, None for an empty token; INVALID_ARGUMENT when it is
+        not a token this service signed, or was issued for a different query."""
+        if not token:
+            return None
+        if len(token) > MAX_PAGE_TOKEN_LENGTH:
+            raise bad_page_token()
+        body_part, dot, signature_part = token.partition(".")
+        try:
+            body = _unb64(body_part)
+            signature = _unb64(signature_part)
+        except (ValueError, binascii.Error):
+            raise bad_page_token() from None
+        if not dot or not hmac.compare_digest(signature, self._sign(body)):
+            raise bad_page_token()
+        try:
+            text = body.decode()
+            if json_nesting_over(text, 3):  # {"q": ..., "p": [...]}: deeper is not ours
+                raise bad_page_token()
+            payload = json.loads(text)
+            position = payload["p"]
+            fingerprint = payload["q"]
+        except (ValueError, KeyError, TypeError):
+            raise bad_page_token() from None
+        if fingerprint != _fingerprint(query) or not isinstance(position, list):
+            raise invalid_argument(
+                [FieldViolation("page_token", "was issued for a different request")]
+            )
+        return position
+
+    def trim_time_keyed(
+        self, items: list[Keyed], limit: int, query: dict[str, Any]
+    ) -> tuple[list[Keyed], str]:
+        """Items fetched with `limit + 1` -> (the page, the next page token or "")."""
+        if len(items) <= limit:
+            return items, ""
+        page = items[:limit]
+        return page, self.encode(query, [page[-1].create_time.isoformat(), page[-1].id])
+
+    def _sign(self, body: bytes) -> bytes:
+        return hmac.digest(self._key, body, "sha256")[:_SIGNATURE_BYTES]
+
+
+_SIGNATURE_BYTES = 16
+
+
 def _fingerprint(query: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(query, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def encode_page_token(query: dict[str, Any], position: list[Any]) -> str:
-    """An opaque token holding the next position, bound to the query it came from."""
-    payload = json.dumps({"q": _fingerprint(query), "p": position}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
-def decode_page_token(token: str, query: dict[str, Any]) -> list[Any] | None:
-    """The position in `token`, None for an empty token; INVALID_ARGUMENT when it is corrupt
-    or was issued for a different query."""
-    if not token:
-        return None
-    if len(token) > MAX_PAGE_TOKEN_LENGTH:
-        raise bad_page_token()
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        text = base64.urlsafe_b64decode(padded.encode()).decode()
-        if json_nesting_over(text, 3):  # {"q": ..., "p": [...]}: deeper is forged
-            raise bad_page_token()
-        payload = json.loads(text)
-        position = payload["p"]
-        fingerprint = payload["q"]
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        raise bad_page_token() from None
-    if fingerprint != _fingerprint(query) or not isinstance(position, list):
-        raise invalid_argument([FieldViolation("page_token", "was issued for a different request")])
-    return position
+def _unb64(text: str) -> bytes:
+    if not text.isascii():
+        raise ValueError("not base64")
+    return base64.urlsafe_b64decode((text + "=" * (-len(text) % 4)).encode())
 
 
 def sequence_key(position: list[Any] | None) -> int | None:
@@ -373,16 +434,6 @@ class TimeKeyed(Protocol):
 
 
 Keyed = TypeVar("Keyed", bound=TimeKeyed)
-
-
-def trim_time_keyed_page(
-    items: list[Keyed], limit: int, query: dict[str, Any]
-) -> tuple[list[Keyed], str]:
-    """Items fetched with `limit + 1` -> (the page, the next page token or "")."""
-    if len(items) <= limit:
-        return items, ""
-    page = items[:limit]
-    return page, encode_page_token(query, [page[-1].create_time.isoformat(), page[-1].id])
 
 
 def time_key(position: list[Any] | None) -> tuple[datetime, str] | None:

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 import asyncpg
-from sqlalchemy import Connection, Dialect, Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Dialect, Engine, Insert, Table, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -92,6 +93,13 @@ def prepare_sqlite_file(url: URL) -> None:
 
 
 T = TypeVar("T")
+
+
+def insert_ignoring_conflicts(backend: str, table: Table) -> Insert:
+    """INSERT ... ON CONFLICT DO NOTHING into `table`, in the backend's dialect."""
+    if backend == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sqlite.insert(table).on_conflict_do_nothing()
 
 
 class Database(Protocol):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -70,6 +71,7 @@ from agio_grpc.domain import (
 from agio_grpc.store.database import (
     DRIVER_ERRORS,
     Database,
+    insert_ignoring_conflicts,
     open_database,
     parse_url,
     prepare_sqlite_file,
@@ -123,6 +125,7 @@ from agio_grpc.store.rows import (
 )
 from agio_grpc.store.tables import run_events as event_table
 from agio_grpc.store.tables import runs as run_table
+from agio_grpc.store.tables import server_secrets as secret_table
 from agio_grpc.store.tables import sessions as session_table
 from agio_grpc.store.tables import steps as step_table
 
@@ -898,6 +901,28 @@ class SqlStepStore:
             return _interrupt_run(conn, run.session_id, run_id, last_sequence, now, message)
 
         return await self._write(work)
+
+    async def server_secret(self, name: str, size: int = 32) -> bytes:
+        """The named secret every replica shares: `size` random bytes made by the first to
+        ask (the others find it); the same bytes ever after."""
+        if not name or size < 16:
+            raise ValueError("server_secret needs a name and at least 16 bytes")
+        query = select(secret_table.c.value).where(secret_table.c.name == name)
+        made = secrets.token_hex(size)
+
+        def work(conn: Connection) -> str:
+            found = conn.execute(query).scalar()
+            if found is not None:
+                return str(found)
+            # Two replicas making it at once: the second insert waits for the first, then
+            # conflicts and writes nothing; both read the first one's.
+            conn.execute(
+                insert_ignoring_conflicts(self.backend, secret_table),
+                {"name": name, "value": made, "create_time": utc_now()},
+            )
+            return str(conn.execute(query).scalar_one())
+
+        return bytes.fromhex(await self._write(work))
 
     async def close(self) -> None:
         with contextlib.suppress(*DRIVER_ERRORS):

@@ -185,3 +185,13 @@ run_events = Table(
     CheckConstraint("seq >= 1", name="ck_run_events_seq_positive"),
     sqlite_with_rowid=False,
 )
+
+# Secrets every replica shares (revision 0005), made on first use: e.g. the key that signs
+# page tokens. A value is hex text.
+server_secrets = Table(
+    "server_secrets",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("value", String, nullable=False),
+    Column("create_time", UTCDateTime, nullable=False),
+)

@@ -113,17 +113,23 @@ class ForkSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_resources_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class GetContextRequest(_message.Message):
-    __slots__ = ("session_id", "agent")
+    __slots__ = ("session_id", "agent", "page_size", "page_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     agent: str
-    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class GetContextResponse(_message.Message):
-    __slots__ = ("messages", "summary")
+    __slots__ = ("messages", "summary", "next_page_token")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_resources_pb2.Step]
     summary: _resources_pb2.ContextSummary
-    def __init__(self, messages: _Optional[_Iterable[_Union[_resources_pb2.Step, _Mapping]]] = ..., summary: _Optional[_Union[_resources_pb2.ContextSummary, _Mapping]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[_resources_pb2.Step, _Mapping]]] = ..., summary: _Optional[_Union[_resources_pb2.ContextSummary, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

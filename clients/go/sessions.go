@@ -69,11 +69,23 @@ func (c *Client) ForkSession(ctx context.Context, sessionID string, sequence int
 	return resp.GetSession(), nil
 }
 
-// GetContext returns the messages the model would receive next, and their summary.
+// GetContext returns the messages the model would receive next, and their summary: every
+// page, joined (a page token is refused once the session changed: INVALID_ARGUMENT).
 func (c *Client) GetContext(ctx context.Context, sessionID, agent string) (*agiov1.GetContextResponse, error) {
-	resp, err := c.Sessions.GetContext(ctx, &agiov1.GetContextRequest{SessionId: sessionID, Agent: agent})
-	if err != nil {
-		return nil, DecodeError(err)
+	whole := &agiov1.GetContextResponse{}
+	token := ""
+	for {
+		page, err := c.Sessions.GetContext(ctx, &agiov1.GetContextRequest{
+			SessionId: sessionID, Agent: agent, PageToken: token,
+		})
+		if err != nil {
+			return nil, DecodeError(err)
+		}
+		whole.Messages = append(whole.Messages, page.GetMessages()...)
+		whole.Summary = page.GetSummary()
+		token = page.GetNextPageToken()
+		if token == "" {
+			return whole, nil
+		}
 	}
-	return resp, nil
 }

@@ -35,8 +35,8 @@ from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.server import start_grpc_server
 from agio_grpc.service.validation import (
+    PageTokens,
     ToolSchemaChecks,
-    encode_page_token,
     json_nesting_over,
     nul_violations,
 )
@@ -812,14 +812,34 @@ def list_sessions_with(token: str) -> Call:
 
 
 async def test_forged_page_tokens_are_refused_on_either_backend(
-    backend_stubs: Stubs, backend_client: AgioClient, fake_model: FakeModelServer
+    backend_app: AgioApp,
+    backend_stubs: Stubs,
+    backend_client: AgioClient,
+    fake_model: FakeModelServer,
 ) -> None:
     fake_model.enqueue(Turn.text("hi"))
     session = (await backend_client.run_to_end("hello")).session_id
     steps = {"rpc": "ListSteps", "session": session, "start": 0, "end": 0}
     runs = {"rpc": "ListRuns", "session": session}
     sessions = {"rpc": "ListSessions"}
+    # Positions no request gives, in tokens signed with the service's own key: checked too.
+    encode_page_token = backend_app.pages.encode
+    real = (
+        await backend_stubs.sessions.ListSteps(
+            session_service_pb2.ListStepsRequest(session_id=session, page_size=1)
+        )
+    ).next_page_token
+    body, _, signature = real.partition(".")
     forged_calls = [
+        # Not signed by this service: unsigned, another key, a changed payload or signature.
+        list_steps_with(session, forged({"q": "x", "p": [2]})),
+        list_steps_with(session, PageTokens().encode(steps, [2])),
+        list_steps_with(session, forged({"q": "x", "p": [2]}) + "." + signature),
+        list_steps_with(session, body + "." + signature[::-1]),
+        list_steps_with(session, body),
+        list_steps_with(session, real + "x"),
+        # Another request's token.
+        list_steps_with(session, backend_app.pages.encode(runs, [2])),
         list_steps_with(session, encode_page_token(steps, [2**63])),
         list_steps_with(session, encode_page_token(steps, [2**70])),
         list_steps_with(session, encode_page_token(steps, [0])),

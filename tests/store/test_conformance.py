@@ -1266,3 +1266,19 @@ def test_the_store_knows_every_field_of_the_domain_types() -> None:
         "id", "parent_session_id", "fork_sequence", "create_time", "update_time",
         "step_count", "active_run_id",
     }  # fmt: skip
+
+
+async def test_a_server_secret_is_made_once_and_shared_by_every_store(
+    store: SqlStepStore, store_url: str
+) -> None:
+    other = await open_store(store_url)
+    try:
+        first, second = await asyncio.gather(
+            store.server_secret("page_tokens"), other.server_secret("page_tokens")
+        )
+        assert first == second
+        assert len(first) == 32
+        assert await store.server_secret("page_tokens") == first
+        assert await other.server_secret("another") != first
+    finally:
+        await other.close()

@@ -255,9 +255,29 @@ export class AgioClient {
     ).session;
   }
 
-  /** The messages the model would receive next, and their summary. */
+  /**
+   * The messages the model would receive next, and their summary: every page, joined (a page
+   * token is refused once the session changed: INVALID_ARGUMENT).
+   */
   async getContext(sessionId: string, agent = ""): Promise<GetContextResponse> {
-    return this.unary(() => this.sessions.getContext({ sessionId, agent }, this.callOptions()));
+    let pageToken = "";
+    let whole: GetContextResponse | undefined;
+    for (;;) {
+      const page = await this.unary(() =>
+        this.sessions.getContext({ sessionId, agent, pageToken }, this.callOptions()),
+      );
+      if (whole === undefined) {
+        whole = page;
+      } else {
+        whole.messages.push(...page.messages);
+        whole.summary = page.summary;
+      }
+      pageToken = page.nextPageToken;
+      if (!pageToken) {
+        whole.nextPageToken = "";
+        return whole;
+      }
+    }
   }
 
   /** The serving status name, e.g. `SERVING`. */

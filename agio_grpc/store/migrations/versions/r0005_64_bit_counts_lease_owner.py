@@ -1,4 +1,4 @@
-"""64-bit counts and sequences on PostgreSQL; `sessions.lease_owner`.
+"""64-bit counts and sequences on PostgreSQL; `sessions.lease_owner`; `server_secrets`.
 
 Token counts, durations, step counts, sequences and event seqs were `integer` (32-bit) on
 PostgreSQL: a model reporting 2^31 tokens, or a sequence past 2^31, failed the write there
@@ -6,6 +6,9 @@ while SQLite (whose INTEGER is 64-bit) took it. They become `bigint`; SQLite is 
 
 `sessions.lease_owner` names the server instance holding the session (NULL when idle), so a
 restarted server ends the runs it left at once rather than after their lease.
+
+`server_secrets` holds what every replica must share, made on first use (the key that signs
+page tokens, so that a token one replica issued is accepted by all).
 
 Revision ID: 0005
 Revises: 0004
@@ -64,9 +67,16 @@ def upgrade() -> None:
     _alter(sa.BigInteger(), sa.Integer())
     with op.batch_alter_table("sessions") as batch:
         batch.add_column(sa.Column("lease_owner", sa.String(), nullable=True))
+    op.create_table(
+        "server_secrets",
+        sa.Column("name", sa.String(), primary_key=True),
+        sa.Column("value", sa.String(), nullable=False),
+        sa.Column("create_time", sa.DateTime(timezone=True), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("server_secrets")
     with op.batch_alter_table("sessions") as batch:
         batch.drop_column("lease_owner")
     _alter(sa.Integer(), sa.BigInteger())

@@ -761,7 +761,12 @@ type GetContextRequest struct {
 	// The session.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The agent whose system prompt starts the context; empty means the default agent.
-	Agent         string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The most messages to return (0: as many as fit in one response).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token: the messages after that page. A token is
+	// refused once the session has changed (start again from the first page).
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -810,13 +815,29 @@ func (x *GetContextRequest) GetAgent() string {
 	return ""
 }
 
-// GetContextResponse holds the next model call's messages.
+func (x *GetContextRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *GetContextRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// GetContextResponse holds the next model call's messages, a page at a time.
 type GetContextResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The system prompt (sequence 0) followed by the session's messages.
 	Messages []*Step `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Counts over the session's steps.
-	Summary       *ContextSummary `protobuf:"bytes,2,opt,name=summary,proto3" json:"summary,omitempty"`
+	Summary *ContextSummary `protobuf:"bytes,2,opt,name=summary,proto3" json:"summary,omitempty"`
+	// The token for the messages after these; empty on the last page.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -863,6 +884,13 @@ func (x *GetContextResponse) GetSummary() *ContextSummary {
 		return x.Summary
 	}
 	return nil
+}
+
+func (x *GetContextResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 var File_agio_v1_session_service_proto protoreflect.FileDescriptor
@@ -915,14 +943,18 @@ const file_agio_v1_session_service_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x03R\bsequence\"A\n" +
 	"\x13ForkSessionResponse\x12*\n" +
-	"\asession\x18\x01 \x01(\v2\x10.agio.v1.SessionR\asession\"H\n" +
+	"\asession\x18\x01 \x01(\v2\x10.agio.v1.SessionR\asession\"\x84\x01\n" +
 	"\x11GetContextRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n" +
-	"\x05agent\x18\x02 \x01(\tR\x05agent\"r\n" +
+	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9a\x01\n" +
 	"\x12GetContextResponse\x12)\n" +
 	"\bmessages\x18\x01 \x03(\v2\r.agio.v1.StepR\bmessages\x121\n" +
-	"\asummary\x18\x02 \x01(\v2\x17.agio.v1.ContextSummaryR\asummary2\xd1\x04\n" +
+	"\asummary\x18\x02 \x01(\v2\x17.agio.v1.ContextSummaryR\asummary\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\xd1\x04\n" +
 	"\x0eSessionService\x12E\n" +
 	"\n" +
 	"GetSession\x12\x1a.agio.v1.GetSessionRequest\x1a\x1b.agio.v1.GetSessionResponse\x12K\n" +

@@ -1,0 +1,133 @@
+"""Pages: cut by bytes as well as by count (no response can outgrow a message), GetContext a
+page at a time, and page tokens signed with the key every replica shares, on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from agio_grpc.client import AgioClient, decode_error
+from agio_grpc.config import AgentConfig, LimitsConfig, ServerConfig
+from agio_grpc.service.app import AgioApp
+from agio_grpc.testing import FakeModelServer, Turn
+from agio_grpc.v1 import session_service_pb2
+from tests.service.conftest import make_settings
+
+MESSAGE_BYTES = 8 * 1024  # pages hold at most 6 KiB
+TEXT = "x" * 1500  # each step about 1.5 KB
+
+
+@pytest.fixture
+async def small_pages(store_url: str, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
+    settings = make_settings(
+        store_url,
+        fake_model.base_url,
+        server=ServerConfig(max_message_bytes=MESSAGE_BYTES),
+        agents=[AgentConfig(name="assistant", limits=LimitsConfig(max_step_bytes=4096))],
+    )
+    app = await AgioApp.start(settings)
+    try:
+        yield app
+    finally:
+        await app.stop(grace=0)
+
+
+async def long_session(client: AgioClient, fake_model: FakeModelServer, turns: int) -> str:
+    """A session of `turns` turns, each step about 1.5 KB (user and assistant)."""
+    session_id = ""
+    for _ in range(turns):
+        fake_model.enqueue(Turn.text(TEXT))
+        run = await client.run_to_end(TEXT, session_id=session_id)
+        session_id = run.session_id
+    return session_id
+
+
+async def test_list_steps_pages_are_cut_by_bytes_and_join_up(
+    small_pages: AgioApp, fake_model: FakeModelServer
+) -> None:
+    async with AgioClient(small_pages.address) as client:
+        session_id = await long_session(client, fake_model, 5)  # 10 steps, ~15 KB
+        sequences: list[int] = []
+        token = ""
+        pages = 0
+        while True:
+            page = await client.sessions.ListSteps(
+                session_service_pb2.ListStepsRequest(
+                    session_id=session_id, page_size=100, page_token=token
+                )
+            )
+            assert page.ByteSize() <= MESSAGE_BYTES * 3 // 4
+            assert page.steps
+            sequences += [step.sequence for step in page.steps]
+            pages += 1
+            token = page.next_page_token
+            if not token:
+                break
+    assert sequences == list(range(1, 11))
+    assert pages >= 3
+
+
+async def test_get_context_comes_a_page_at_a_time(
+    small_pages: AgioApp, fake_model: FakeModelServer
+) -> None:
+    async with AgioClient(small_pages.address) as client:
+        session_id = await long_session(client, fake_model, 4)
+        whole: list[int] = []
+        token = ""
+        while True:
+            page = await client.sessions.GetContext(
+                session_service_pb2.GetContextRequest(session_id=session_id, page_token=token)
+            )
+            assert page.ByteSize() <= MESSAGE_BYTES
+            assert page.summary.total_steps == 8
+            whole += [message.sequence for message in page.messages]
+            token = page.next_page_token
+            if not token:
+                break
+        assert whole == list(range(0, 9))  # the system prompt, then every step
+        two = await client.sessions.GetContext(
+            session_service_pb2.GetContextRequest(session_id=session_id, page_size=2)
+        )
+        assert [m.sequence for m in two.messages] == [0, 1]
+        # The session changes: a token of the context before is refused.
+        fake_model.enqueue(Turn.text("more"))
+        await client.run_to_end("more", session_id=session_id)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.sessions.GetContext(
+                session_service_pb2.GetContextRequest(
+                    session_id=session_id, page_size=2, page_token=two.next_page_token
+                )
+            )
+        whole_again = await client.get_context(session_id)  # the client joins the pages
+    error = decode_error(refused.value)
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    assert error.field_violations[0][0] == "page_token"
+    assert [m.sequence for m in whole_again.messages] == list(range(0, 11))
+
+
+async def test_every_replica_accepts_the_page_tokens_of_every_other(
+    store_url: str, fake_model: FakeModelServer
+) -> None:
+    first = await AgioApp.start(make_settings(store_url, fake_model.base_url))
+    second = await AgioApp.start(make_settings(store_url, fake_model.base_url))
+    try:
+        async with (
+            AgioClient(first.address) as one,
+            AgioClient(second.address) as other,
+        ):
+            fake_model.enqueue(Turn.text("hi"))
+            session_id = (await one.run_to_end("hello")).session_id
+            page = await one.sessions.ListSteps(
+                session_service_pb2.ListStepsRequest(session_id=session_id, page_size=1)
+            )
+            rest = await other.sessions.ListSteps(
+                session_service_pb2.ListStepsRequest(
+                    session_id=session_id, page_size=1, page_token=page.next_page_token
+                )
+            )
+        assert [step.sequence for step in rest.steps] == [2]
+    finally:
+        await first.stop(grace=0)
+        await second.stop(grace=0)
