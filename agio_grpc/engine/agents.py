@@ -116,8 +116,9 @@ class RunInput:
     request_id: str = ""
     """Idempotency key: a second run with the same key on the same session is refused."""
     metadata: dict[str, str] = field(default_factory=dict)
-    deadline_s: float | None = None
-    """Seconds left on the caller's deadline; the run times out by then at the latest."""
+    deadline_at: float | None = None
+    """The caller's deadline as the event loop's time (`loop.time()`): the run times out by
+    then at the latest, however long it took to start."""
     on_busy: BusyPolicy = BusyPolicy.REJECT
     """What to do when the session is busy (domain.BusyPolicy)."""
 

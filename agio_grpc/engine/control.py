@@ -35,6 +35,11 @@ class RunControl:
         """Whether the loop has been interrupted for the pending request."""
         return self._delivered
 
+    @property
+    def finishing(self) -> bool:
+        """Whether the loop is finishing (or finished): stop requests change nothing now."""
+        return self._delivered and self._task is None
+
     def start(self, task: asyncio.Task[object]) -> None:
         """Called by the loop as it starts: from now on requests interrupt `task`."""
         self._task = task
@@ -47,8 +52,8 @@ class RunControl:
 
     def request_stop(self, signal: StopSignal) -> None:
         """Ask the loop to stop with `signal` (a stronger pending signal is kept)."""
-        if self._delivered and self._task is None:
-            return  # finishing or finished
+        if self.finishing:
+            return
         self.signal = pick_stop_signal([s for s in (self.signal, signal) if s is not None])
         if not self._delivered and self._task is not None and self._protected == 0:
             self._delivered = True

@@ -110,10 +110,9 @@ class LeaseKeeper:
             {session_id: run_id for run_id, (session_id, _) in live.items()}
         )
         for run_id, (session_id, control) in live.items():
-            if session_id in renewed:
+            if session_id in renewed or control.finishing:  # a finishing run released it
                 continue
-            # Released meanwhile (its loop is finishing: the stop is ignored) or taken over
-            # after this process stalled past the lease: the session is no longer ours.
+            # Taken over after this process stalled past the lease: no longer ours.
             logger.warning("run %s lost its lease on session %s", run_id, session_id)
             control.request_stop(lease_lost())
 

@@ -117,8 +117,8 @@ class RunSegment:
     """Model calls the run made in earlier segments (for max_steps)."""
     resume_calls: list[ToolCall] = field(default_factory=list)
     """Tool calls of the last assistant step to run before the first model call (Retry)."""
-    deadline_s: float | None = None
-    """Seconds left on the caller's deadline when the segment started."""
+    deadline_at: float | None = None
+    """The caller's deadline as the event loop's time (`loop.time()`)."""
     trace: RunTrace = NO_RUN_TRACE
     """The segment's trace, ended by the loop (its model and tool calls are its children)."""
     history_is_log: bool = False
@@ -450,13 +450,15 @@ class RunLoop:
 
     def _start_timer(self) -> asyncio.TimerHandle:
         timeout = self.settings.limits.run_timeout_s
-        if self.segment.deadline_s is not None:
-            timeout = min(timeout, self.segment.deadline_s)
-        signal = StopSignal(
-            StopReason.TIMEOUT, f"the run exceeded its time limit of {timeout:g}s", "loop"
-        )
+        message = f"the run exceeded its time limit of {timeout:g}s"
+        loop = asyncio.get_running_loop()
+        deadline_at = self.segment.deadline_at
+        if deadline_at is not None and deadline_at - loop.time() < timeout:
+            timeout = deadline_at - loop.time()
+            message = "the run reached its caller's deadline"
+        signal = StopSignal(StopReason.TIMEOUT, message, "loop")
         delay = max(0.0, timeout) if math.isfinite(timeout) else 1e9
-        return asyncio.get_running_loop().call_later(delay, self.control.request_stop, signal)
+        return loop.call_later(delay, self.control.request_stop, signal)
 
     def _requested_signal(self) -> StopSignal:
         return self.control.signal or task_cancelled()

@@ -237,10 +237,12 @@ class Runtime:
             trace.end(run)  # no stop signal: the run never started
             raise
         plan = RunPlan(history, kept_steps=len(history) - len(started.history), first_call=first)
-        return self._segments.spawn(started.run, settings, plan, channel, request.deadline_s, trace)
+        return self._segments.spawn(
+            started.run, settings, plan, channel, request.deadline_at, trace
+        )
 
     async def submit_tool_outputs(
-        self, run_id: str, outputs: list[ToolOutput], *, deadline_s: float | None = None
+        self, run_id: str, outputs: list[ToolOutput], *, deadline_at: float | None = None
     ) -> RunHandle:
         """Store the caller's client tool results and continue the same run.
 
@@ -255,7 +257,7 @@ class Runtime:
         settings = self._settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
-            return await self._submit(run, settings, outputs, history, kept, deadline_s)
+            return await self._submit(run, settings, outputs, history, kept, deadline_at)
 
         try:
             return await self._on_history(run.session_id, submit)
@@ -270,7 +272,7 @@ class Runtime:
         outputs: list[ToolOutput],
         history: list[Step],
         kept: int,
-        deadline_s: float | None,
+        deadline_at: float | None,
     ) -> RunHandle:
         run_id = run.id
         _, pending = open_tool_calls(history)
@@ -309,11 +311,11 @@ class Runtime:
         )
         plan = RunPlan(history, kept_steps=kept)
         return self._segments.spawn(
-            continued.run, settings, plan, channel, deadline_s, trace, model_calls=model_calls
+            continued.run, settings, plan, channel, deadline_at, trace, model_calls=model_calls
         )
 
     async def retry(
-        self, session_id: str, sequence: int, *, deadline_s: float | None = None
+        self, session_id: str, sequence: int, *, deadline_at: float | None = None
     ) -> RunHandle:
         """Delete the session's steps from `sequence` on and regenerate, as a new run.
 
@@ -336,7 +338,7 @@ class Runtime:
         self._check_open()
 
         async def retry(whole: list[Step], kept: int) -> RunHandle:
-            return await self._retry(session_id, sequence, whole, kept, deadline_s)
+            return await self._retry(session_id, sequence, whole, kept, deadline_at)
 
         return await self._on_history(session_id, retry)
 
@@ -346,7 +348,7 @@ class Runtime:
         sequence: int,
         whole: list[Step],
         kept: int,
-        deadline_s: float | None,
+        deadline_at: float | None,
     ) -> RunHandle:
         if not whole:
             raise InvalidInputError("session_id", "the session has no steps to regenerate")
@@ -369,7 +371,7 @@ class Runtime:
         except BaseException:
             trace.end(run)
             raise
-        return self._segments.spawn(started, settings, plan, channel, deadline_s, trace)
+        return self._segments.spawn(started, settings, plan, channel, deadline_at, trace)
 
     async def cancel(self, run_id: str, reason: str, source: str = "client") -> Run:
         """`stop` the run CANCELLED (a CancelRun, or a caller gone)."""
@@ -378,12 +380,11 @@ class Runtime:
     async def stop(self, run_id: str, signal: StopSignal) -> Run:
         """Stop a run with `signal`; idempotent. Returns the run as stored afterwards.
 
-        A run running here stops with it (open tool calls get error results), waited for
-        up to `cancel_wait_s`; so does a REQUIRES_ACTION one, and a QUEUED one never starts;
-        an ended one is returned unchanged. A run another process runs gets a cancel request
-        on its row (acted on within that process's `cancel_poll_s`, waited for alike); one
-        whose process died is ended INTERRUPTED once its lease ran out. Never SESSION_BUSY:
-        a run continued meanwhile is stopped as a running one. Raises NotFoundError.
+        A run here stops with it (open calls get error results; waited for up to
+        `cancel_wait_s`), as does a REQUIRES_ACTION one; a QUEUED one never starts; an ended
+        one is returned as it is. A run another process runs gets a cancel request on its
+        row (acted on within its `cancel_poll_s`, waited for alike); one whose process died
+        ends INTERRUPTED once its lease ran out. Never SESSION_BUSY. Raises NotFoundError.
         """
         wait_s = self.options.cancel_wait_s
         deadline = asyncio.get_running_loop().time() + wait_s

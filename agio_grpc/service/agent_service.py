@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RUN_PAGE = 50
 MAX_CANCEL_REASON_CHARS = 1000
 DEADLINE_MARGIN_S = 0.25
+DEADLINE_MARGIN_SHARE = 0.1
+MAX_DEADLINE_MARGIN_S = 2.0
 UNSENDABLE_EVENT_REASON = "an event of the run could not be encoded for its client"
 
 
@@ -181,14 +183,18 @@ def _to_run_input(request: pb.RunRequest) -> RunInput:
     )
 
 
-def _deadline_s(context: grpc.aio.ServicerContext) -> float | None:
-    """The time the run may take: the caller's deadline less a margin, so the run stops with
-    TIMEOUT and its terminal event still reaches the caller before gRPC cuts the call."""
+def _deadline_at(context: grpc.aio.ServicerContext) -> float | None:
+    """When the run must end (the event loop's time): the caller's deadline less a margin,
+    so the run stops with TIMEOUT and its terminal event still reaches the caller before
+    gRPC cuts the call, however long the run took to start."""
     remaining: float | None = context.time_remaining()
     if remaining is None:
         return None
-    margin = min(DEADLINE_MARGIN_S, remaining * 0.1)
-    return max(remaining - margin, 0.0)
+    # A tenth of the time, within bounds: under load, ending a run and sending its end take
+    # longer, and a run that is given longer has more to end.
+    margin = min(max(DEADLINE_MARGIN_S, remaining * DEADLINE_MARGIN_SHARE), MAX_DEADLINE_MARGIN_S)
+    left = max(remaining - min(margin, remaining * 0.5), 0.0)
+    return asyncio.get_running_loop().time() + left
 
 
 def _encoded(event: SequencedEvent) -> tuple[events_pb2.StepEvent, bool]:
@@ -286,7 +292,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         # after the checks, which take time.
         stays = request.on_disconnect == pb.DISCONNECT_POLICY_CONTINUE
         if not stays:
-            run_input.deadline_s = _deadline_s(context)
+            run_input.deadline_at = _deadline_at(context)
         handle = await self._runtime.start_run(run_input)
         await self._relay(handle.run_id, handle.events(), context, owns_run=not stays)
 
@@ -309,7 +315,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         raise_if_any(*violations)
         outputs = [ToolOutput(o.tool_call_id, o.output, o.is_error) for o in request.tool_outputs]
         handle = await self._runtime.submit_tool_outputs(
-            request.run_id, outputs, deadline_s=_deadline_s(context)
+            request.run_id, outputs, deadline_at=_deadline_at(context)
         )
         await self._relay(handle.run_id, handle.events(), context, owns_run=True)
 
@@ -321,7 +327,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             check_positive("sequence", request.sequence),
         )
         handle = await self._runtime.retry(
-            request.session_id, request.sequence, deadline_s=_deadline_s(context)
+            request.session_id, request.sequence, deadline_at=_deadline_at(context)
         )
         await self._relay(handle.run_id, handle.events(), context, owns_run=True)
 

@@ -47,6 +47,10 @@ def server_options(config: ServerConfig) -> list[tuple[str, int]]:
         ),
         ("grpc.max_connection_idle_ms", int(config.max_connection_idle_s * 1000)),
         ("grpc.server_max_unrequested_time_in_server", config.max_call_queue_time_s),
+        # gRPC's own defaults (1,000, then 3,000) cancel calls beyond them with a bare
+        # CANCELLED before they reach the service: ~10% of a burst of 2,000 calls.
+        ("grpc.server.max_pending_requests", config.max_pending_calls),
+        ("grpc.server.max_pending_requests_hard_limit", config.max_pending_calls),
     ]
 
 

@@ -150,3 +150,26 @@ def _model_calls() -> list[asyncio.Task[Any]]:
         for task in asyncio.all_tasks()
         if not task.done() and "ModelCall._call" in getattr(task.get_coro(), "__qualname__", "")
     ]
+
+
+async def test_the_callers_deadline_counts_from_the_request_not_the_start(
+    held: tuple[Harness, StartingStore, asyncio.Event],
+) -> None:
+    harness, store, release = held
+    harness.model.enqueue(Turn.hanging())
+    loop = asyncio.get_running_loop()
+    deadline_at = loop.time() + 0.05
+    starting = asyncio.create_task(
+        harness.runtime.start_run(RunInput("hi", deadline_at=deadline_at))
+    )
+    await store.started.wait()
+    await asyncio.sleep(max(0.0, deadline_at - loop.time()) + 0.01)  # the start outlasts it
+    release.set()
+    outcome = await harness.collect(await starting)
+    signal = outcome.run.stop_signal
+    assert signal is not None
+    assert (signal.reason, signal.message) == (
+        StopReason.TIMEOUT,
+        "the run reached its caller's deadline",
+    )
+    assert not _model_calls()

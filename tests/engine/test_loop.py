@@ -110,6 +110,7 @@ async def test_the_model_receives_system_prompt_history_and_tools(harness: Harne
         "wait_for_gate",
         "explode",
         "finish",
+        "repeat",
     }
 
 
@@ -231,11 +232,20 @@ async def test_rate_limit_then_success_is_one_step_with_one_retry(harness: Harne
     assert (notice.reason, notice.source, notice.retryable) == ("MODEL_RETRY", "model", True)
 
 
+async def second_turn_session(harness: Harness) -> str:
+    """A session with one turn done. A cut stream is read as it comes only on such a one: a
+    new session's first call reads its reply once the run has started (engine/model_call.py),
+    and a stream cut before that has nothing to read (retried whole, as MODEL_RETRY)."""
+    harness.model.enqueue(Turn.text("first"))
+    return (await harness.run("first")).session_id
+
+
 async def test_a_stream_cut_after_deltas_restarts_and_stores_only_the_whole_reply(
     harness: Harness,
 ) -> None:
+    session_id = await second_turn_session(harness)
     harness.model.enqueue(Turn.text("garbage garbage", chunks=4, cut_after=3), Turn.text("clean"))
-    outcome = await harness.run("hi")
+    outcome = await harness.run("hi", session_id=session_id)
     kinds = [type(e.event).__name__ for e in outcome.events]
     restart = next(i for i, e in enumerate(outcome.events) if isinstance(e.event, ErrorNotice))
     assert "StepDelta" in kinds[:restart]
@@ -251,8 +261,9 @@ async def test_a_stream_cut_after_deltas_restarts_and_stores_only_the_whole_repl
 async def test_a_stream_that_keeps_breaking_fails_retryable_and_stores_nothing(
     harness: Harness,
 ) -> None:
+    session_id = await second_turn_session(harness)
     harness.model.enqueue(*[Turn.text("garbage garbage", chunks=4, cut_after=3)] * 2)
-    outcome = await harness.run("hi")
+    outcome = await harness.run("hi", session_id=session_id)
     assert outcome.of(RunFailed)
     assert outcome.run.status is RunStatus.FAILED
     signal = outcome.run.stop_signal
@@ -262,15 +273,17 @@ async def test_a_stream_that_keeps_breaking_fails_retryable_and_stores_nothing(
         "model",
         True,
     )
-    assert signal.resume_from_sequence == 2
-    assert [s.role for s in await harness.history(outcome.session_id)] == [Role.USER]
+    assert signal.resume_from_sequence == 4
+    roles = [s.role for s in await harness.history(outcome.session_id)]
+    assert roles == [Role.USER, Role.ASSISTANT, Role.USER]
 
     harness.model.enqueue(Turn.text("recovered"))
     retried = await harness.collect(
         await harness.runtime.retry(outcome.session_id, signal.resume_from_sequence)
     )
     assert retried.reason is StopReason.COMPLETED
-    assert [s.content for s in await harness.history(outcome.session_id)] == ["hi", "recovered"]
+    contents = [s.content for s in await harness.history(outcome.session_id)]
+    assert contents == ["first", "first", "hi", "recovered"]
 
 
 async def test_a_stream_without_finish_reason_is_a_model_error(harness: Harness) -> None:
@@ -364,10 +377,10 @@ async def test_run_timeout_cuts_a_hanging_model_call(harness: Harness) -> None:
 
 async def test_the_callers_deadline_wins_when_shorter(harness: Harness) -> None:
     harness.model.enqueue(Turn.hanging())
-    outcome = await harness.run("hi", deadline_s=0.1)
+    outcome = await harness.run("hi", deadline_at=asyncio.get_running_loop().time() + 0.1)
     assert outcome.reason is StopReason.TIMEOUT
     assert outcome.run.stop_signal is not None
-    assert "0.1s" in outcome.run.stop_signal.message
+    assert outcome.run.stop_signal.message == "the run reached its caller's deadline"
 
 
 async def test_a_slow_tool_times_out_into_an_error_result(harness: Harness) -> None:
