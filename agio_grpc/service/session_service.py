@@ -17,7 +17,6 @@ from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, invalid_argument
 from agio_grpc.service.validation import (
     PageTokens,
-    bad_page_token,
     check_id,
     check_non_negative,
     check_positive,
@@ -186,7 +185,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             "last": summary.max_sequence,
             "steps": summary.total_steps,
         }
-        position = _index_key(self._pages.decode(request.page_token, query))
+        position = sequence_key(self._pages.decode(request.page_token, query), 2**31)
         start = position or 0
         page = [convert.step_to_proto(s) for s in steps[start : start + limit]]
         del page[fitting(page, self._page_bytes) :]
@@ -199,15 +198,3 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
 
 MAX_CONTEXT_PAGE = 1_000_000
 """GetContext's page size when none is asked for: every message that fits."""
-
-
-def _index_key(position: list[object] | None) -> int | None:
-    """A GetContext position from a decoded token: the index of the page's first message."""
-    if position is None:
-        return None
-    if len(position) != 1:
-        raise bad_page_token()
-    (index,) = position
-    if isinstance(index, bool) or not isinstance(index, int) or not 1 <= index <= 2**31:
-        raise bad_page_token()
-    return index

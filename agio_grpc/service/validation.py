@@ -411,16 +411,16 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode((text + "=" * (-len(text) % 4)).encode())
 
 
-def sequence_key(position: list[Any] | None) -> int | None:
-    """A sequence keyset position from a decoded token: one integer in 1..2^63-1."""
+def sequence_key(position: list[Any] | None, highest: int = MAX_INT64) -> int | None:
+    """A one-integer position from a decoded token (a sequence, an index): 1..`highest`."""
     if position is None:
         return None
     if len(position) != 1:
         raise bad_page_token()
-    (sequence,) = position
-    if isinstance(sequence, bool) or not isinstance(sequence, int) or check_positive("", sequence):
+    (key,) = position
+    if isinstance(key, bool) or not isinstance(key, int) or not 1 <= key <= highest:
         raise bad_page_token()
-    return sequence
+    return key
 
 
 class TimeKeyed(Protocol):

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from agio_grpc.domain import Role, Run, Step, StopReason
 from agio_grpc.engine import (
     AgentSpec,
+    ClientTool,
     Limits,
     OpenAIModelDriver,
     RetryPolicy,
@@ -49,6 +50,8 @@ TEST_TOOLS = [
     "finish",
     "repeat",
 ]
+LOOKUP = ClientTool("lookup", "Look an order up.", '{"type": "object"}')
+"""A client tool: a call to it ends the run REQUIRES_ACTION."""
 FAST_RETRIES = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.05)
 
 

@@ -25,7 +25,7 @@ from agio_grpc.domain import (
     StopSignal,
     ToolCall,
 )
-from agio_grpc.engine import ClientTool, RunHandle, RunInput, ToolOutput
+from agio_grpc.engine import RunHandle, RunInput, ToolOutput
 from agio_grpc.engine.events import RunStarted
 from agio_grpc.store.errors import (
     QueueFullError,
@@ -34,10 +34,16 @@ from agio_grpc.store.errors import (
 )
 from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
-from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
+from tests.engine.harness import (
+    LOOKUP,
+    Gate,
+    Harness,
+    Outcome,
+    assert_valid_messages,
+    build_runtime,
+)
 
 REPETITIONS = 20
-LOOKUP = ClientTool("lookup", "Look an order up.", '{"type": "object"}')
 
 
 @pytest.fixture

@@ -11,14 +11,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agio_grpc.domain import Run, RunStatus, StopReason
-from agio_grpc.engine import ClientTool, RunHandle, RunInput, ToolOutput
+from agio_grpc.engine import RunHandle, RunInput, ToolOutput
 from agio_grpc.engine.errors import RunStateError
 from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
-from tests.engine.harness import Gate, Harness, assert_valid_messages, build_runtime
+from tests.engine.harness import LOOKUP, Gate, Harness, assert_valid_messages, build_runtime
 
 REPETITIONS = 15
-LOOKUP = ClientTool("lookup", "Look an order up.", '{"type": "object"}')
 
 
 @pytest.fixture

@@ -39,7 +39,14 @@ from agio_grpc.store.errors import (
 )
 from agio_grpc.store.protocol import Journal, StepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
-from tests.engine.harness import INSTRUCTIONS, Gate, Harness, assert_valid_messages, build_runtime
+from tests.engine.harness import (
+    INSTRUCTIONS,
+    TEST_TOOLS,
+    Gate,
+    Harness,
+    assert_valid_messages,
+    build_runtime,
+)
 
 
 async def test_plain_reply_completes_with_one_stored_assistant_step(harness: Harness) -> None:
@@ -102,16 +109,7 @@ async def test_the_model_receives_system_prompt_history_and_tools(harness: Harne
         {"role": "assistant", "content": "one"},
         {"role": "user", "content": "second"},
     ]
-    assert {tool["function"]["name"] for tool in request["tools"]} == {
-        "calculate",
-        "current_time",
-        "echo",
-        "note",
-        "wait_for_gate",
-        "explode",
-        "finish",
-        "repeat",
-    }
+    assert {tool["function"]["name"] for tool in request["tools"]} == set(TEST_TOOLS)
 
 
 async def test_a_tool_call_is_executed_stored_and_answered(harness: Harness) -> None:
