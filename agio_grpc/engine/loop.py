@@ -124,8 +124,6 @@ class RunSegment:
     history_is_log: bool = False
     """`history` was read while the segment held its session (so it is the stored log, and
     the loop may hand it to the history cache when it ends)."""
-    first_call: ModelCall | None = None
-    """The first model call, already sent (a new session's run, engine/model_call.py)."""
 
 
 class _Stop(Exception):  # noqa: N818 - internal control flow
@@ -157,7 +155,6 @@ class RunLoop:
         self.trace = segment.trace
         # The span of each tool call that started, for its step's trace and span ids.
         self.tool_spans: dict[str, SpanIds] = {}
-        self.first_call = segment.first_call
 
     async def run(self) -> Run:
         """Run the segment to its end: the one boundary where every stop is caught."""
@@ -193,8 +190,6 @@ class RunLoop:
             signal = internal_error(error)
         finally:
             timer.cancel()
-            if self.first_call is not None:  # the run stopped before its first model call
-                self.first_call.discard()
         self.control.finish()
         try:
             run = await self._finish(signal)
@@ -230,7 +225,7 @@ class RunLoop:
 
     async def _model_step(self) -> tuple[Step, ModelReply]:
         """Call the model with the history, stream its deltas, store the assistant step."""
-        call, self.first_call = self.first_call or await self._model_call(), None
+        call = await self._model_call()
         self.channel.publish(StepStarted(step_id=call.step_id, role=Role.ASSISTANT))
         self.model_calls += 1
         try:

@@ -207,11 +207,8 @@ class ModelError(Exception):
 class ModelDriver(Protocol):
     """What the loop needs from a model."""
 
-    async def complete(
-        self, request: ModelRequest, on_event: ModelListener, *, ready: asyncio.Event | None = None
-    ) -> ModelReply:
-        """Stream one reply, reporting events; raise ModelError when it cannot be had. With
-        `ready`, the request is sent at once but the reply read only once `ready` is set."""
+    async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
+        """Stream one reply, reporting events; raise ModelError when it cannot be had."""
         ...
 
     async def close(self) -> None:
@@ -349,14 +346,12 @@ class OpenAIModelDriver:
             )
         return self._http
 
-    async def complete(
-        self, request: ModelRequest, on_event: ModelListener, *, ready: asyncio.Event | None = None
-    ) -> ModelReply:
+    async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
         started = time.perf_counter()
         retries = restarts = 0
         while True:
             try:
-                reply = await self._attempt(request, on_event, started, ready)
+                reply = await self._attempt(request, on_event, started)
             except _Final as failure:
                 raise failure.error(retryable=False, retries=retries + restarts) from None
             except _Transient as failure:
@@ -387,11 +382,7 @@ class OpenAIModelDriver:
             return reply
 
     async def _attempt(
-        self,
-        request: ModelRequest,
-        on_event: ModelListener,
-        started: float,
-        ready: asyncio.Event | None,
+        self, request: ModelRequest, on_event: ModelListener, started: float
     ) -> ModelReply:
         reply = _ReplyBuilder(model_name=request.model)
         body = json.dumps(self._body(request)).encode()
@@ -404,8 +395,6 @@ class OpenAIModelDriver:
             ):
                 if response.status >= 300:
                     raise await _status_failure(response)
-                if ready is not None:  # reading costs CPU the caller needs meanwhile
-                    await ready.wait()
                 async for data in _sse_data(_lines(response.content), watchdog.saw_data):
                     delta = reply.add(_chunk_of(data))
                     limit = request.max_reply_bytes

@@ -1,20 +1,15 @@
-"""`ModelCall`: one traced model call that produces an assistant step.
+"""`ModelCall`: one traced model call that produces an assistant step, and `model_request`,
+the request for the next call on a history.
 
-The loop makes each call inline (`ModelCall.reply`). A run on a new session may instead
-`send` its first call ahead, while its start transaction commits: such a run cannot be
-refused (there is no session to be busy, no request id to repeat), and its first request
-holds nothing but the instructions and the input, so waiting for the commit before sending
-it only adds the transaction's time to the time to first token (B1 in docs/benchmarks).
-A call sent ahead reads its reply only once the loop takes it (events of retries before
-that are kept; the loop publishes the step's `StepStarted` first); a call nobody takes is
-cancelled with `discard`.
+(Sending a new session's first call ahead of its start transaction was measured and
+dropped: it made B1 slower, +0.4 ms, since the start's SQLite transaction runs in a thread
+that waits for the GIL while the call is being sent.)
 
 Never imports grpc, SQLAlchemy or OpenTelemetry.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,59 +67,11 @@ class ModelCall:
         self._model = model
         self._trace = trace
         self._sequence = sequence
-        self._task: asyncio.Task[CallReply] | None = None
-        self._kept: list[ModelEvent] = []
-        self._listener: ModelListener | None = None
-        self._ready = asyncio.Event()
-
-    def send(self) -> None:
-        """Send the request now, in a task of its own, which reads the reply only once the
-        caller takes it with `reply` (parsing a stream costs CPU the start needs meanwhile;
-        a SQLite transaction runs in a thread that waits for the GIL)."""
-        with self._trace.activate():  # the task's context is a copy of this one
-            self._task = asyncio.create_task(self._call(self._relay, self._ready))
-        self._task.add_done_callback(_retrieve)
 
     async def reply(self, listener: ModelListener) -> CallReply:
-        """The call's reply, its events passed to `listener` in order (those kept first).
-
-        Raises what the model driver raises (ModelError); a cancel of the caller cancels
-        the call and waits for it to end.
-        """
-        task = self._task
-        if task is None:
-            return await self._call(listener)
-        for event in self._kept:
-            listener(event)
-        self._kept.clear()
-        self._listener = listener
-        self._ready.set()
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.wait({task})
-
-    def discard(self) -> None:
-        """Cancel a call sent ahead that nobody will take."""
-        if self._task is not None and self._listener is None:
-            self._task.cancel()
-
-    def _relay(self, event: ModelEvent) -> None:
-        if self._listener is None:
-            self._kept.append(event)
-        else:
-            self._listener(event)
-
-    async def _call(self, listener: ModelListener, ready: asyncio.Event | None = None) -> CallReply:
+        """The call's reply, its events passed to `listener`; raises what the model driver
+        raises (ModelError)."""
         with self._trace.model_call(self.request, self.step_id, self._sequence) as span:
-            reply = await self._model.complete(self.request, listener, ready=ready)
+            reply = await self._model.complete(self.request, listener)
             span.replied(reply)
         return CallReply(reply, span.trace_id, span.span_id)
-
-
-def _retrieve(task: asyncio.Task[CallReply]) -> None:
-    """Mark a discarded call's outcome as seen (nobody awaits it)."""
-    if not task.cancelled():
-        task.exception()

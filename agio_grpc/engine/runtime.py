@@ -24,7 +24,6 @@ across restarts and replicas. Session leases and cancels across replicas are the
 
 Each segment's trace (engine/tracing.py) starts where the segment is started, so it continues
 the caller's trace context (the gRPC server span); its first steps and run row keep its ids.
-A run on a new session cannot be refused: its first model call is sent ahead of its start.
 
 Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
 """
@@ -216,7 +215,6 @@ class Runtime:
         )
         cached = CachedHistory() if new_session else self._histories.cached(run.session_id)
         channel = RunChannel(run.id, run.session_id)
-        first = self._segments.send_first_call(settings, user, trace) if new_session else None
         try:
             started = await self._queues.begin(
                 run, user, channel, new_session, cached.mark, request.on_busy
@@ -232,11 +230,9 @@ class Runtime:
                 await self.lifecycle.abandon(started.run, channel)
                 raise
         except BaseException:
-            if first is not None:
-                first.discard()
             trace.end(run)  # no stop signal: the run never started
             raise
-        plan = RunPlan(history, kept_steps=len(history) - len(started.history), first_call=first)
+        plan = RunPlan(history, kept_steps=len(history) - len(started.history))
         return self._segments.spawn(
             started.run, settings, plan, channel, request.deadline_at, trace
         )

@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
-from agio_grpc.domain import Role, Run, Step, StopSignal, ToolCall, new_id
+from agio_grpc.domain import Role, Run, Step, StopSignal, ToolCall
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
@@ -23,13 +23,9 @@ from agio_grpc.engine.control import RunControl
 from agio_grpc.engine.errors import InvalidInputError
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
-from agio_grpc.engine.model_call import ModelCall, model_request
 from agio_grpc.engine.tracing import RunTrace
 
 logger = logging.getLogger(__name__)
-
-_NEW_REPLY_SEQ = 2
-"""The sequence of a new session's first reply (its input is step 1)."""
 
 
 @dataclass(slots=True)
@@ -64,8 +60,6 @@ class RunPlan:
     resume_calls: list[ToolCall] = field(default_factory=list)
     kept_steps: int = 0
     """How many steps of `history` came from the history cache rather than the store."""
-    first_call: ModelCall | None = None
-    """The first model call, sent ahead (`Segments.send_first_call`)."""
 
 
 @dataclass(slots=True)
@@ -88,19 +82,6 @@ class Segments:
         """Queued runs this process is starting: their callers follow their channels."""
         self.spawned = asyncio.Event()
         """Set (and replaced) whenever a segment starts here."""
-
-    def send_first_call(
-        self, settings: RunSettings, user: Step, trace: RunTrace
-    ) -> ModelCall | None:
-        """Send the first model call of a run on a new session whose input is `user`, ahead
-        of its start (engine/model_call.py); None when hooks may see or change it first."""
-        hooks = self._services.hooks
-        if hooks.on_run_start or hooks.before_model_call:
-            return None
-        request = model_request(settings, self._services.registry, [user], trace)
-        call = ModelCall(self._services.model, trace, request, new_id("step"), _NEW_REPLY_SEQ)
-        call.send()
-        return call
 
     def spawn(
         self,
@@ -130,7 +111,6 @@ class Segments:
                 deadline_at=deadline_at,
                 trace=trace,
                 history_is_log=True,
-                first_call=plan.first_call,
             ),
         )
         started = run.snapshot()

@@ -231,9 +231,7 @@ async def test_rate_limit_then_success_is_one_step_with_one_retry(harness: Harne
 
 
 async def second_turn_session(harness: Harness) -> str:
-    """A session with one turn done. A cut stream is read as it comes only on such a one: a
-    new session's first call reads its reply once the run has started (engine/model_call.py),
-    and a stream cut before that has nothing to read (retried whole, as MODEL_RETRY)."""
+    """A session with one turn done (the cut stream tests run their second turn)."""
     harness.model.enqueue(Turn.text("first"))
     return (await harness.run("first")).session_id
 

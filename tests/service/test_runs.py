@@ -253,8 +253,7 @@ async def test_rate_limit_then_success_is_one_step_with_a_retry_counted(
 async def test_a_stream_cut_after_deltas_never_stores_a_half_step(
     client: AgioClient, fake_model: FakeModelServer
 ) -> None:
-    # On an existing session: a new session's first call reads its stream only once the
-    # run has started, and a stream cut before it is read is retried whole (MODEL_RETRY).
+    # The second turn of a session.
     fake_model.enqueue(Turn.text("first"))
     first = final_run(await drain(client.run("hi")))
     fake_model.enqueue(
