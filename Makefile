@@ -4,7 +4,7 @@ UV_VERSION := 0.13.9
 UV := .tools/bin/uv
 RUN := $(UV) run --locked
 
-.PHONY: serve test test-slow check generate fake-model bench breaking contract-baseline clients conformance
+.PHONY: serve test test-slow fuzz check generate fake-model bench breaking contract-baseline clients conformance
 
 $(UV):
 	python3 -m venv .tools
@@ -20,6 +20,12 @@ test: $(UV)
 
 test-slow: $(UV)
 	$(RUN) pytest -m slow
+
+# The adversarial suite at length: at least 10,000 request cases and several thousand model
+# streams per backend, random each run, with a summary of cases and status codes at the end
+# (`make test` runs the same properties with a few deterministic examples).
+fuzz: $(UV)
+	AGIO_FUZZ_PROFILE=fuzz $(RUN) pytest tests/fuzz -p no:randomly -q
 
 # Lint, types, layering, contract lint and generated-code drift (CI runs these too).
 check: $(UV)

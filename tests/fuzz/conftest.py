@@ -1,0 +1,56 @@
+"""Fixtures of the adversarial suite: one server per backend per test module, shared by every
+example of its properties (each example makes fresh sessions), and the tally of cases and
+status codes, printed at the end of the pytest session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import BACKENDS
+from tests.fuzz.harness import FuzzService, Tally, serving
+from tests.fuzz.profiles import BUDGET
+from tests.postgres import TestDatabases
+
+TALLY = pytest.StashKey[Tally]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[TALLY] = Tally()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    tally = terminalreporter.config.stash.get(TALLY, None)
+    if tally is None or not tally.cases:
+        return
+    terminalreporter.write_sep("=", f"fuzz summary (profile {BUDGET.name})")
+    for line in tally.lines():
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def fuzz_service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FuzzService]:
+    """The service on the backend under test, on an event loop of its own."""
+    backend: str = request.param
+    loop = asyncio.new_event_loop()
+    databases: TestDatabases | None = None
+    try:
+        if backend == "sqlite":
+            url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('fuzz') / 'agio.db'}"
+        else:
+            databases = request.getfixturevalue("postgres_databases")
+            url = loop.run_until_complete(databases.create())
+        service = serving(backend, url, request.config.stash[TALLY])
+        started = loop.run_until_complete(service.__aenter__())
+        try:
+            yield started
+        finally:
+            loop.run_until_complete(service.__aexit__(None, None, None))
+            if databases is not None:
+                loop.run_until_complete(databases.drop(url))
+    finally:
+        loop.close()
