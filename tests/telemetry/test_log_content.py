@@ -10,7 +10,6 @@ import pytest
 
 from agio_grpc.telemetry import trace_log_handler
 
-
 USER_TEXT = "the user's secret"
 MODEL_TEXT = "the model's secret reply"
 
