@@ -104,7 +104,7 @@ def cancelled(reason: str, source: str) -> StopSignal:
 
 
 def server_fault(message: str) -> StopSignal:
-    """A fault outside the loop that the run cannot go on past (`Runtime.fail`)."""
+    """A fault outside the loop that the run cannot go on past (an event it cannot send)."""
     return StopSignal(StopReason.INTERNAL_ERROR, message, "server")
 
 

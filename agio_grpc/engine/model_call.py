@@ -11,17 +11,14 @@ Never imports grpc, SQLAlchemy or OpenTelemetry.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from agio_grpc.domain import Step
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.context import build_context
-from agio_grpc.engine.model import ModelDriver, ModelEvent, ModelReply, ModelRequest
+from agio_grpc.engine.model import ModelDriver, ModelListener, ModelReply, ModelRequest
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
-
-ModelListener = Callable[[ModelEvent], None]
 
 
 def model_request(
