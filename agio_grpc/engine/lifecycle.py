@@ -108,6 +108,12 @@ def server_fault(message: str) -> StopSignal:
     return StopSignal(StopReason.INTERNAL_ERROR, message, "server")
 
 
+def deadline_reached() -> StopSignal:
+    """The stop of a run its caller's deadline cut off (less the service's margin, so the
+    caller still gets the run's end)."""
+    return StopSignal(StopReason.TIMEOUT, "the run reached its caller's deadline", "loop")
+
+
 def shutting_down() -> StopSignal:
     """The server stops while the run goes on: retryable where it stopped."""
     return StopSignal(

@@ -67,6 +67,7 @@ from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
 from agio_grpc.engine.lifecycle import (
     Lifecycle,
     completed,
+    deadline_reached,
     internal_error,
     lease_lost,
     task_cancelled,
@@ -445,13 +446,14 @@ class RunLoop:
 
     def _start_timer(self) -> asyncio.TimerHandle:
         timeout = self.settings.limits.run_timeout_s
-        message = f"the run exceeded its time limit of {timeout:g}s"
+        signal = StopSignal(
+            StopReason.TIMEOUT, f"the run exceeded its time limit of {timeout:g}s", "loop"
+        )
         loop = asyncio.get_running_loop()
         deadline_at = self.segment.deadline_at
         if deadline_at is not None and deadline_at - loop.time() < timeout:
             timeout = deadline_at - loop.time()
-            message = "the run reached its caller's deadline"
-        signal = StopSignal(StopReason.TIMEOUT, message, "loop")
+            signal = deadline_reached()
         delay = max(0.0, timeout) if math.isfinite(timeout) else 1e9
         return loop.call_later(delay, self.control.request_stop, signal)
 

@@ -10,7 +10,9 @@ head of a free session's queue passes, on whichever member.
 The caller of a queued run follows the channel its queueing published to: when this
 process starts the run, it goes on in that same channel, so the caller misses nothing,
 deltas included; when another member starts (or a cancel ends) it, the caller goes on from
-the journal. Never imports grpc.
+the journal. A caller's deadline holds while the run is queued: the run is stopped TIMEOUT
+when it comes (ending a queued run, stopping a started one wherever it runs), and a run
+started here gets it as any run does. Never imports grpc.
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import Context
 
-from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step
+from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step, StopSignal
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache
-from agio_grpc.engine.lifecycle import Lifecycle, superseded
+from agio_grpc.engine.lifecycle import Lifecycle, deadline_reached, superseded
 from agio_grpc.engine.segments import RunHandle, RunPlan, Segments
 from agio_grpc.engine.tracing import RunTrace, RunTracer
 from agio_grpc.store.errors import (
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 _INTERRUPT_ATTEMPTS = 3
 
 Watch = Callable[[str, int], AsyncIterator[SequencedEvent]]
+Stop = Callable[[str, StopSignal], Awaitable[Run]]
 
 
 class RunQueues:
@@ -58,7 +61,9 @@ class RunQueues:
         settings_of: Callable[[Run], RunSettings],
         poll_s: float,
         max_queued: int,
+        stop: Stop,
     ) -> None:
+        """`stop` is `Runtime.stop` (a run wherever it is: queued, here or elsewhere)."""
         self._store = store
         self._lifecycle = lifecycle
         self._segments = segments
@@ -67,6 +72,7 @@ class RunQueues:
         self._settings_of = settings_of
         self._poll_s = poll_s
         self._max_queued = max_queued
+        self._stop = stop
         self.closing = False
         # Starts of queued runs still running (`start_next_soon`): their tasks, the sessions
         # they start, and the sessions asked for again meanwhile.
@@ -75,6 +81,9 @@ class RunQueues:
         self._again: set[str] = set()
         # The channels of runs queued here, while their handles live (`handle`).
         self._channels: weakref.WeakValueDictionary[str, RunChannel] = weakref.WeakValueDictionary()
+        # The deadlines (event loop time) of the callers following runs queued here.
+        self._deadlines: dict[str, float] = {}
+        self._stopping: set[asyncio.Task[Run]] = set()  # their stops, once it came
 
     async def begin(
         self,
@@ -118,47 +127,93 @@ class RunQueues:
         )
 
     def handle(
-        self, started: RunStart, policy: BusyPolicy, channel: RunChannel, watch: Watch
+        self,
+        started: RunStart,
+        policy: BusyPolicy,
+        channel: RunChannel,
+        watch: Watch,
+        deadline_at: float | None,
     ) -> RunHandle:
-        """The handle of a run stored QUEUED. The run it interrupts is stopped now if it
-        runs here (one elsewhere finds the store's cancel request); a free session starts
-        its queue."""
+        """The handle of a run stored QUEUED, whose caller's deadline is `deadline_at`. The
+        run it interrupts is stopped now if it runs here (one elsewhere finds the store's
+        cancel request); a free session starts its queue."""
         run_id = started.run.id
         if started.interrupted:
             control = self._segments.control(started.interrupted)
             if control is not None:
                 control.request_stop(superseded(run_id, policy.value))
         self._channels[run_id] = channel
+        if deadline_at is not None:
+            self._deadlines[run_id] = deadline_at
         if not started.holder:
             self.start_next_soon(started.run.session_id)
         return RunHandle(
-            started.run.snapshot(), lambda after: self._follow(run_id, channel, after, watch)
+            started.run.snapshot(),
+            lambda after: self._follow(run_id, channel, after, watch, deadline_at),
         )
 
     async def _follow(
-        self, run_id: str, channel: RunChannel, after_seq: int, watch: Watch
+        self,
+        run_id: str,
+        channel: RunChannel,
+        after_seq: int,
+        watch: Watch,
+        deadline_at: float | None,
     ) -> AsyncIterator[SequencedEvent]:
         """A queued run's events: from its channel while it waits or runs here (the channel
         then has every one of them, to the terminal event); from the journal once it
-        started (or ended) without this process."""
+        started (or ended) without this process. At `deadline_at` the run is stopped
+        TIMEOUT, wherever it is."""
+        loop = asyncio.get_running_loop()
         queued_seq = channel.last_seq
         cursor = after_seq
-        while True:
-            events = channel.events_after(cursor)
-            for event in events:
-                yield event
-                cursor = event.seq
-                if event.is_terminal:
-                    return
-            here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
-            if not events and not here:
-                run = await self._store.get_run(run_id)
+        try:
+            while True:
+                events = channel.events_after(cursor)
+                for event in events:
+                    yield event
+                    cursor = event.seq
+                    if event.is_terminal:
+                        return
+                if deadline_at is not None and loop.time() >= deadline_at:
+                    deadline_at = None
+                    await self._stop(run_id, deadline_reached())
+                    continue
                 here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
-                if run.status is not RunStatus.QUEUED and not here:
-                    async for event in watch(run_id, cursor):
-                        yield event
-                    return
-            await channel.wait_beyond(cursor, self._poll_s)
+                if not events and not here:
+                    run = await self._store.get_run(run_id)
+                    here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
+                    if run.status is not RunStatus.QUEUED and not here:
+                        async for event in self._watch_until(run_id, cursor, watch, deadline_at):
+                            yield event
+                        return
+                wait_s = self._poll_s
+                if deadline_at is not None:
+                    wait_s = min(wait_s, max(0.0, deadline_at - loop.time()))
+                await channel.wait_beyond(cursor, wait_s)
+        finally:
+            self._deadlines.pop(run_id, None)
+
+    async def _watch_until(
+        self, run_id: str, after_seq: int, watch: Watch, deadline_at: float | None
+    ) -> AsyncIterator[SequencedEvent]:
+        """`watch` of a run started elsewhere, stopped TIMEOUT at `deadline_at` (which that
+        process, not having the caller, does not know)."""
+        timer: asyncio.TimerHandle | None = None
+        if deadline_at is not None:
+
+            def stop() -> None:
+                task = asyncio.ensure_future(self._stop(run_id, deadline_reached()))
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+
+            timer = asyncio.get_running_loop().call_at(deadline_at, stop)
+        try:
+            async for event in watch(run_id, after_seq):
+                yield event
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def start_next_soon(self, session_id: str) -> None:
         """Start the run heading the session's queue, in a task of its own (with a context
@@ -266,4 +321,5 @@ class RunQueues:
             await self._lifecycle.abandon(started.run, channel)
             return
         plan = RunPlan(history, kept_steps=len(history) - len(started.history))
-        self._segments.spawn(started.run, settings, plan, channel, None, trace)
+        deadline_at = self._deadlines.pop(run.id, None)
+        self._segments.spawn(started.run, settings, plan, channel, deadline_at, trace)

@@ -147,6 +147,7 @@ class Runtime:
             self._settings_of,
             self.options.watch_poll_s,
             self.options.max_queued_runs,
+            self.stop,
         )
         self._keeper = (
             LeaseKeeper(
@@ -221,7 +222,9 @@ class Runtime:
             )
             if started.run.status is RunStatus.QUEUED:
                 trace.end(started.run)  # it gets a trace of its own when it starts
-                return self._queues.handle(started, request.on_busy, channel, self.watch)
+                return self._queues.handle(
+                    started, request.on_busy, channel, self.watch, request.deadline_at
+                )
             for step in started.steps:
                 trace.step_stored(step.id, step.sequence)
             try:

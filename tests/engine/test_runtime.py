@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 
-from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopReason
+from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step, StopReason
 from agio_grpc.engine import (
     ClientTool,
     InvalidInputError,
@@ -683,6 +683,41 @@ async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
         assert (await other.run("next", session_id=handle.session_id)).run.status is (
             RunStatus.COMPLETED
         )
+
+
+async def test_a_run_queued_on_one_replica_and_started_on_another_times_out_at_its_deadline(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> None:
+    # The caller follows the queued run on `other`; `owner` starts it once its own run ends,
+    # not knowing the caller's deadline: `other` stops it there when the deadline comes.
+    gate = Gate()
+    async with two_replicas(sqlite_store, fake_model, gate, cancel_poll_s=0.05) as (owner, other):
+        fake_model.enqueue(
+            Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}", id="call_busy")]),
+            Turn.text("first done"),
+            Turn.hanging(),
+        )
+        first = await owner.runtime.start_run(RunInput("work"))
+        await gate.entered.wait()
+        deadline_at = asyncio.get_running_loop().time() + 1.0
+        queued = await other.runtime.start_run(
+            RunInput(
+                "then this",
+                session_id=first.session_id,
+                on_busy=BusyPolicy.ENQUEUE,
+                deadline_at=deadline_at,
+            )
+        )
+        assert queued.run.status is RunStatus.QUEUED
+        gate.release.set()
+        assert (await owner.collect(first)).run.status is RunStatus.COMPLETED
+
+        outcome = await other.collect(queued)
+
+        assert outcome.run.stop_signal is not None
+        assert outcome.run.stop_signal.reason is StopReason.TIMEOUT
+        assert outcome.run.stop_signal.message == "the run reached its caller's deadline"
+        assert (await sqlite_store.get_run(queued.run_id)).stop_signal == outcome.run.stop_signal
 
 
 async def start_run_then_die(url: str, *, lease_s: float) -> Run:

@@ -141,3 +141,46 @@ async def test_start_run_refuses_what_run_refuses_before_anything_is_stored(
         if field:
             assert [name for name, _ in refused.value.field_violations] == [field]
     assert await client.list_sessions() == []
+
+
+async def test_a_queued_run_behind_a_waiting_run_ends_timeout_at_its_callers_deadline(
+    client: AgioClient, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}", id="call_client")]))
+    waiting = await client.run_to_end("Where is it?", client_tools=[LOOKUP])
+    session_id = waiting.run.session_id
+    events = [
+        event
+        async for event in client.run("later", session_id=session_id, on_busy=ENQUEUE, timeout=3)
+    ]
+    ends = [event for event in events if event.HasField("run_completed")]
+    assert len(ends) == 1  # one terminal event, the last
+    assert events[-1] is ends[0]
+    run = ends[0].run_completed.run
+    assert run.stop_signal.reason == StopReason.STOP_REASON_TIMEOUT
+    assert run.stop_signal.message == "the run reached its caller's deadline"
+    stored = await client.get_run(run.id)
+    assert stored.status == RunStatus.RUN_STATUS_CANCELLED
+    assert stored.stop_signal.reason == StopReason.STOP_REASON_TIMEOUT
+    # The waiting run still waits for its client, and the queue is empty.
+    assert (await client.get_run(waiting.run.id)).status == RunStatus.RUN_STATUS_REQUIRES_ACTION
+    assert [step.content for step in await client.list_steps(session_id)][-1] == ""
+
+
+async def test_a_queued_run_started_later_keeps_its_callers_deadline(
+    client: AgioClient, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(
+        Turn.text("first", first_token_delay=0.3), Turn.text("too slow", chunks=10, chunk_delay=1.0)
+    )
+    first = client.run("one")
+    opened = await anext(first)
+    queued = client.run("two", session_id=opened.session_id, on_busy=ENQUEUE, timeout=3)
+    events = [event async for event in queued]
+    assert [event async for event in first][-1].run_completed.run.status == (
+        RunStatus.RUN_STATUS_COMPLETED
+    )
+    opening = [event.run_started.run.status for event in events if event.HasField("run_started")]
+    assert opening == [RunStatus.RUN_STATUS_QUEUED, RunStatus.RUN_STATUS_RUNNING]
+    assert events[-1].run_completed.run.stop_signal.reason == StopReason.STOP_REASON_TIMEOUT
+    assert sum(event.HasField("run_completed") for event in events) == 1
