@@ -6,8 +6,6 @@ and engine errors are mapped to statuses by the error interceptor.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
@@ -61,17 +59,6 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self._pages = pages or PageTokens()
         self._page_bytes = page_bytes
 
-    @contextlib.asynccontextmanager
-    async def _exclusive(self, session_id: str) -> AsyncIterator[None]:
-        """Hold the session's run lease while editing its log, so an edit never races a
-        run (a busy session answers SESSION_BUSY)."""
-        holder = domain.new_id("edit")
-        await self._store.acquire_session(session_id, holder)
-        try:
-            yield
-        finally:
-            await self._store.release_session(session_id, holder)
-
     async def GetSession(
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
@@ -96,8 +83,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self, request: pb.DeleteSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteSessionResponse:
         raise_if_any(check_id("session_id", request.session_id))
-        async with self._exclusive(request.session_id):
-            deleted = await self._store.delete_session(request.session_id)
+        # The store refuses an edit of a session a run holds (SESSION_BUSY).
+        deleted = await self._store.delete_session(request.session_id)
         return pb.DeleteSessionResponse(deleted_steps=deleted)
 
     async def ListSteps(
@@ -148,10 +135,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_positive("start_sequence", request.start_sequence),
         )
-        async with self._exclusive(request.session_id):
-            deleted = await self._store.delete_steps_from(
-                request.session_id, request.start_sequence
-            )
+        deleted = await self._store.delete_steps_from(request.session_id, request.start_sequence)
         return pb.DeleteStepsResponse(deleted_count=deleted)
 
     async def ForkSession(

@@ -183,7 +183,9 @@ class StepStore(Protocol):
         ...
 
     async def delete_session(self, session_id: str) -> int:
-        """Delete a session with its steps and runs; returns the steps deleted."""
+        """Delete a session with its steps and runs; returns the steps deleted. Raises
+        NotFoundError, and SessionBusyError while a run holds the session (one transaction:
+        over an expired lease, the run that held it is interrupted first)."""
         ...
 
     async def append_steps(
@@ -243,7 +245,10 @@ class StepStore(Protocol):
         ...
 
     async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
-        """Delete steps with sequence >= start_sequence; returns how many were deleted."""
+        """Delete steps with sequence >= start_sequence; returns how many were deleted.
+        Raises NotFoundError, InvalidRangeError, and SessionBusyError while a run holds the
+        session (one transaction, which takes the session and lets it go again: a call
+        cancelled at any moment leaves it as it was or edited, never held)."""
         ...
 
     async def fork_session(self, session_id: str, up_to_sequence: int) -> Session:

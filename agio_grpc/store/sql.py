@@ -236,6 +236,7 @@ class SqlStepStore:
 
     async def delete_session(self, session_id: str) -> int:
         def work(conn: Connection) -> Any:
+            _take_for_edit(conn, session_id, self._lease)
             # Steps and runs go with the session by ON DELETE CASCADE.
             return conn.execute(
                 delete(session_table)
@@ -335,6 +336,7 @@ class SqlStepStore:
 
     async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
         def work(conn: Connection) -> int:
+            holder = _take_for_edit(conn, session_id, self._lease)
             # The row lock keeps appends and forks out until the counter is reset.
             last = _require_session(conn, session_id, lock=True)
             if start_sequence < 1:
@@ -343,9 +345,11 @@ class SqlStepStore:
                     field="start_sequence",
                     last_sequence=last,
                 )
-            if start_sequence > last:
-                return 0
-            return _delete_steps(conn, session_id, start_sequence)
+            deleted = (
+                _delete_steps(conn, session_id, start_sequence) if start_sequence <= last else 0
+            )
+            _RELEASE_SESSION.execute(conn, {"session_id": session_id, "run_id": holder})
+            return deleted
 
         return await self._write(work)
 
@@ -1457,6 +1461,17 @@ def _acquire(conn: Connection, session_id: str, run_id: str, lease: _Lease) -> N
     conn.execute(_TAKE_LOCKED_SESSION, values)
     if previous and previous != run_id:
         _interrupt_run(conn, session_id, previous, int(holder.last_sequence), now)
+
+
+def _take_for_edit(conn: Connection, session_id: str, lease: _Lease) -> str:
+    """Take the session for an edit made in the same transaction (the caller lets it go
+    there too, or deletes it): refused while a run holds it, as a run's take is, and over an
+    expired lease the run that held it is interrupted. Nothing stays held whatever happens
+    to the transaction. Returns the edit's holder id. Raises NotFoundError, SessionBusyError.
+    """
+    holder = new_id("edit")
+    _acquire(conn, session_id, holder, lease)
+    return holder
 
 
 def _interrupt_run(

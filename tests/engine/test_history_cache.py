@@ -165,8 +165,8 @@ async def test_a_run_that_lost_its_session_does_not_keep_its_history(
     # The run's lease lapsed (its process stalled) and another client took the session over,
     # rewrote the log from step 3 and let go of it.
     await sqlite_store.release_session(session_id, handle.run_id)
-    await sqlite_store.acquire_session(session_id, "run_editor")
     await sqlite_store.delete_steps_from(session_id, 3)
+    await sqlite_store.acquire_session(session_id, "run_editor")
     await sqlite_store.append_steps(
         [
             Step(session_id, "run_editor", Role.USER, content="replacement"),

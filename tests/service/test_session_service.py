@@ -3,6 +3,8 @@ and every kind of bad input answered with a clear status and nothing written."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from agio_grpc.client import AgioClient, AgioError, decode_error
 from agio_grpc.domain import Role, Session, Step, StepMetrics, ToolCall
 from agio_grpc.service.app import AgioApp
 from agio_grpc.store.protocol import StepStore
-from agio_grpc.testing import FakeModelServer
+from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import resources_pb2, session_service_pb2
 from tests.service.conftest import make_settings
 
@@ -135,6 +137,30 @@ async def test_delete_steps_then_fork_keep_sequences_gapless(
     assert {s.id for s in forked}.isdisjoint({s.id for s in original})
     whole = await client.fork_session(session.id)  # sequence 0: everything
     assert whole.fork_sequence == 5
+
+
+async def test_edits_cancelled_at_any_moment_never_leave_the_session_held(
+    served: tuple[AgioClient, StepStore], fake_model: FakeModelServer
+) -> None:
+    client, store = served
+    session = await seed_session(store, turns=3)
+    for attempt in range(40):  # cancelled before, during and after the store's transaction
+        request = session_service_pb2.DeleteStepsRequest(
+            session_id=session.id, start_sequence=12 - attempt % 10
+        )
+        call = client.sessions.DeleteSteps(request)
+        for _ in range(attempt % 8):
+            await asyncio.sleep(0)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await call
+    # Nothing holds the session: a run starts on it at once (SESSION_BUSY otherwise).
+    assert (await store.get_session(session.id)).active_run_id in ("", None)
+    fake_model.enqueue(Turn.text("still usable"))
+    result = await client.run_to_end("next", session_id=session.id)
+    assert result.text == "still usable"
+    sequences = [step.sequence for step in await client.list_steps(session.id)]
+    assert sequences == list(range(1, len(sequences) + 1))
 
 
 async def test_sessions_are_listed_newest_first_across_pages(

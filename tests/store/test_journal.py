@@ -154,6 +154,7 @@ async def test_journal_records_go_with_their_session(store: SqlStepStore) -> Non
     session = Session()
     run = Run(session_id=session.id, agent="a")
     await store.start_run(run, [user(session.id, run.id)], new_session=session, journal=opened)
+    await store.release_session(session.id, run.id)
     await store.delete_session(session.id)
     assert await store.read_journal(run.id) == []
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from alembic import command
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
@@ -92,6 +92,20 @@ async def wait_until_past(moment: datetime) -> None:
     """Return once the clock the store uses has passed `moment`."""
     await asyncio.sleep(max((moment - utc_now()).total_seconds(), 0) + 0.01)
     assert utc_now() > moment
+
+
+async def expire_lease(store_url: str, session_id: str) -> None:
+    """End the session's lease now, past the store, as time would for a holder that died."""
+    engine = create_async_engine(store_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(lease_expires_at=utc_now() - timedelta(seconds=1))
+            )
+    finally:
+        await engine.dispose()
 
 
 async def wait_for_expiry(store_url: str, session_id: str) -> None:
@@ -338,6 +352,36 @@ async def test_acquire_over_an_expired_lease_interrupts_the_previous_run(
     assert (await store.get_session(crashed.session_id)).active_run_id == "run_next"
 
 
+async def test_edits_are_refused_while_a_run_holds_the_session_and_leave_it_free(
+    store: SqlStepStore, store_url: str
+) -> None:
+    run = await start(store)
+    with pytest.raises(SessionBusyError):
+        await store.delete_steps_from(run.session_id, 1)
+    with pytest.raises(SessionBusyError):
+        await store.delete_session(run.session_id)
+    assert (await lease_of(store_url, run.session_id))[0] == run.id
+    assert await store.count_steps(run.session_id) == 1
+
+    await store.release_session(run.session_id, run.id)
+    assert await store.delete_steps_from(run.session_id, 1) == 1
+    # The edit let go of the session in its own transaction.
+    assert (await lease_of(store_url, run.session_id))[0] is None
+    assert await store.delete_session(run.session_id) == 0
+
+
+async def test_an_edit_over_an_expired_lease_interrupts_the_run_that_held_it(
+    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+) -> None:
+    crashed = await start(crashing)
+    await wait_for_expiry(store_url, crashed.session_id)
+
+    assert await store.delete_steps_from(crashed.session_id, 2) == 0
+
+    assert (await store.get_run(crashed.id)).status is RunStatus.INTERRUPTED
+    assert (await lease_of(store_url, crashed.session_id))[0] is None
+
+
 async def test_a_take_over_an_expired_lease_leaves_an_ended_run_as_it_was(
     store: SqlStepStore, crashing: SqlStepStore, store_url: str
 ) -> None:
@@ -479,10 +523,10 @@ async def test_a_restarted_instance_ends_the_runs_it_left_at_once(
 async def test_a_run_whose_lease_expired_is_interrupted_without_taking_its_session(
     store: SqlStepStore, crashing: SqlStepStore, store_url: str
 ) -> None:
-    crashed = await start(crashing)
-    await crashing.append_step(Step(crashed.session_id, crashed.id, Role.ASSISTANT, "partial"))
-    assert not await store.interrupt_abandoned_run(crashed.id)  # its lease still runs
-    await wait_for_expiry(store_url, crashed.session_id)
+    crashed = await start(store)  # a full lease: it still runs, however slow this machine
+    await store.append_step(Step(crashed.session_id, crashed.id, Role.ASSISTANT, "partial"))
+    assert not await store.interrupt_abandoned_run(crashed.id)
+    await expire_lease(store_url, crashed.session_id)  # then its server died
 
     assert await store.interrupt_abandoned_run(crashed.id)
 
