@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import io
 import json
 import random
 import time
@@ -70,6 +71,7 @@ import aiohttp
 import httpx2
 import openai
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.payload import TOO_LARGE_BYTES_BODY as _RAW_BODY_BYTES
 
 from agio_grpc.domain import StepMetrics, StopReason, ToolCall, clean_text
 from agio_grpc.engine.events import ToolCallDelta
@@ -386,11 +388,14 @@ class OpenAIModelDriver:
     ) -> ModelReply:
         reply = _ReplyBuilder(model_name=request.model)
         body = json.dumps(self._body(request)).encode()
+        # aiohttp sends a large body from a file object, in chunks (as bytes it would copy
+        # it in one go, holding up the event loop, and warn).
+        payload: bytes | io.BytesIO = io.BytesIO(body) if len(body) > _RAW_BODY_BYTES else body
         try:
             async with (
                 _IdleWatchdog(self._idle_timeout_s) as watchdog,
                 self._session().post(
-                    self._url, data=body, headers=self._headers, proxy=self._proxy
+                    self._url, data=payload, headers=self._headers, proxy=self._proxy
                 ) as response,
             ):
                 if response.status >= 300:

@@ -84,6 +84,18 @@ async def test_text_reply_streams_deltas_and_fills_metrics(fake_model: FakeModel
     assert "tools" not in request
 
 
+async def test_a_request_of_several_megabytes_goes_out_whole(fake_model: FakeModelServer) -> None:
+    # Over aiohttp's 1 MiB mark for raw bytes (warnings are errors here, as they fail runs).
+    long_input = "x" * 3_000_000
+    fake_model.enqueue(Turn.text("read it all"))
+    request = ModelRequest(model="fake-model", messages=[{"role": "user", "content": long_input}])
+
+    reply, _ = await complete(fake_model, request)
+
+    assert reply.content == "read it all"
+    assert fake_model.requests[-1]["messages"][0]["content"] == long_input
+
+
 async def test_tool_call_fragments_join_by_index(fake_model: FakeModelServer) -> None:
     fake_model.enqueue(
         Turn.tool_calls(
