@@ -6,7 +6,8 @@ no handler should see: request bytes that do not decode (INVALID_ARGUMENT
 `MALFORMED_REQUEST`, one WARNING line, no traceback) and U+0000 in any string field of the
 request (INVALID_ARGUMENT naming each field). Then a `ServiceError`, a store error or an
 unexpected exception escaping the handler aborts the call with the status built by
-`errors.to_status`. Streaming handlers are written with `context.write` (not `yield`), so
+`errors.to_status` (not sent once the call is over: its caller left, or its deadline passed).
+Streaming handlers are written with `context.write` (not `yield`), so
 cancellation reaches them as `CancelledError` and their cleanup runs in the handler's own
 task. Cancellation and aborts raised by the handler itself pass through untouched.
 """
@@ -70,9 +71,26 @@ def _guard(
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as error:
-            await context.abort_with_status(to_status(as_service_error(error)))
+            await _abort(method, context, to_status(as_service_error(error)))
 
     return handler
+
+
+async def _abort(method: str, context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
+    """End the call with `status`; quietly when the call is over already (its caller left
+    or its deadline passed: the caller has its status, and grpc would log a traceback for
+    a status it can no longer send)."""
+    remaining = context.time_remaining()
+    if not (context.done() or (remaining is not None and remaining <= 0)):
+        try:
+            await context.abort_with_status(status)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:  # grpc's own: the call ended while the status went out
+            log.info("%s: %s not sent (%s: the call was over)", method, status.code.name, error)
+    else:
+        log.info("%s: %s not sent (the call was over)", method, status.code.name)
+    raise asyncio.CancelledError
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
