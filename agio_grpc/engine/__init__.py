@@ -22,6 +22,7 @@ from agio_grpc.engine.errors import (
     InvalidInputError,
     RunStateError,
     RuntimeClosedError,
+    ServerBusyError,
 )
 from agio_grpc.engine.events import (
     ErrorNotice,
@@ -37,7 +38,8 @@ from agio_grpc.engine.events import (
 )
 from agio_grpc.engine.hooks import Hooks, StopRun
 from agio_grpc.engine.model import ModelDriver, OpenAIModelDriver, RetryPolicy
-from agio_grpc.engine.runtime import Runtime, RuntimeOptions
+from agio_grpc.engine.options import RuntimeOptions
+from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.segments import RunHandle
 from agio_grpc.engine.tools import Tool, ToolContext, ToolRegistry, ToolStop, load_tools
 from agio_grpc.engine.tracing import NO_TRACER, RunTrace, RunTracer
@@ -70,6 +72,7 @@ __all__ = [
     "RunTracer",
     "Runtime",
     "RuntimeClosedError",
+    "ServerBusyError",
     "RuntimeOptions",
     "SequencedEvent",
     "StepCompleted",

@@ -56,3 +56,17 @@ class RuntimeClosedError(EngineError):
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or "the server is shutting down and accepts no new runs")
+
+
+class ServerBusyError(EngineError):
+    """Every run slot of this process stayed taken for as long as the request could wait
+    (engine/admission.py): retry later, or on another replica."""
+
+    def __init__(self, running: int, limit: int, waiting: int) -> None:
+        super().__init__(
+            f"the server is at its limit of {limit} running runs and none ended in time for "
+            "this request: try again later, or on another replica"
+        )
+        self.running = running
+        self.limit = limit
+        self.waiting = waiting

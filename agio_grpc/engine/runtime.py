@@ -33,10 +33,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TypeVar
 
 from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopSignal
+from agio_grpc.engine.admission import RunSlots, Slot
 from agio_grpc.engine.agents import (
     AgentSpec,
     RunInput,
@@ -61,6 +62,7 @@ from agio_grpc.engine.leases import LeaseKeeper
 from agio_grpc.engine.lifecycle import Lifecycle, cancelled, shutting_down
 from agio_grpc.engine.loop import LoopServices
 from agio_grpc.engine.model import ModelDriver
+from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.queues import RunQueues
 from agio_grpc.engine.segments import RunHandle, RunPlan, Segments, retry_plan
 from agio_grpc.engine.tools import ToolRegistry
@@ -78,23 +80,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _CANCEL_AGAIN_S = 0.01  # how soon a cancel looks again at a run that was just continued
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeOptions:
-    """The runtime's tuning knobs."""
-
-    cancel_wait_s: float = 10.0
-    """How long `cancel`, `shutdown` and `settle` wait for runs and clean-ups to finish."""
-    cancel_poll_s: float = 0.5
-    """How often this process looks for cancel requests other replicas recorded for its live
-    runs (with leases)."""
-    watch_poll_s: float = 0.25
-    """How often a watch of a run another process runs reads the journal."""
-    history_cache_bytes: int = 64_000_000
-    """Memory bound of the histories kept between runs (engine/history.py); 0 keeps none."""
-    max_queued_runs: int = 10
-    """How many runs one session's queue may hold (BUSY_POLICY_ENQUEUE and the rest)."""
 
 
 class Runtime:
@@ -135,7 +120,8 @@ class Runtime:
         services = LoopServices(
             store, registry, model, hooks or Hooks(), self._histories, self.lifecycle
         )
-        self._segments = Segments(services, self.start)
+        slots = RunSlots(self.options.max_running_runs, self.options.admission_wait_s)
+        self._segments = Segments(services, self.start, slots)
         self._closing = False
         self._tracer = tracer or NO_TRACER
         self._queues = RunQueues(
@@ -217,28 +203,31 @@ class Runtime:
         cached = CachedHistory() if new_session else self._histories.cached(run.session_id)
         channel = RunChannel(run.id, run.session_id)
         try:
-            started = await self._queues.begin(
-                run, user, channel, new_session, cached.mark, request.on_busy
-            )
-            if started.run.status is RunStatus.QUEUED:
-                trace.end(started.run)  # it gets a trace of its own when it starts
-                return self._queues.handle(
-                    started, request.on_busy, channel, self.watch, request.deadline_at
+            slot = await self._segments.admit(request.deadline_at)
+            with slot:
+                started = await self._queues.begin(
+                    run, user, channel, new_session, cached.mark, request.on_busy
                 )
-            for step in started.steps:
-                trace.step_stored(step.id, step.sequence)
-            try:
-                history = cached.join(started.history_start, started.history)
-            except ValueError:
-                await self.lifecycle.abandon(started.run, channel)
-                raise
+                if started.run.status is RunStatus.QUEUED:
+                    trace.end(started.run)  # it gets a trace of its own when it starts
+                    return self._queues.handle(
+                        started, request.on_busy, channel, self.watch, request.deadline_at
+                    )
+                for step in started.steps:
+                    trace.step_stored(step.id, step.sequence)
+                try:
+                    history = cached.join(started.history_start, started.history)
+                except ValueError:
+                    await self.lifecycle.abandon(started.run, channel)
+                    raise
+                plan = RunPlan(history, kept_steps=len(history) - len(started.history))
+                deadline_at = request.deadline_at
+                return self._segments.spawn(
+                    started.run, settings, plan, channel, deadline_at, trace, slot=slot
+                )
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
             raise
-        plan = RunPlan(history, kept_steps=len(history) - len(started.history))
-        return self._segments.spawn(
-            started.run, settings, plan, channel, request.deadline_at, trace
-        )
 
     async def submit_tool_outputs(
         self, run_id: str, outputs: list[ToolOutput], *, deadline_at: float | None = None
@@ -256,13 +245,14 @@ class Runtime:
         settings = self._settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
-            return await self._submit(run, settings, outputs, history, kept, deadline_at)
+            return await self._submit(run, settings, outputs, history, kept, deadline_at, slot)
 
-        try:
-            return await self._on_history(run.session_id, submit)
-        except InvalidInputError:  # no calls left to answer: ended meanwhile?
-            RunStateError.unless_waiting(await self.store.get_run(run_id))
-            raise
+        with await self._segments.admit(deadline_at) as slot:
+            try:
+                return await self._on_history(run.session_id, submit)
+            except InvalidInputError:  # no calls left to answer: ended meanwhile?
+                RunStateError.unless_waiting(await self.store.get_run(run_id))
+                raise
 
     async def _submit(
         self,
@@ -272,6 +262,7 @@ class Runtime:
         history: list[Step],
         kept: int,
         deadline_at: float | None,
+        slot: Slot,
     ) -> RunHandle:
         run_id = run.id
         _, pending = open_tool_calls(history)
@@ -310,7 +301,7 @@ class Runtime:
         )
         plan = RunPlan(history, kept_steps=kept)
         return self._segments.spawn(
-            continued.run, settings, plan, channel, deadline_at, trace, model_calls=model_calls
+            continued.run, settings, plan, channel, deadline_at, trace, model_calls, slot
         )
 
     async def retry(
@@ -337,9 +328,10 @@ class Runtime:
         self._check_open()
 
         async def retry(whole: list[Step], kept: int) -> RunHandle:
-            return await self._retry(session_id, sequence, whole, kept, deadline_at)
+            return await self._retry(session_id, sequence, whole, kept, deadline_at, slot)
 
-        return await self._on_history(session_id, retry)
+        with await self._segments.admit(deadline_at) as slot:
+            return await self._on_history(session_id, retry)
 
     async def _retry(
         self,
@@ -348,6 +340,7 @@ class Runtime:
         whole: list[Step],
         kept: int,
         deadline_at: float | None,
+        slot: Slot,
     ) -> RunHandle:
         if not whole:
             raise InvalidInputError("session_id", "the session has no steps to regenerate")
@@ -370,7 +363,7 @@ class Runtime:
         except BaseException:
             trace.end(run)
             raise
-        return self._segments.spawn(started, settings, plan, channel, deadline_at, trace)
+        return self._segments.spawn(started, settings, plan, channel, deadline_at, trace, slot=slot)
 
     async def cancel(self, run_id: str, reason: str, source: str = "client") -> Run:
         """`stop` the run CANCELLED (a CancelRun, or a caller gone)."""

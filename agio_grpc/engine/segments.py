@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from agio_grpc.domain import Role, Run, Step, StopSignal, ToolCall
+from agio_grpc.engine.admission import RunSlots, Slot
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
@@ -73,10 +74,14 @@ class _Segment:
 class Segments:
     """The live run segments of this process."""
 
-    def __init__(self, services: LoopServices, on_spawn: Callable[[], None]) -> None:
-        """`on_spawn` runs at each spawn (the runtime starts its lease keeper)."""
+    def __init__(
+        self, services: LoopServices, on_spawn: Callable[[], None], slots: RunSlots
+    ) -> None:
+        """`on_spawn` runs at each spawn (the runtime starts its lease keeper); each segment
+        holds one of `slots` while its task runs."""
         self._services = services
         self._on_spawn = on_spawn
+        self._slots = slots
         self._segments: dict[str, _Segment] = {}
         self.starting: set[str] = set()
         """Queued runs this process is starting: their callers follow their channels."""
@@ -91,10 +96,11 @@ class Segments:
         channel: RunChannel,
         deadline_at: float | None,
         trace: RunTrace,
-        *,
         model_calls: int = 0,
+        slot: Slot | None = None,
     ) -> RunHandle:
-        """Start the segment's loop task (its opening events are published)."""
+        """Start the segment's loop task (its opening events are published). It keeps
+        `slot` (`admit`), or takes one past the limit (a queued run, accepted before)."""
         trace.history_loaded(plan.kept_steps, len(plan.history) - plan.kept_steps)
         control = RunControl()
         segment = _Segment(run.session_id, channel, control)
@@ -115,6 +121,9 @@ class Segments:
         )
         started = run.snapshot()
         segment.task = asyncio.create_task(loop.run(), name=f"agio run {run.id}")
+        slot = slot or self._slots.take_now()
+        slot.keep()
+        segment.task.add_done_callback(lambda _: slot.give())
         segment.task.add_done_callback(lambda task: self._ended(run.id, segment, task))
         # The loop ends its trace; this ends it too if the task never got to run.
         segment.task.add_done_callback(lambda _: trace.end(loop.run_row))
@@ -123,6 +132,11 @@ class Segments:
         self.spawned.set()
         self.spawned = asyncio.Event()
         return RunHandle(started, channel.subscribe)
+
+    async def admit(self, deadline_at: float | None) -> Slot:
+        """A slot for a segment about to start (engine/admission.py): `with` it around the
+        start, and hand it to `spawn`. Raises ServerBusyError when none frees in time."""
+        return await self._slots.take(deadline_at)
 
     def _ended(self, run_id: str, segment: _Segment, task: asyncio.Task[Run]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -22,7 +22,8 @@ from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Limits
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.model import OpenAIModelDriver
-from agio_grpc.engine.runtime import Runtime, RuntimeOptions
+from agio_grpc.engine.options import RuntimeOptions
+from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
@@ -161,6 +162,8 @@ class AgioApp:
                 options=RuntimeOptions(
                     history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
                     max_queued_runs=settings.server.max_queued_runs,
+                    max_running_runs=settings.server.max_running_runs,
+                    admission_wait_s=settings.server.admission_wait_s,
                 ),
             )
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps

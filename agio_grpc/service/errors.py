@@ -22,6 +22,7 @@ from agio_grpc.engine.errors import (
     InvalidInputError,
     RunStateError,
     RuntimeClosedError,
+    ServerBusyError,
 )
 from agio_grpc.store.errors import (
     DuplicateRequestError,
@@ -206,6 +207,17 @@ def from_engine_error(error: EngineError) -> ServiceError:
         )
     if isinstance(error, RuntimeClosedError):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", str(error))
+    if isinstance(error, ServerBusyError):
+        return ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "SERVER_BUSY",
+            str(error),
+            metadata={
+                "runningRuns": str(error.running),
+                "limit": str(error.limit),
+                "waiting": str(error.waiting),
+            },
+        )
     return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "REQUEST_REFUSED", str(error))
 
 
