@@ -24,8 +24,9 @@ test-slow: $(UV)
 # The adversarial suite at length: at least 10,000 request cases and several thousand model
 # streams per backend, random each run, with a summary of cases and status codes at the end
 # (`make test` runs the same properties with a few deterministic examples).
+# The two backends run side by side (scripts/fuzz.py).
 fuzz: $(UV)
-	AGIO_FUZZ_PROFILE=fuzz $(RUN) pytest tests/fuzz -p no:randomly -q
+	$(RUN) python scripts/fuzz.py
 
 # Lint, types, layering, contract lint and generated-code drift (CI runs these too).
 check: $(UV)
