@@ -149,8 +149,8 @@ class ServerConfig(_Strict):
     server starting ends at once (INTERRUPTED, retryable) the runs it left, instead of after
     their lease. "" = `HOST:PORT` of the listen address (the host's name for a wildcard or
     loopback address). Two live servers must never share one."""
-    max_running_runs: int | None = Field(256, ge=1)
-    """How many runs this server runs at once (None: no limit). A run asked for beyond it
+    max_running_runs: int = Field(512, ge=0)
+    """How many runs this server runs at once (0: no limit). A run asked for beyond it
     waits for one to end, in arrival order, up to its caller's deadline (less the margin
     that leaves room for the run's end) or `admission_wait_s`, then is refused with
     RESOURCE_EXHAUSTED `SERVER_BUSY` (retry later or elsewhere). Without a limit, a burst

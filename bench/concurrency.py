@@ -84,7 +84,9 @@ async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     async with procs.fake_model(tokens, rate, tool_first=True) as model:
         with tempfile.TemporaryDirectory() as scratch:
             database = f"sqlite+aiosqlite:///{Path(scratch) / 'load.db'}"
-            async with procs.agio_server(model.ready, database) as server:
+            # Admission sized to the level: this measures the engine, not the wait for a slot.
+            slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
+            async with procs.agio_server(model.ready, database, slots) as server:
                 cpu, model_cpu = server.cpu_s(), model.cpu_s()
                 load = await run_load("agio", server.ready, concurrency)
                 server_cpu = server.cpu_s() - cpu

@@ -162,7 +162,7 @@ class AgioApp:
                 options=RuntimeOptions(
                     history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
                     max_queued_runs=settings.server.max_queued_runs,
-                    max_running_runs=settings.server.max_running_runs,
+                    max_running_runs=settings.server.max_running_runs or None,
                     admission_wait_s=settings.server.admission_wait_s,
                 ),
             )
