@@ -27,7 +27,7 @@ from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.lifecycle import cancelled, server_fault
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
-from agio_grpc.service.errors import FieldViolation
+from agio_grpc.service.errors import FieldViolation, deadline_too_short
 from agio_grpc.service.validation import (
     PageTokens,
     ToolSchemaChecks,
@@ -55,6 +55,9 @@ MAX_CANCEL_REASON_CHARS = 1000
 DEADLINE_MARGIN_S = 0.25
 DEADLINE_MARGIN_SHARE = 0.1
 MAX_DEADLINE_MARGIN_S = 2.0
+MIN_RUN_DEADLINE_S = 0.25
+"""The shortest time left on a call that starts a run: less cannot both start it and send
+the TIMEOUT that ends it before the caller's deadline."""
 UNSENDABLE_EVENT_REASON = "an event of the run could not be encoded for its client"
 
 
@@ -186,10 +189,13 @@ def _to_run_input(request: pb.RunRequest) -> RunInput:
 def _deadline_at(context: grpc.aio.ServicerContext) -> float | None:
     """When the run must end (the event loop's time): the caller's deadline less a margin,
     so the run stops with TIMEOUT and its terminal event still reaches the caller before
-    gRPC cuts the call, however long the run took to start."""
+    gRPC cuts the call, however long the run took to start. A deadline too close to start
+    a run and send its end is refused (DEADLINE_EXCEEDED `DEADLINE_TOO_SHORT`)."""
     remaining: float | None = context.time_remaining()
     if remaining is None:
         return None
+    if remaining < MIN_RUN_DEADLINE_S:
+        raise deadline_too_short(remaining, MIN_RUN_DEADLINE_S)
     # A tenth of the time, within bounds: under load, ending a run and sending its end take
     # longer, and a run that is given longer has more to end.
     margin = min(max(DEADLINE_MARGIN_S, remaining * DEADLINE_MARGIN_SHARE), MAX_DEADLINE_MARGIN_S)

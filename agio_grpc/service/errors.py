@@ -109,6 +109,18 @@ def malformed_request(method: str) -> ServiceError:
     )
 
 
+def deadline_too_short(remaining_s: float, minimum_s: float) -> ServiceError:
+    """DEADLINE_EXCEEDED for a call whose deadline leaves too little time to start a run
+    and still send its end: nothing was started or stored."""
+    return ServiceError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "DEADLINE_TOO_SHORT",
+        f"the call's deadline leaves {max(remaining_s, 0.0):.3f} s: a run needs at least "
+        f"{minimum_s:g} s to start and send its end (nothing was started)",
+        metadata={"minimumSeconds": f"{minimum_s:g}"},
+    )
+
+
 def not_found(kind: str, key: str) -> ServiceError:
     """NOT_FOUND for a session, step, run or agent."""
     return ServiceError(

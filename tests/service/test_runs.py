@@ -359,6 +359,20 @@ async def test_a_grpc_deadline_ends_the_run_with_timeout(
     assert stored.end_time.seconds > 0
 
 
+async def test_a_deadline_too_short_to_run_in_is_refused_before_anything_starts(
+    client: AgioClient, fake_model: FakeModelServer
+) -> None:
+    before = len(await client.list_sessions())
+    with pytest.raises(AgioError) as refused:
+        await drain(client.run("in no time", timeout=0.2))
+    assert refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The server answers at once, so its status (not the client's own) is what arrives.
+    assert refused.value.reason == "DEADLINE_TOO_SHORT"
+    assert refused.value.metadata == {"minimumSeconds": "0.25"}
+    assert len(await client.list_sessions()) == before  # no session, no run
+    assert fake_model.requests == []
+
+
 async def test_a_disconnecting_client_cancels_its_run_and_the_record_ends_clean(
     client: AgioClient, fake_model: FakeModelServer
 ) -> None:
