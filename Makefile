@@ -3,6 +3,10 @@
 UV_VERSION := 0.13.9
 UV := .tools/bin/uv
 RUN := $(UV) run --locked
+# Installed packages get their bytecode at install: every later process (the server, each
+# test subprocess, the CLI) then starts without compiling them again, about 3 s less each
+# on a machine that sets PYTHONDONTWRITEBYTECODE.
+export UV_COMPILE_BYTECODE := 1
 
 .PHONY: serve test test-slow fuzz check generate fake-model bench breaking contract-baseline clients conformance
 
