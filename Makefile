@@ -17,7 +17,7 @@ $(UV):
 serve: $(UV)
 	$(RUN) agio-grpc serve
 
-# The default suite (about 2.5 minutes here); the slow one (real server processes killed and
+# The default suite (about 4.5 minutes here); the slow one (real server processes killed and
 # restarted, benchmark smoke runs) is `make test-slow`. CI runs both.
 test: $(UV)
 	$(RUN) pytest -m "not slow"
@@ -25,10 +25,10 @@ test: $(UV)
 test-slow: $(UV)
 	$(RUN) pytest -m slow
 
-# The adversarial suite at length: at least 10,000 request cases and several thousand model
-# streams per backend, random each run, with a summary of cases and status codes at the end
-# (`make test` runs the same properties with a few deterministic examples).
-# The two backends run side by side (scripts/fuzz.py).
+# The adversarial suite at length: 10,000 request cases and 1,000 model streams per backend,
+# random each run, with a summary of cases and status codes at the end (`make test` runs the
+# same properties with a few deterministic examples). Both backends at once, in four
+# processes (scripts/fuzz.py).
 fuzz: $(UV)
 	$(RUN) python scripts/fuzz.py
 

@@ -3,7 +3,7 @@
 Each pytest process is one event loop busy with its own cases, so the properties are split
 over four processes, about even in work (PostgreSQL's cases cost about twice SQLite's), for
 the machine's cores to share: SQLite's; PostgreSQL's agent and undecodable requests; its
-session requests and request sequences; its model streams. Each runs the `fuzz` hypothesis
+session requests; its request sequences and model streams. Each runs the `fuzz` hypothesis
 profile (tests/fuzz/profiles.py) with a server of its own; its output, with its summary of
 cases and status codes, is printed once it ends, then the cases per backend. Fails when any
 fails, or ran no tests (pytest's exit status 5 included). Extra arguments go to every run.
@@ -22,8 +22,8 @@ from typing import IO
 GROUPS = (
     "sqlite",
     "postgres and (agent_service or not_utf8)",
-    "postgres and (session_service or in_a_row)",
-    "postgres and test_model_streams",
+    "postgres and session_service",
+    "postgres and (in_a_row or test_model_streams)",
 )
 CASES_LINE = re.compile(r"^(sqlite|postgres): (\d+) cases", re.MULTILINE)
 
