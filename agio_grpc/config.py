@@ -151,8 +151,8 @@ class ServerConfig(_Strict):
     loopback address). Two live servers must never share one."""
     max_running_runs: int = Field(512, ge=0)
     """How many runs this server runs at once (0: no limit). A run asked for beyond it
-    waits for one to end, in arrival order, up to its caller's deadline (less the margin
-    that leaves room for the run's end) or `admission_wait_s`, then is refused with
+    waits for one to end, in arrival order, for at most half the time to its caller's
+    deadline (`admission_wait_s` without one), then is refused with
     RESOURCE_EXHAUSTED `SERVER_BUSY` (retry later or elsewhere). Without a limit, a burst
     past the server's capacity slows every run alike until none meets its deadline."""
     admission_wait_s: float = Field(30.0, ge=0)

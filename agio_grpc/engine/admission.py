@@ -69,8 +69,8 @@ class RunSlots:
         self._waiting: deque[asyncio.Future[None]] = deque()
 
     async def take(self, deadline_at: float | None) -> Slot:
-        """A slot, once one is free: waits up to `deadline_at` (event loop time) or `wait_s`,
-        whichever comes first, then raises ServerBusyError."""
+        """A slot, once one is free: waits for half the time to `deadline_at` (event loop
+        time) or `wait_s`, whichever is shorter, then raises ServerBusyError."""
         if self.limit is None or (self.taken < self.limit and not self._waiting):
             self.taken += 1
             return Slot(self)

@@ -21,7 +21,7 @@ class RuntimeOptions:
     max_queued_runs: int = 10
     """How many runs one session's queue may hold (BUSY_POLICY_ENQUEUE and the rest)."""
     max_running_runs: int | None = None
-    """How many run segments run here at once (None: no limit); more wait for a slot, up to
-    their caller's deadline or `admission_wait_s` (engine/admission.py)."""
+    """How many run segments run here at once (None: no limit); more wait for a slot, for at
+    most half the time to their caller's deadline or `admission_wait_s` (engine/admission.py)."""
     admission_wait_s: float = 30.0
     """How long a run without a deadline waits for a slot before ServerBusyError."""
