@@ -84,11 +84,17 @@ def handles(results: list[RunHandle | BaseException]) -> list[RunHandle]:
 async def test_reject_two_racing_runs_one_starts_one_is_refused(policies: Harness) -> None:
     session_id = await idle_session(policies)
     for _ in range(REPETITIONS):
+        # The run that starts holds the session at the gate until both requests are answered:
+        # a run that finished before the other request reached the store would free it.
+        policies.gate.release.clear()
+        policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
+        policies.model.enqueue(Turn.text("done"))
         requests = [RunInput(f"run {n}", session_id=session_id) for n in range(2)]
         results = await race(policies, *requests)
         (started,) = handles(results)
         (refused,) = [result for result in results if not isinstance(result, RunHandle)]
         assert isinstance(refused, SessionBusyError)
+        policies.gate.release.set()
         assert (await policies.collect(started)).run.status is RunStatus.COMPLETED
     await assert_valid_log(policies, session_id)
     assert len(await policies.store.list_runs(session_id, limit=100)) == 1 + REPETITIONS
