@@ -3,6 +3,7 @@
 UV_VERSION := 0.13.9
 UV := .tools/bin/uv
 RUN := $(UV) run --locked
+RUNTIME_RUN := $(UV) run --locked --no-default-groups
 # Installed packages get their bytecode at install: every later process (the server, each
 # test subprocess, the CLI) then starts without compiling them again, about 3 s less each
 # on a machine that sets PYTHONDONTWRITEBYTECODE.
@@ -14,13 +15,18 @@ $(UV):
 	python3 -m venv .tools
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# The service needs the runtime dependencies only: the development and benchmark groups
+# (pytest, linters, buf, the Agents SDK, matplotlib) come with `make test`.
 serve: $(UV)
-	$(RUN) agio-grpc serve
+	$(RUNTIME_RUN) agio-grpc serve
 
-# The default suite (about 4.5 minutes here); the slow one (real server processes killed and
-# restarted, benchmark smoke runs) is `make test-slow`. CI runs both.
+# The default suite, in TEST_WORKERS pytest-xdist processes (most of a test is waiting on a
+# server, a database or the fake model, so more processes than cores pay); the slow one (real
+# server processes killed and restarted, benchmark smoke runs) is `make test-slow`, one
+# process at a time. CI runs both.
+TEST_WORKERS ?= 4
 test: $(UV)
-	$(RUN) pytest -m "not slow"
+	$(RUN) pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(UV)
 	$(RUN) pytest -m slow
@@ -66,7 +72,7 @@ conformance: $(UV)
 	$(RUN) python scripts/conformance.py
 
 fake-model: $(UV)
-	$(RUN) agio-grpc fake-model
+	$(RUNTIME_RUN) agio-grpc fake-model
 
 bench: $(UV)
 	$(RUN) python -m bench

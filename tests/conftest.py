@@ -5,19 +5,25 @@ test written once runs on both. PostgreSQL comes from `AGIO_TEST_POSTGRES_URL` o
 cluster started once per test session (see tests/postgres.py); when neither is possible the
 postgres cases skip, or fail when `AGIO_REQUIRE_POSTGRES=1`. Fixtures here never mock the
 database.
+
+The tally of the adversarial suite (tests/fuzz) is printed at the end of the session; under
+pytest-xdist (`make test` runs several workers) each worker sends its tally to the main
+process, which prints the sum.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
 from agio_grpc.domain import StepMetrics
 from agio_grpc.store.rows import HISTORY_METRICS
 from agio_grpc.store.sql import SqlStepStore, open_store
+from tests.fuzz.harness import Tally
+from tests.fuzz.profiles import BUDGET
 from tests.postgres import (
     PostgresUnavailableError,
     TestDatabases,
@@ -29,6 +35,38 @@ BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
+
+
+TALLY = pytest.StashKey[Tally]()
+_TALLY_OUTPUT = "agio_fuzz_tally"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[TALLY] = Tally()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand the tally to the main process."""
+    output: dict[str, Any] | None = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_TALLY_OUTPUT] = session.config.stash[TALLY].to_plain()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist main process: add a finished worker's tally."""
+    plain = getattr(node, "workeroutput", {}).get(_TALLY_OUTPUT)
+    if plain is not None:
+        node.config.stash[TALLY].add_plain(plain)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    tally = terminalreporter.config.stash.get(TALLY, None)
+    if tally is None or not tally.cases:
+        return
+    terminalreporter.write_sep("=", f"fuzz summary (profile {BUDGET.name})")
+    for line in tally.lines():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Fixtures of the adversarial suite: one server per backend per test module, shared by every
-example of its properties (each example makes fresh sessions), and the tally of cases and
-status codes, printed at the end of the pytest session."""
+example of its properties (each example makes fresh sessions). The tally of cases and status
+codes they fill is printed at the end of the pytest session (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import BACKENDS
-from tests.fuzz.harness import FuzzService, Tally, serving
-from tests.fuzz.profiles import BUDGET
+from tests.conftest import BACKENDS, TALLY
+from tests.fuzz.harness import FuzzService, serving
 from tests.postgres import TestDatabases
-
-TALLY = pytest.StashKey[Tally]()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.stash[TALLY] = Tally()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    tally = terminalreporter.config.stash.get(TALLY, None)
-    if tally is None or not tally.cases:
-        return
-    terminalreporter.write_sep("=", f"fuzz summary (profile {BUDGET.name})")
-    for line in tally.lines():
-        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -83,6 +83,26 @@ class Tally:
     def count_stop(self, backend: str, reason: str) -> None:
         self.stops.setdefault(backend, Counter())[reason] += 1
 
+    def to_plain(self) -> dict[str, Any]:
+        """The tally as plain lists and dicts, for a pytest-xdist worker to send home."""
+        return {
+            "cases": [[backend, prop, count] for (backend, prop), count in self.cases.items()],
+            "codes": {backend: dict(counts) for backend, counts in self.codes.items()},
+            "stops": {backend: dict(counts) for backend, counts in self.stops.items()},
+            "seconds": dict(self.seconds),
+        }
+
+    def add_plain(self, plain: dict[str, Any]) -> None:
+        """Add a tally sent by `to_plain` (a worker's) to this one."""
+        for backend, prop, count in plain["cases"]:
+            self.cases[backend, prop] += count
+        for backend, counts in plain["codes"].items():
+            self.codes.setdefault(backend, Counter()).update(counts)
+        for backend, counts in plain["stops"].items():
+            self.stops.setdefault(backend, Counter()).update(counts)
+        for backend, seconds in plain["seconds"].items():
+            self.seconds[backend] = self.seconds.get(backend, 0.0) + seconds
+
     def lines(self) -> list[str]:
         """The summary: cases per backend and property, then the codes and stops seen."""
         lines: list[str] = []
