@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from agio_grpc.config import ServerConfig, Settings
 from agio_grpc.service.interceptors import ErrorInterceptor
+from agio_grpc.service.reflection import enable_reflection
 from agio_grpc.v1 import agent_service_pb2, session_service_pb2
 
 log = logging.getLogger(__name__)
@@ -82,13 +82,8 @@ async def start_grpc_server(
         add(servicer, server)  # type: ignore[operator]
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            *SERVICE_NAMES,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    enable_reflection(
+        server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     try:
         port = server.add_insecure_port(settings.listen_address)
