@@ -139,6 +139,9 @@ class ModelReply:
     metrics: StepMetrics
     oversized: bool = False
     """Cut off at the request's `max_reply_bytes`."""
+    response_id: str = ""
+    """The provider's id of the completion (the chunks' `id`, e.g. `chatcmpl-...`); "" when
+    it sent none."""
 
     @property
     def stop_reason(self) -> StopReason | None:
@@ -477,6 +480,7 @@ class _ReplyBuilder:
     """
 
     model_name: str
+    response_id: str = ""
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     calls: list[_PartialCall] = field(default_factory=list)
@@ -496,6 +500,8 @@ class _ReplyBuilder:
         model = _text(chunk, "model", "")
         if model:
             self.model_name = model
+        if not self.response_id:
+            self.response_id = _response_id(chunk)
         usage = chunk.get("usage")
         if usage is not None:
             self.usage = _usage_of(usage)
@@ -581,6 +587,7 @@ class _ReplyBuilder:
             finish_reason=self.finish_reason or "stop",
             metrics=metrics,
             oversized=self.oversized,
+            response_id=self.response_id,
         )
 
 
@@ -629,6 +636,17 @@ def _text(container: dict[str, Any], name: str, prefix: str) -> str:
     if not isinstance(value, str):
         raise _malformed(prefix + name, "a string or null", value)
     return clean_text(value)
+
+
+MAX_RESPONSE_ID_CHARS = 256
+"""An id longer than this (no provider sends one) is cut: it only labels the chat span."""
+
+
+def _response_id(chunk: dict[str, Any]) -> str:
+    """The chunk's completion `id`, cleaned; read only when it is a string (a reply needs
+    none, so a server that shapes it otherwise loses nothing)."""
+    value = chunk.get("id")
+    return clean_text(value[:MAX_RESPONSE_ID_CHARS]) if isinstance(value, str) else ""
 
 
 def _reasoning_of(delta: dict[str, Any]) -> str:

@@ -265,6 +265,8 @@ class OtelRunTracer:
             gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: metrics.first_token_latency_ms / 1000,
             agio.MODEL_RETRIES: metrics.retries,
         }
+        if reply.response_id:
+            attributes[gen_ai.GEN_AI_RESPONSE_ID] = reply.response_id
         if metrics.cached_input_tokens:
             attributes[gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = metrics.cached_input_tokens
         if metrics.reasoning_tokens:

@@ -1,19 +1,29 @@
 """Tracer and meter providers, configured only by the standard `OTEL_*` environment variables.
 
-Nothing is exported unless an exporter is configured: `OTEL_TRACES_EXPORTER` /
-`OTEL_METRICS_EXPORTER` (`otlp` or `console`), or an OTLP endpoint
-(`OTEL_EXPORTER_OTLP_ENDPOINT`, or the per-signal `..._TRACES_ENDPOINT` /
-`..._METRICS_ENDPOINT`). `OTEL_SDK_DISABLED=true` turns everything off. When a signal is off
-its provider is the API's no-op one, so tracing costs next to nothing. The exporters read
-their own endpoint, headers, timeout and protocol variables; `TracerProvider` reads
-`OTEL_TRACES_SAMPLER(_ARG)`; `Resource.create` reads `OTEL_SERVICE_NAME` and
-`OTEL_RESOURCE_ATTRIBUTES` (service name `agio-grpc` when neither names one).
+Nothing is exported unless an exporter is configured, and each signal is turned on by its
+own variables:
+
+- traces: `OTEL_TRACES_EXPORTER` (`otlp` or `console`), or an OTLP endpoint
+  (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`);
+- metrics: `OTEL_METRICS_EXPORTER` (`otlp` or `console`), or
+  `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`. The shared `OTEL_EXPORTER_OTLP_ENDPOINT` alone does
+  not turn them on: trace backends such as Jaeger take no metrics, and an exporter sending
+  them there logs an ERROR at every export (every 60 s). `OTEL_METRICS_EXPORTER=otlp` sends
+  them to the shared endpoint.
+
+`none` turns a signal off whatever else is set; `OTEL_SDK_DISABLED=true` turns everything
+off. When a signal is off its provider is the API's no-op one, so it costs next to nothing.
+The exporters read their own endpoint, headers, timeout and protocol variables;
+`TracerProvider` reads `OTEL_TRACES_SAMPLER(_ARG)`. The resource is what `OTEL_SERVICE_NAME`
+and `OTEL_RESOURCE_ATTRIBUTES` say, with `service.name` `agio-grpc` and `service.version`
+the installed package's version where they say nothing.
 
 Tests build a `Telemetry` from their own SDK providers (in-memory exporter and reader).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,11 +35,14 @@ from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SERVICE_VERSION
 
 DEFAULT_SERVICE_NAME = "agio-grpc"
+DISTRIBUTION_NAME = "agio-grpc"
+"""The installed package whose version is the resource's `service.version`."""
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _CAPTURE_IN_SPANS = frozenset({"true", "1", "span_only", "span_and_event"})
 
@@ -94,10 +107,24 @@ def telemetry_from_environment(environ: Mapping[str, str] | None = None) -> Tele
 
 
 def _resource() -> Resource:
-    resource = Resource.create()
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    return resource
+    """The detected resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), with our
+    service name and version where it names none: what the user set always wins."""
+    detected = Resource.create()
+    attributes = dict(detected.attributes)
+    if str(attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        attributes[SERVICE_NAME] = DEFAULT_SERVICE_NAME
+    version = package_version()
+    if version and SERVICE_VERSION not in attributes:
+        attributes[SERVICE_VERSION] = version
+    return Resource(attributes, detected.schema_url)
+
+
+def package_version() -> str:
+    """The installed agio-grpc version ("" when run from a tree that is not installed)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def _exporter_name(env: Mapping[str, str], signal: str) -> str | None:
@@ -106,7 +133,10 @@ def _exporter_name(env: Mapping[str, str], signal: str) -> str | None:
     if configured:
         names = [name.strip() for name in configured.split(",")]
         return next((name for name in names if name in ("otlp", "console")), None)
-    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"):
+    if env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"):
+        return "otlp"
+    # The shared endpoint turns on traces only (metrics: see the module docstring).
+    if signal == "TRACES" and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return "otlp"
     return None
 

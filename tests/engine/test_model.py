@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import openai
@@ -94,6 +95,33 @@ async def test_a_request_of_several_megabytes_goes_out_whole(fake_model: FakeMod
 
     assert reply.content == "read it all"
     assert fake_model.requests[-1]["messages"][0]["content"] == long_input
+
+
+async def test_the_reply_keeps_the_completion_id_its_chunks_carry(
+    fake_model: FakeModelServer,
+) -> None:
+    fake_model.enqueue(Turn.text("one"), Turn.text("two"))
+    first, _ = await complete(fake_model)
+    second, _ = await complete(fake_model)
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", first.response_id)
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", second.response_id)
+    assert first.response_id != second.response_id
+
+
+@pytest.mark.parametrize(("sent", "kept"), [(None, ""), (7, ""), ("resp\u0000-1", "resp\ufffd-1")])
+async def test_a_completion_id_is_optional_and_read_only_as_text(
+    fake_model: FakeModelServer, sent: object, kept: str
+) -> None:
+    chunk: dict[str, Any] = {
+        "object": "chat.completion.chunk",
+        "model": "fake-model",
+        "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+    }
+    if sent is not None:
+        chunk["id"] = sent
+    fake_model.enqueue(Turn.raw(json.dumps(chunk)))
+    reply, _ = await complete(fake_model)
+    assert (reply.content, reply.response_id) == ("hi", kept)
 
 
 async def test_tool_call_fragments_join_by_index(fake_model: FakeModelServer) -> None:

@@ -137,6 +137,7 @@ async def test_a_plain_reply_is_a_server_span_an_agent_span_and_a_chat_span(
         3,
     )
     assert isinstance(chat_attrs["gen_ai.response.time_to_first_chunk"], float)
+    assert str(chat_attrs["gen_ai.response.id"]).startswith("chatcmpl-")
     assert chat_attrs["gen_ai.conversation.id"] == run.session_id
     assert chat_attrs["agio.step.sequence"] == 2
     assert chat_attrs["server.address"] == "127.0.0.1"
@@ -163,6 +164,30 @@ async def test_a_plain_reply_is_a_server_span_an_agent_span_and_a_chat_span(
         "agio.store.operation.duration",
     ):
         assert metric in names
+
+
+def reply_chunk(delta: dict[str, object], finish: str | None, **fields: object) -> str:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return json.dumps({"object": "chat.completion.chunk", "choices": [choice], **fields})
+
+
+async def test_a_chat_span_carries_the_response_id_the_model_sent(
+    client: AgioClient, fake_model: FakeModelServer, traced: Traced
+) -> None:
+    call = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": '{"text": "x"}'}}
+    fake_model.enqueue(
+        Turn.raw(
+            reply_chunk({"tool_calls": [call]}, None, id="chatcmpl-first"),
+            reply_chunk({}, "tool_calls", id="chatcmpl-first"),
+        ),
+        Turn.raw(reply_chunk({"content": "done"}, "stop")),  # a server that sends no id
+    )
+    events = await drain(client.run("echo x"))
+    await traced.open_spans.all_ended()
+    assert final_run(events).stop_signal.reason == resources_pb2.STOP_REASON_COMPLETED
+    chats = [s for s in traced.spans() if s.name == "chat fake-model"]
+    chats.sort(key=lambda span: span.start_time or 0)
+    assert [attrs(span).get("gen_ai.response.id") for span in chats] == ["chatcmpl-first", None]
 
 
 async def test_parallel_tools_are_sibling_spans_under_the_run(
