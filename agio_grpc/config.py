@@ -61,6 +61,16 @@ class LimitsConfig(_Strict):
     `server.max_message_bytes`, so that every step and event fits in a message."""
 
 
+class ToolOptionsConfig(_Strict):
+    """How an agent runs one of its tools."""
+
+    on_error: Literal["continue", "stop"] = "continue"
+    """What an error result of the tool (an exception, a timeout, arguments that are not
+    valid) does. `continue`: the model gets it as the call's result and acts on it. `stop`:
+    it is stored as the call's result all the same, then the run ends with
+    STOP_REASON_TOOL_ERROR (the step's other calls still run to their results)."""
+
+
 class AgentConfig(_Strict):
     """A named agent: model, instructions, tools and limits."""
 
@@ -71,10 +81,31 @@ class AgentConfig(_Strict):
     """The system prompt."""
     tools: list[str] = Field(default_factory=lambda: ["current_time", "calculate"])
     """Names of registered tools the agent offers."""
+    tool_options: dict[str, ToolOptionsConfig] = Field(default_factory=dict)
+    """Per tool of `tools` (by name): how the agent runs it. A tool not named here gets the
+    defaults (`on_error: continue`)."""
     temperature: float | None = Field(None, ge=0, le=2)
     max_tokens: int | None = Field(None, ge=1)
     """Completion token cap per model call."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+
+    @model_validator(mode="after")
+    def _options_name_its_tools(self) -> AgentConfig:
+        strangers = [name for name in self.tool_options if name not in self.tools]
+        if strangers:
+            raise ValueError(
+                f"tool_options names {', '.join(map(repr, strangers))}, not among the "
+                f"agent's tools ({', '.join(self.tools) or 'none'})"
+            )
+        return self
+
+    def stop_on_error_tools(self) -> list[str]:
+        """The tools whose error result ends the run (`on_error: stop`), in `tools` order."""
+        return [
+            name
+            for name in self.tools
+            if name in self.tool_options and self.tool_options[name].on_error == "stop"
+        ]
 
 
 class HooksConfig(_Strict):

@@ -58,6 +58,16 @@ class AgentSpec:
     temperature: float | None = None
     max_tokens: int | None = None
     """Completion token cap per model call."""
+    stop_on_error_tools: list[str] = field(default_factory=list)
+    """The agent's tools whose error result ends the run with TOOL_ERROR (`on_error: stop`);
+    an error of any other tool is a result the model sees and acts on."""
+
+    def __post_init__(self) -> None:
+        strangers = [name for name in self.stop_on_error_tools if name not in self.tools]
+        if strangers:
+            raise ValueError(
+                f"agent {self.name!r}: stop_on_error_tools {strangers} are not among its tools"
+            )
 
 
 @dataclass(slots=True)
@@ -144,6 +154,8 @@ class RunSettings:
     temperature: float | None = None
     max_tokens: int | None = None
     client_tools: list[ClientTool] = field(default_factory=list)
+    stop_on_error_tools: list[str] = field(default_factory=list)
+    """The offered tools whose error result ends the run (`AgentSpec.stop_on_error_tools`)."""
 
     def to_options(self) -> dict[str, Any]:
         """JSON-ready data for `Run.options`."""
@@ -203,6 +215,7 @@ def resolve_settings(
         ),
         max_tokens=overrides.max_tokens or agent.max_tokens,
         client_tools=list(client_tools),
+        stop_on_error_tools=[name for name in agent.stop_on_error_tools if name in tools],
     )
 
 

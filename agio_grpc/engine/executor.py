@@ -3,7 +3,9 @@
 Every call yields a `ToolResult`, never an exception: an unknown tool, arguments that are not
 JSON or fail validation, an exception, a timeout all become error results (`is_error`) with
 a short, stable message the model can act on (no traceback). A tool raising `ToolStop`
-yields a normal result carrying a TOOL_STOP signal. Results come back in tool-call order.
+yields a normal result carrying a TOOL_STOP signal; an error result of a tool configured
+`on_error: stop` carries a TOOL_ERROR signal (the result is still the call's answer, so the
+log stays valid). Results come back in tool-call order, each with its wall time.
 This module never touches the store or the event channel: the loop does that.
 """
 
@@ -40,8 +42,13 @@ class ToolResult:
     content: str
     is_error: bool = False
     stop: StopSignal | None = None
-    """Set when the tool asked to end the run (ToolStop)."""
+    """Set when the result ends the run: the tool raised ToolStop (TOOL_STOP), or it failed
+    and stops on error, or its result was over the step limit (TOOL_ERROR)."""
     exec_time_ms: int = 0
+    """Time inside the tool's function (0 when it was never called)."""
+    duration_ms: int = 0
+    """Wall time of the call from when it got a slot to its result: checking the arguments,
+    the function and rendering its result (0 for a call that never returned)."""
 
 
 def unfinished_result(call: ToolCall, why: str) -> ToolResult:
@@ -60,13 +67,15 @@ async def execute_tool_calls(
     completed: dict[str, ToolResult] | None = None,
     trace_call: Callable[[ToolCall], AbstractContextManager[ToolCallTrace]] | None = None,
     max_result_bytes: int | None = None,
+    stop_on_error: Collection[str] = (),
 ) -> list[ToolResult]:
     """Run `calls` (at most `max_parallel` at once) and return their results in call order.
 
     `offered` are the tool names this run may call. A result over `max_result_bytes` is cut
-    to it and asks the run to stop with TOOL_ERROR (`oversized`). Each result is also put in
-    `completed` (by call id) as soon as it is ready, so a caller cancelled midway keeps the
-    finished ones.
+    to it and asks the run to stop with TOOL_ERROR (`oversized`); so does an error result of
+    a tool named in `stop_on_error` (`stopping_on_error`). The other calls run to their end
+    either way: each gets its own result. Each result is also put in `completed` (by call
+    id) as soon as it is ready, so a caller cancelled midway keeps the finished ones.
     `trace_call` traces each call from the moment it may run (its wait for a slot excluded).
     """
     limit = asyncio.Semaphore(max(1, max_parallel))
@@ -79,12 +88,16 @@ async def execute_tool_calls(
 
     async def run_one(call: ToolCall) -> ToolResult:
         async with limit:
+            started = time.perf_counter()
             with trace(call) as span:
                 result = await execute_tool_call(
                     call, registry, offered=offered, context=make_context(call), timeout_s=timeout_s
                 )
                 if max_result_bytes is not None:
                     result = oversized(result, max_result_bytes)
+                if result.is_error and result.stop is None and call.name in stop_on_error:
+                    result = stopping_on_error(result)
+                result = replace(result, duration_ms=_ms_since(started))
                 span.finished(result)
         done[call.id] = result
         return result
@@ -110,6 +123,20 @@ def oversized(result: ToolResult, max_bytes: int) -> ToolResult:
         context={"result_bytes": size, "max_step_bytes": max_bytes},
     )
     return replace(result, content=kept + note, is_error=True, stop=stop)
+
+
+def stopping_on_error(result: ToolResult) -> ToolResult:
+    """The error `result` of a tool configured `on_error: stop`, asking the run to stop with
+    TOOL_ERROR. The signal names the tool and the call but never quotes the error text,
+    which may quote the arguments (the result step and the TOOL_FAILED notice carry it)."""
+    call = result.call
+    stop = StopSignal(
+        StopReason.TOOL_ERROR,
+        f"tool {call.name!r} failed (call {call.id}) and its on_error is stop",
+        f"tool:{call.name}",
+        context={"tool_name": call.name, "tool_call_id": call.id},
+    )
+    return replace(result, stop=stop)
 
 
 async def execute_tool_call(
@@ -165,8 +192,11 @@ async def execute_tool_call(
         logger.debug("tool %s raised", call.name, exc_info=True)
         content = f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}"
         is_error = True
-    elapsed_ms = int((time.perf_counter() - started) * 1000)
-    return ToolResult(call, clean_text(content), is_error, stop, elapsed_ms)
+    return ToolResult(call, clean_text(content), is_error, stop, _ms_since(started))
+
+
+def _ms_since(started: float) -> int:
+    return int((time.perf_counter() - started) * 1000)
 
 
 def _describe(error: pydantic.ValidationError) -> str:

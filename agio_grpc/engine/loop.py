@@ -22,7 +22,9 @@ Limits: a step's tool calls always run before a limit stops the run, so a limit 
 leaves a call without a result. MAX_STEPS counts model calls over the whole run; the run
 timeout (the smaller of the configured timeout and the caller's deadline) applies to each
 segment. A model reply cut off by `length` or `content_filter` stops the run without
-running its tool calls (they get error results).
+running its tool calls (they get error results). A tool's own stop (ToolStop: TOOL_STOP;
+an error result of a tool configured `on_error: stop`, or a result over the step limit:
+TOOL_ERROR) likewise ends the run only once every call of the step has its result stored.
 
 Tracing goes through `segment.trace` (engine/tracing.py): one child per model call and per
 tool call, whose ids the produced step keeps; `_finish` ends the segment's trace just before
@@ -366,6 +368,7 @@ class RunLoop:
                 completed=self.finished_results,
                 trace_call=lambda call: self._trace_tool_call(call, sequences[call.id]),
                 max_result_bytes=self.settings.limits.max_step_bytes,
+                stop_on_error=self.settings.stop_on_error_tools,
             )
             for result in results:
                 if result.is_error:
@@ -412,7 +415,9 @@ class RunLoop:
             tool_call_id=result.call.id,
             name=result.call.name,
             is_error=result.is_error,
-            metrics=StepMetrics(tool_exec_time_ms=result.exec_time_ms),
+            metrics=StepMetrics(
+                duration_ms=result.duration_ms, tool_exec_time_ms=result.exec_time_ms
+            ),
             id=step_id,
             trace_id=span.trace_id,
             span_id=span.span_id,

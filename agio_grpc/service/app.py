@@ -86,6 +86,7 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             limits=Limits(**agent.limits.model_dump()),
             temperature=agent.temperature,
             max_tokens=agent.max_tokens,
+            stop_on_error_tools=agent.stop_on_error_tools(),
         )
         for agent in settings.agents
     }

@@ -134,6 +134,14 @@ def make_agents(**limits: Any) -> dict[str, AgentSpec]:
             tools=list(TEST_TOOLS),
             limits=Limits(tool_timeout_s=0.2, max_parallel_tools=2),
         ),
+        "strict": AgentSpec(
+            name="strict",
+            model="fake-model",
+            instructions=INSTRUCTIONS,
+            tools=list(TEST_TOOLS),
+            limits=Limits(**limits),
+            stop_on_error_tools=["explode"],
+        ),
     }
 
 
