@@ -322,16 +322,23 @@ class AgioClient:
         runs: list[resources_pb2.Run] = []
         token = ""
         while True:
-            response = await self._unary(
-                self.agents.ListRuns,
-                agent_service_pb2.ListRunsRequest(
-                    session_id=session_id, page_size=page_size, page_token=token
-                ),
-            )
+            response = await self.list_runs_page(session_id, page_size, token)
             runs.extend(response.runs)
             token = response.next_page_token
             if not token:
                 return runs
+
+    async def list_runs_page(
+        self, session_id: str, page_size: int = 0, page_token: str = ""
+    ) -> agent_service_pb2.ListRunsResponse:
+        """One page of a session's runs, newest first, with the token of the next page."""
+        response: agent_service_pb2.ListRunsResponse = await self._unary(
+            self.agents.ListRuns,
+            agent_service_pb2.ListRunsRequest(
+                session_id=session_id, page_size=page_size, page_token=page_token
+            ),
+        )
+        return response
 
     async def list_agents(self) -> list[resources_pb2.Agent]:
         response = await self._unary(self.agents.ListAgents, agent_service_pb2.ListAgentsRequest())
@@ -351,14 +358,21 @@ class AgioClient:
         sessions: list[resources_pb2.Session] = []
         token = ""
         while True:
-            response = await self._unary(
-                self.sessions.ListSessions,
-                session_service_pb2.ListSessionsRequest(page_size=page_size, page_token=token),
-            )
+            response = await self.list_sessions_page(page_size, token)
             sessions.extend(response.sessions)
             token = response.next_page_token
             if not token:
                 return sessions
+
+    async def list_sessions_page(
+        self, page_size: int = 0, page_token: str = ""
+    ) -> session_service_pb2.ListSessionsResponse:
+        """One page of sessions, newest first, with the token of the next page."""
+        response: session_service_pb2.ListSessionsResponse = await self._unary(
+            self.sessions.ListSessions,
+            session_service_pb2.ListSessionsRequest(page_size=page_size, page_token=page_token),
+        )
+        return response
 
     async def list_steps(
         self, session_id: str, start_sequence: int = 0, end_sequence: int = 0, page_size: int = 0

@@ -1,0 +1,236 @@
+"""The `agio-grpc` command: the service, the fake model, and a client for a running server.
+
+    serve                                  run the gRPC service (settings from AGIO_* variables)
+    fake-model [--port N]                  run the built-in fake OpenAI-compatible model
+    chat MESSAGE [--session S] [--agent A] [--client-tool FILE.json]... [--background]
+                 [--on-busy reject|enqueue|interrupt|rollback]
+    retry SESSION --from N                 delete steps from #N on and regenerate
+    submit RUN CALL_ID=OUTPUT|CALL_ID=@FILE...   answer a run's client tool calls
+    fork SESSION [--at N]                  copy steps up to #N into a new session
+    sessions list [--limit N] [--page-token T] | show SESSION | delete SESSION
+    runs list [--session S] [--limit N] [--page-token T] | show RUN
+         | cancel RUN [--reason TEXT] | watch RUN [--after SEQ]
+    watch RUN [--after SEQ]                `runs watch`
+    steps SESSION                          a session's steps (`sessions show` without the session)
+    agents [-v]                            the agents and their tools
+
+Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051) and
+`--json`: proto3 JSON on stdout (field names as in the .proto, enums by name), one document,
+or for a run's events one StepEvent per line (JSON Lines). Exit codes: 0 done, 1 the run
+failed or the server refused the call (one line on stderr: `agio-grpc: CODE [REASON]: ...`),
+2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from agio_grpc.cli import commands
+from agio_grpc.cli.client_tools import tool_definition_file, tool_output_argument
+from agio_grpc.cli.serve import cmd_serve
+
+__all__ = ["build_parser", "main"]
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+
+_TOOL_OUTPUTS_FROM_STDIN = """\
+When the run stops waiting for client tool calls (REQUIRES_ACTION), their outputs are read
+from stdin, one line per call, in the order the calls are listed (the `tool_calls` of the
+stop signal's context); on a terminal each call is shown, with its arguments, and prompted
+for. The outputs are submitted and the continued run printed, until the run ends. When
+stdin ends first the run is left waiting: answer it later with `agio-grpc submit`.
+"""
+
+_CLIENT_TOOL_FILE = """\
+A --client-tool file holds one JSON object: {"name": ..., "description": ...,
+"parameters": {JSON schema of the arguments}} (or "parameters_json": the schema as text).
+"""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agio-grpc",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog=__doc__.split("\n\n", 2)[2] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = top.add_parser("serve", help="run the gRPC service (settings from AGIO_* variables)")
+    serve.add_argument(
+        "--debug",
+        action="store_true",
+        help="log at DEBUG, and show the traceback of a start-up error",
+    )
+    top.add_parser(
+        "fake-model", help="run the built-in fake OpenAI-compatible model", add_help=False
+    )
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--address",
+        default=os.environ.get("AGIO_ADDRESS", DEFAULT_ADDRESS),
+        help="the server (default: AGIO_ADDRESS, else %(default)s)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        help="proto3 JSON on stdout: one document, or one StepEvent per line for a run",
+    )
+
+    def command(
+        group: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        handler: commands.Command,
+        summary: str,
+        epilog: str | None = None,
+    ) -> argparse.ArgumentParser:
+        sub = group.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=epilog,
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.set_defaults(handler=handler)
+        return sub
+
+    chat = command(
+        top,
+        "chat",
+        commands.chat,
+        "stream one run in the terminal",
+        _TOOL_OUTPUTS_FROM_STDIN + "\n" + _CLIENT_TOOL_FILE,
+    )
+    chat.add_argument("message")
+    chat.add_argument("--session", default="", help="continue this session")
+    chat.add_argument("--agent", default="", help="agent name (default agent when empty)")
+    chat.add_argument(
+        "--client-tool",
+        action="append",
+        default=[],
+        type=tool_definition_file,
+        metavar="FILE.json",
+        help="offer a tool you answer yourself (repeatable)",
+    )
+    chat.add_argument(
+        "--background",
+        action="store_true",
+        help="start the run and return (StartRun); print its id; follow it with `watch`",
+    )
+    chat.add_argument(
+        "--on-busy",
+        choices=sorted(commands.BUSY_POLICIES),
+        default="reject",
+        help="when the session has a running, queued or waiting run (default: reject)",
+    )
+
+    retry = command(
+        top,
+        "retry",
+        commands.retry,
+        "delete a session's steps from #N on and regenerate; stream it like chat",
+        _TOOL_OUTPUTS_FROM_STDIN,
+    )
+    retry.add_argument("session_id", metavar="SESSION")
+    retry.add_argument("--from", dest="sequence", type=_positive, required=True, metavar="N")
+
+    submit = command(
+        top,
+        "submit",
+        commands.submit,
+        "answer a waiting run's client tool calls; stream it like chat",
+        _TOOL_OUTPUTS_FROM_STDIN,
+    )
+    submit.add_argument("run_id", metavar="RUN")
+    submit.add_argument(
+        "outputs",
+        nargs="+",
+        type=tool_output_argument,
+        metavar="CALL_ID=OUTPUT",
+        help="one per pending call; CALL_ID=@FILE reads the output from FILE",
+    )
+
+    fork = command(top, "fork", commands.fork, "copy a session's steps into a new one")
+    fork.add_argument("session_id", metavar="SESSION")
+    fork.add_argument("--at", type=int, default=0, metavar="N", help="last step copied (0: all)")
+
+    sessions = top.add_parser("sessions", help="list, show or delete sessions").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    listed = command(sessions, "list", commands.list_sessions, "sessions, newest first")
+    _add_paging(listed)
+    shown = command(sessions, "show", commands.show_session, "a session and its steps")
+    shown.add_argument("session_id", metavar="SESSION")
+    deleted = command(
+        sessions,
+        "delete",
+        commands.delete_session,
+        "delete a session with its steps and runs (no confirmation)",
+    )
+    deleted.add_argument("session_id", metavar="SESSION")
+
+    runs = top.add_parser("runs", help="list, show, cancel or watch runs").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    listed = command(runs, "list", commands.list_runs, "runs, newest first")
+    listed.add_argument(
+        "--session", default="", help="this session's runs (default: the newest sessions')"
+    )
+    _add_paging(listed)
+    shown = command(runs, "show", commands.show_run, "a run: status, stop signal, usage")
+    shown.add_argument("run_id", metavar="RUN")
+    cancel = command(runs, "cancel", commands.cancel_run, "cancel a run (an ended one stays)")
+    cancel.add_argument("run_id", metavar="RUN")
+    cancel.add_argument("--reason", default="", help="recorded in the stop signal")
+    for group in (runs, top):
+        watch = command(
+            group,
+            "watch",
+            commands.watch,
+            "follow a run to its end (replayed, then live; reconnects after a restart)",
+        )
+        watch.add_argument("run_id", metavar="RUN")
+        watch.add_argument("--after", type=int, default=0, help="only the events after this seq")
+
+    steps = command(top, "steps", commands.steps, "print a session's steps")
+    steps.add_argument("session_id", metavar="SESSION")
+    agents = command(top, "agents", commands.agents, "list the configured agents")
+    agents.add_argument("--verbose", "-v", action="store_true", help="show tool schemas")
+    return parser
+
+
+def _add_paging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", type=_positive, default=20, metavar="N", help="at most N (default: 20)"
+    )
+    parser.add_argument(
+        "--page-token",
+        default="",
+        metavar="TOKEN",
+        help="continue where a listing stopped (it prints the token)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fake-model"]:
+        from agio_grpc.testing.cli import main as fake_model_main
+
+        return fake_model_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if args.handler is commands.list_runs and args.page_token and not args.session:
+        parser.error("runs list: --page-token needs --session")
+    return commands.run_client(args.handler, args)

@@ -1,0 +1,200 @@
+"""The client commands: each one call (or a few) on an AgioClient, its result handed to a
+Printer. Returns the exit code: 0, or 1 for a run that failed; a server error is raised as
+AgioError and reported by `run_client`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from agio_grpc.cli.client_tools import pending_calls, read_outputs
+from agio_grpc.cli.render import HumanPrinter, JsonPrinter, Printer
+from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2, session_service_pb2
+
+Command = Callable[[AgioClient, argparse.Namespace, Printer], Coroutine[Any, Any, int]]
+T = TypeVar("T")
+
+MAX_PAGE_SIZE = 1000
+"""The largest page the server serves."""
+
+BUSY_POLICIES = {
+    "reject": agent_service_pb2.BUSY_POLICY_REJECT,
+    "enqueue": agent_service_pb2.BUSY_POLICY_ENQUEUE,
+    "interrupt": agent_service_pb2.BUSY_POLICY_INTERRUPT,
+    "rollback": agent_service_pb2.BUSY_POLICY_ROLLBACK,
+}
+
+
+def run_client(command: Command, args: argparse.Namespace) -> int:
+    """Run one client command; a server error is one line on stderr and exit code 1."""
+    out: Printer = JsonPrinter() if args.json else HumanPrinter()
+
+    async def connected() -> int:
+        async with AgioClient(args.address) as client:
+            return await command(client, args, out)
+
+    try:
+        return asyncio.run(connected())
+    except AgioError as error:
+        print(f"agio-grpc: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _print_stream(
+    events: AsyncIterator[events_pb2.StepEvent], out: Printer
+) -> events_pb2.StepEvent | None:
+    """Print every event; the last one."""
+    last = None
+    async for event in events:
+        out.event(event)
+        last = event
+    return last
+
+
+def _exit_code(last: events_pb2.StepEvent | None) -> int:
+    """1 when a run stream ended with `run_failed`."""
+    return 1 if last is not None and last.WhichOneof("event") == "run_failed" else 0
+
+
+async def follow_to_end(
+    client: AgioClient, events: AsyncIterator[events_pb2.StepEvent], out: Printer
+) -> int:
+    """Print a run's events. When it stops waiting for client tool calls, read their
+    outputs from stdin, submit them and print the continued run, until it ends (or stdin
+    does: the run is left waiting). 1 when the run failed."""
+    while True:
+        last = await _print_stream(events, out)
+        if last is None or last.WhichOneof("event") != "run_completed":
+            return _exit_code(last)
+        run = last.run_completed.run
+        if run.status != resources_pb2.RUN_STATUS_REQUIRES_ACTION:
+            return 0
+        calls = pending_calls(run)
+        outputs = read_outputs(calls) if calls else None
+        if outputs is None:
+            answer = f"agio-grpc submit {run.id} CALL_ID=OUTPUT..."
+            print(f"run {run.id} waits for its client tool outputs: {answer}", file=sys.stderr)
+            return 0
+        events = client.submit_tool_outputs(run.id, outputs)
+
+
+async def chat(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    options: dict[str, Any] = {
+        "session_id": args.session,
+        "agent": args.agent,
+        "on_busy": BUSY_POLICIES[args.on_busy],
+        "client_tools": args.client_tool,
+    }
+    if args.background:
+        out.started(await client.start_run(args.message, **options))
+        return 0
+    return await follow_to_end(client, client.run(args.message, **options), out)
+
+
+async def retry(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    return await follow_to_end(client, client.retry(args.session_id, args.sequence), out)
+
+
+async def submit(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    events = client.submit_tool_outputs(args.run_id, args.outputs)
+    return await follow_to_end(client, events, out)
+
+
+async def watch(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    return _exit_code(await _print_stream(client.follow_run(args.run_id, args.after), out))
+
+
+async def show_run(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.run(await client.get_run(args.run_id))
+    return 0
+
+
+async def cancel_run(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.cancelled(await client.cancel_run(args.run_id, args.reason))
+    return 0
+
+
+async def _fill_page(
+    fetch: Callable[[int, str], Awaitable[tuple[list[T], str]]], limit: int, token: str
+) -> tuple[list[T], str]:
+    """Up to `limit` items from the page at `token` on, following page tokens (a page may
+    come back shorter than asked); the token of what is left."""
+    items: list[T] = []
+    while True:
+        page, token = await fetch(min(limit - len(items), MAX_PAGE_SIZE), token)
+        items.extend(page)
+        if not token or len(items) >= limit:
+            return items, token
+
+
+async def list_runs(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    if not args.session:
+        runs = await _runs_of_newest_sessions(client, args.limit)
+        out.runs(agent_service_pb2.ListRunsResponse(runs=runs))
+        return 0
+
+    async def fetch(size: int, token: str) -> tuple[list[resources_pb2.Run], str]:
+        page = await client.list_runs_page(args.session, size, token)
+        return list(page.runs), page.next_page_token
+
+    runs, token = await _fill_page(fetch, args.limit, args.page_token)
+    out.runs(agent_service_pb2.ListRunsResponse(runs=runs, next_page_token=token))
+    return 0
+
+
+async def _runs_of_newest_sessions(client: AgioClient, limit: int) -> list[resources_pb2.Run]:
+    """Up to `limit` runs: each session's, newest first, the newest sessions first."""
+    runs: list[resources_pb2.Run] = []
+    token = ""
+    while len(runs) < limit:
+        page = await client.list_sessions_page(min(limit, MAX_PAGE_SIZE), token)
+        for session in page.sessions:
+            runs.extend(await client.list_runs(session.id))
+            if len(runs) >= limit:
+                break
+        token = page.next_page_token
+        if not token:
+            break
+    return runs[:limit]
+
+
+async def list_sessions(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    async def fetch(size: int, token: str) -> tuple[list[resources_pb2.Session], str]:
+        page = await client.list_sessions_page(size, token)
+        return list(page.sessions), page.next_page_token
+
+    sessions, token = await _fill_page(fetch, args.limit, args.page_token)
+    out.sessions(session_service_pb2.ListSessionsResponse(sessions=sessions, next_page_token=token))
+    return 0
+
+
+async def show_session(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    session = await client.get_session(args.session_id)
+    out.session(session, await client.list_steps(args.session_id))
+    return 0
+
+
+async def steps(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.steps(await client.list_steps(args.session_id))
+    return 0
+
+
+async def delete_session(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.deleted(args.session_id, await client.delete_session(args.session_id))
+    return 0
+
+
+async def fork(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.forked(await client.fork_session(args.session_id, args.at))
+    return 0
+
+
+async def agents(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.agents(await client.list_agents(), args.verbose)
+    return 0

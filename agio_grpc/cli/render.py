@@ -1,0 +1,253 @@
+"""How the client commands print what the server returned: for people, or as JSON.
+
+`HumanPrinter` writes names, never enum numbers: streamed text and results on stdout,
+progress and stop reasons on stderr. `JsonPrinter` writes the RPC's response message as
+proto3 JSON (field names as in the .proto, enums by name), one document per line: a stream
+is JSON Lines, one `StepEvent` a line. Printers never call the server.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agio_grpc.v1 import (
+    agent_service_pb2,
+    events_pb2,
+    resources_pb2,
+    session_service_pb2,
+)
+
+
+class Printer(Protocol):
+    """What a command prints, whatever the format."""
+
+    def event(self, event: events_pb2.StepEvent) -> None: ...
+    def started(self, run: resources_pb2.Run) -> None: ...
+    def run(self, run: resources_pb2.Run) -> None: ...
+    def cancelled(self, run: resources_pb2.Run) -> None: ...
+    def runs(self, page: agent_service_pb2.ListRunsResponse) -> None: ...
+    def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None: ...
+    def session(
+        self, session: resources_pb2.Session, steps: Sequence[resources_pb2.Step]
+    ) -> None: ...
+    def steps(self, steps: Sequence[resources_pb2.Step]) -> None: ...
+    def deleted(self, session_id: str, deleted_steps: int) -> None: ...
+    def forked(self, session: resources_pb2.Session) -> None: ...
+    def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None: ...
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    """proto3 JSON: .proto field names, enum names, every field (zero values too), int64 as
+    numbers."""
+    return json_format.MessageToDict(
+        message,
+        always_print_fields_with_no_presence=True,
+        preserving_proto_field_name=True,
+        unquote_int64_if_possible=True,
+    )
+
+
+class JsonPrinter:
+    """One JSON document per line on stdout."""
+
+    def _write(self, document: Mapping[str, Any]) -> None:
+        print(json.dumps(document, ensure_ascii=False), flush=True)
+
+    def event(self, event: events_pb2.StepEvent) -> None:
+        self._write(to_dict(event))
+
+    def started(self, run: resources_pb2.Run) -> None:
+        self._write(to_dict(agent_service_pb2.StartRunResponse(run=run)))
+
+    def run(self, run: resources_pb2.Run) -> None:
+        self._write(to_dict(agent_service_pb2.GetRunResponse(run=run)))
+
+    def cancelled(self, run: resources_pb2.Run) -> None:
+        self._write(to_dict(agent_service_pb2.CancelRunResponse(run=run)))
+
+    def runs(self, page: agent_service_pb2.ListRunsResponse) -> None:
+        self._write(to_dict(page))
+
+    def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None:
+        self._write(to_dict(page))
+
+    def session(self, session: resources_pb2.Session, steps: Sequence[resources_pb2.Step]) -> None:
+        self._write({"session": to_dict(session), "steps": [to_dict(step) for step in steps]})
+
+    def steps(self, steps: Sequence[resources_pb2.Step]) -> None:
+        self._write(to_dict(session_service_pb2.ListStepsResponse(steps=steps)))
+
+    def deleted(self, session_id: str, deleted_steps: int) -> None:
+        response = session_service_pb2.DeleteSessionResponse(deleted_steps=deleted_steps)
+        self._write({"session_id": session_id} | to_dict(response))
+
+    def forked(self, session: resources_pb2.Session) -> None:
+        self._write(to_dict(session_service_pb2.ForkSessionResponse(session=session)))
+
+    def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None:
+        self._write(to_dict(agent_service_pb2.ListAgentsResponse(agents=agents)))
+
+
+def _name(enum: Any, value: int, prefix: str) -> str:
+    return str(enum.Name(value)).removeprefix(prefix)
+
+
+def status_name(run: resources_pb2.Run) -> str:
+    return _name(resources_pb2.RunStatus, run.status, "RUN_STATUS_")
+
+
+def reason_name(signal: resources_pb2.StopSignal) -> str:
+    return _name(resources_pb2.StopReason, signal.reason, "STOP_REASON_")
+
+
+def _colon(message: str) -> str:
+    return f": {message}" if message else ""
+
+
+def _time(stamp: Timestamp) -> str:
+    if not stamp.seconds and not stamp.nanos:
+        return "-"
+    return stamp.ToDatetime().isoformat(sep=" ", timespec="seconds")
+
+
+def _step_line(step: resources_pb2.Step) -> list[str]:
+    head = f"#{step.sequence:<4} {_name(resources_pb2.Role, step.role, 'ROLE_').lower():<9}"
+    if step.role == resources_pb2.ROLE_TOOL:
+        flag = " (error)" if step.is_error else ""
+        return [f"{head} {step.name}{flag}: {step.content}"]
+    lines = [f"{head} {step.content}"] if step.content else []
+    return lines + [f"{head} -> {call.name}({call.arguments})" for call in step.tool_calls]
+
+
+def _run_line(run: resources_pb2.Run) -> str:
+    return (
+        f"{run.id}  {status_name(run):<15} session {run.session_id}  agent {run.agent}  "
+        f"steps {run.step_count}  created {_time(run.create_time)}"
+    )
+
+
+def _session_line(session: resources_pb2.Session) -> str:
+    line = f"{session.id}  steps {session.step_count}  updated {_time(session.update_time)}"
+    if session.parent_session_id:
+        line += f"  (fork of {session.parent_session_id} at #{session.fork_sequence})"
+    return line
+
+
+class HumanPrinter:
+    """Text for a terminal: results on stdout, progress and stop reasons on stderr."""
+
+    def __init__(self) -> None:
+        self._open_line = False  # streamed text waiting for its newline
+
+    def event(self, event: events_pb2.StepEvent) -> None:
+        kind = event.WhichOneof("event")
+        if kind == "run_started":
+            status = status_name(event.run_started.run)
+            print(f"session {event.session_id}  run {event.run_id}  {status}", file=sys.stderr)
+        elif kind == "step_delta" and event.step_delta.content:
+            self._open_line = True
+            print(event.step_delta.content, end="", flush=True)
+        elif kind == "step_completed":
+            self._end_line()
+            step = event.step_completed.step
+            if step.role == resources_pb2.ROLE_ASSISTANT:
+                for call in step.tool_calls:
+                    print(f"  -> {call.name}({call.arguments})")
+            elif step.role == resources_pb2.ROLE_TOOL:
+                flag = " (error)" if step.is_error else ""
+                print(f"  <- {step.name}{flag}: {step.content}")
+        elif kind == "error":
+            print(f"  ! {event.error.reason}: {event.error.message}", file=sys.stderr)
+        elif kind in ("run_completed", "run_failed"):
+            self._end_line()
+            run = getattr(event, kind).run
+            usage = run.usage
+            print(
+                f"[{reason_name(run.stop_signal)}] {run.stop_signal.message} | tokens in "
+                f"{usage.input_tokens} out {usage.output_tokens} | steps {run.step_count}",
+                file=sys.stderr,
+            )
+
+    def _end_line(self) -> None:
+        if self._open_line:
+            print()
+            self._open_line = False
+
+    def started(self, run: resources_pb2.Run) -> None:
+        print(f"session {run.session_id}  run {run.id}  {status_name(run)}", file=sys.stderr)
+        print(run.id)  # the last line of stdout: for `agio-grpc watch`
+
+    def run(self, run: resources_pb2.Run) -> None:
+        signal, usage = run.stop_signal, run.usage
+        stop = f"{reason_name(signal)} from {signal.source or '-'}{_colon(signal.message)}"
+        if signal.retryable:
+            stop += f" (retryable from #{signal.resume_from_sequence})"
+        fields = {
+            "run": run.id,
+            "session": run.session_id,
+            "agent": run.agent,
+            "status": status_name(run),
+            "stop": stop if signal.reason else "-",
+            "usage": f"tokens in {usage.input_tokens} out {usage.output_tokens} "
+            f"total {usage.total_tokens}",
+            "steps": f"{run.step_count} (#{run.first_sequence}..#{run.last_sequence}), "
+            f"tool calls {run.tool_call_count}",
+            "created": _time(run.create_time),
+            "ended": _time(run.end_time),
+            "trace": run.trace_id or "-",
+        }
+        for key, value in fields.items():
+            print(f"{key:<8} {value}")
+
+    def cancelled(self, run: resources_pb2.Run) -> None:
+        print(f"{run.id}  {status_name(run)}{_colon(run.stop_signal.message)}")
+
+    def runs(self, page: agent_service_pb2.ListRunsResponse) -> None:
+        for run in page.runs:
+            print(_run_line(run))
+        self._next_page(page.next_page_token)
+
+    def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None:
+        for session in page.sessions:
+            print(_session_line(session))
+        self._next_page(page.next_page_token)
+
+    def _next_page(self, token: str) -> None:
+        if token:
+            print(f"more: --page-token {token}", file=sys.stderr)
+
+    def session(self, session: resources_pb2.Session, steps: Sequence[resources_pb2.Step]) -> None:
+        print(f"session {_session_line(session)}  created {_time(session.create_time)}")
+        self.steps(steps)
+
+    def steps(self, steps: Sequence[resources_pb2.Step]) -> None:
+        for step in steps:
+            for line in _step_line(step):
+                print(line)
+
+    def deleted(self, session_id: str, deleted_steps: int) -> None:
+        print(f"deleted session {session_id} ({deleted_steps} steps)")
+
+    def forked(self, session: resources_pb2.Session) -> None:
+        print(
+            f"forked {session.parent_session_id} at #{session.fork_sequence}: "
+            f"{session.step_count} steps",
+            file=sys.stderr,
+        )
+        print(session.id)  # the last line of stdout: for `chat --session`
+
+    def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None:
+        for agent in agents:
+            tools = ", ".join(tool.name for tool in agent.tools) or "no tools"
+            print(f"{agent.name}  model={agent.model}  tools: {tools}")
+            if verbose:
+                for tool in agent.tools:
+                    schema = json.dumps(json.loads(tool.parameters_json or "{}"))
+                    print(f"    {tool.name}: {tool.description} {schema}")
