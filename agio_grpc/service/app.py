@@ -28,6 +28,13 @@ from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
 from agio_grpc.service.session_service import SessionServicer
+from agio_grpc.service.startup import (
+    cannot_listen,
+    check_bindable,
+    loading,
+    one_line,
+    opening_store,
+)
 from agio_grpc.service.validation import PageTokens
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import open_store
@@ -118,18 +125,22 @@ class AgioApp:
     async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> AgioApp:
         """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
         (the app then owns it and shuts it down on `stop`)."""
-        registry = build_registry(settings)
-        hooks = Hooks.load(**settings.hooks.model_dump())
+        check_bindable(settings.listen_address)
+        with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
+            registry = build_registry(settings)
+        with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
+            hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
         # Installed with tracing off too: the caller's trace context still becomes the run's
         # and its steps' trace ids (a no-op tracer carries the caller's span on).
         interceptors = [TracingInterceptor(telemetry.tracer_provider)]
-        sql_store = await open_store(
-            settings.database_url,
-            sqlite_synchronous=settings.sqlite_synchronous,
-            session_lease_s=settings.server.session_lease_s,
-            instance_id=instance_id(settings),
-        )
+        with opening_store(settings.database_url):
+            sql_store = await open_store(
+                settings.database_url,
+                sqlite_synchronous=settings.sqlite_synchronous,
+                session_lease_s=settings.server.session_lease_s,
+                instance_id=instance_id(settings),
+            )
         fake_model: FakeModelServer | None = None
         try:
             # Only this instance's and expired leases: safe beside live replicas.
@@ -170,20 +181,23 @@ class AgioApp:
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
-            bound = await start_grpc_server(
-                settings,
-                [
-                    (
-                        agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                        AgentServicer(runtime, store, settings.server, pages),
-                    ),
-                    (
-                        session_service_pb2_grpc.add_SessionServiceServicer_to_server,
-                        SessionServicer(store, runtime, pages, page_bytes),
-                    ),
-                ],
-                interceptors=interceptors,
-            )
+            try:
+                bound = await start_grpc_server(
+                    settings,
+                    [
+                        (
+                            agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
+                            AgentServicer(runtime, store, settings.server, pages),
+                        ),
+                        (
+                            session_service_pb2_grpc.add_SessionServiceServicer_to_server,
+                            SessionServicer(store, runtime, pages, page_bytes),
+                        ),
+                    ],
+                    interceptors=interceptors,
+                )
+            except OSError as error:  # bound by another process since check_bindable
+                raise cannot_listen(settings.listen_address, one_line(error)) from error
         except BaseException:
             if fake_model is not None:
                 await fake_model.stop()
