@@ -9,7 +9,7 @@ RUNTIME_RUN := $(UV) run --locked --no-default-groups
 # on a machine that sets PYTHONDONTWRITEBYTECODE.
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: serve test test-slow fuzz check generate fake-model bench breaking contract-baseline clients conformance
+.PHONY: serve test test-slow fuzz check generate protoset fake-model bench breaking contract-baseline clients conformance
 
 $(UV):
 	python3 -m venv .tools
@@ -52,6 +52,11 @@ check: $(UV)
 generate: $(UV)
 	$(RUN) python scripts/generate.py
 
+# The contract as one FileDescriptorSet (imports and comments included), agio.protoset, for
+# grpcurl and ghz `-protoset` (docs/grpcurl.md); the server's reflection serves the same.
+protoset: $(UV)
+	$(RUN) python scripts/protoset.py
+
 # The contract against the last released one (.ci/contract-baseline.binpb); the baseline must
 # hold the agio.v1 files, so the comparison cannot pass against an empty image.
 breaking: $(UV)
@@ -62,10 +67,12 @@ breaking: $(UV)
 contract-baseline: $(UV)
 	$(RUN) buf build --exclude-source-info -o .ci/contract-baseline.binpb
 
-# Build and unit-test the Go and TypeScript clients.
+# Build and unit-test the Go and TypeScript clients and examples.
 clients:
 	cd clients/go && go vet ./... && go test ./...
 	cd clients/ts && npm ci --no-audit --no-fund && npm run build
+	cd examples && go vet ./... && go test ./...
+	cd examples/ts && npm ci --no-audit --no-fund && npm run build
 
 # The conformance scenario with the Python, Go and TypeScript clients against live servers.
 conformance: $(UV)

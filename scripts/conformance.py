@@ -1,7 +1,9 @@
 """Client conformance: the Python, Go and TypeScript clients against live servers.
 
 First builds the Go and TypeScript clients and runs their unit tests (`go vet`, `go test`;
-`npm ci`, `tsc`). Then starts, all on 127.0.0.1 with port 0 and throwaway SQLite files:
+`npm ci`, `tsc`), and the examples (`go vet`, `go test` in examples/; `npm ci`, `tsc` in
+examples/ts, which links the built clients/ts). Then starts, all on 127.0.0.1 with port 0
+and throwaway SQLite files:
 
 - a paced fake model (`agio-grpc fake-model --tokens 200 --tokens-per-second 20`);
 - a server on the built-in fake model (fast runs: "What is 12 * 7?" calls `calculate`);
@@ -9,11 +11,13 @@ First builds the Go and TypeScript clients and runs their unit tests (`go vet`, 
 
 and runs the one scenario (tests/conformance/scenario.py says what it checks) with each
 client: `python -m tests.conformance.scenario`, `go test -run TestConformance` in clients/go
-and `node dist/conformance/scenario.js` in clients/ts. Prints one line per client and a final
-`N passed, N failed` line; exits 1 when any client failed. Every step has a time limit and
-every process started here is stopped here.
+and `node dist/conformance/scenario.js` in clients/ts; then the examples scenario
+(`python -m tests.conformance.examples`: the Go and TypeScript quickstarts, the three CLIs
+reaching the server by `AGIO_ADDRESS`, and examples/relay's test). Prints one line per client
+(and `examples`) and a final `N passed, N failed` line; exits 1 when any failed. Every step
+has a time limit and every process started here is stopped here.
 
-`uv run python scripts/conformance.py [--clients python,go,ts]`
+`uv run python scripts/conformance.py [--clients python,go,ts,examples]`
 """
 
 from __future__ import annotations
@@ -166,10 +170,21 @@ def server_env(scratch: Path, name: str) -> dict[str, str]:
 
 def build_commands() -> dict[str, list[tuple[list[str], Path]]]:
     go, ts = ROOT / "clients" / "go", ROOT / "clients" / "ts"
+    examples = ROOT / "examples"
+    npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]
+    ts_build = [(npm_ci, ts), (["npm", "run", "build"], ts)]
     return {
         "python": [],
         "go": [(["go", "vet", "./..."], go), (["go", "test", "./..."], go)],
-        "ts": [(["npm", "ci", "--no-audit", "--no-fund"], ts), (["npm", "run", "build"], ts)],
+        "ts": ts_build,
+        # The TypeScript example links clients/ts, and the CLI checks run its build.
+        "examples": [
+            (["go", "vet", "./..."], examples),
+            (["go", "test", "./..."], examples),
+            *ts_build,
+            (npm_ci, examples / "ts"),
+            (["npm", "run", "build"], examples / "ts"),
+        ],
     }
 
 
@@ -177,6 +192,8 @@ def scenario_command(client: str, fast: str, slow: str) -> tuple[list[str], Path
     addresses = ["--address", fast, "--slow-address", slow]
     if client == "python":
         return [sys.executable, "-m", "tests.conformance.scenario", *addresses], ROOT
+    if client == "examples":
+        return [sys.executable, "-m", "tests.conformance.examples", *addresses], ROOT
     if client == "go":
         command = [
             "go",
@@ -198,18 +215,22 @@ def indent(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", default="python,go,ts", help="comma-separated subset")
+    parser.add_argument("--clients", default="python,go,ts,examples", help="comma-separated subset")
     args = parser.parse_args(argv)
     clients = [c for c in args.clients.split(",") if c]
     passed = failed = 0
     broken: set[str] = set()
+    built: set[tuple[tuple[str, ...], Path]] = set()
     for client in clients:
         for command, cwd in build_commands()[client]:
+            if (tuple(command), cwd) in built:
+                continue
             outcome = run_bounded(command, cwd, BUILD_TIMEOUT, base_env())
             if outcome.returncode != 0:
                 print(f"{client}: FAIL (build: {' '.join(command)})\n{indent(outcome.output)}")
                 broken.add(client)
                 break
+            built.add((tuple(command), cwd))
     with tempfile.TemporaryDirectory(prefix="agio-conformance-") as scratch:
         started = time.monotonic()
         with live_servers(Path(scratch)) as (fast, slow):

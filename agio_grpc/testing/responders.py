@@ -2,10 +2,11 @@
 
 A responder is a plain function from the request body to a `Turn`. The
 default one makes the fake model a tiny, deterministic agent — it calls a
-`calculate` or `current_time` tool when offered and asked, and echoes
-otherwise — which is what the demo (`agio-grpc serve` with no
-`OPENAI_BASE_URL`) runs on. `paced_responder` shapes load for benchmarks.
-Responders never do I/O: delays are described in the returned `Turn`.
+`calculate` or `current_time` tool when offered and asked, any offered tool
+when told to "use the NAME tool", and echoes otherwise — which is what the
+demo (`agio-grpc serve` with no `OPENAI_BASE_URL`) runs on. `paced_responder`
+shapes load for benchmarks. Responders never do I/O: delays are described in
+the returned `Turn`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BENCHMARK_TOOL_CALL = ToolCallSpec(CALCULATOR_TOOL, '{"expression": "2 + 2"}')
 _ARITHMETIC_RUN = re.compile(r"[\d.()+\-*/ ]+")
 _BINARY_OPERATION = re.compile(r"\d\s*[-+*/]\s*[\d(]")
 _TIME_WORD = re.compile(r"\btime\b", re.IGNORECASE)
+_USE_TOOL = re.compile(r"\buse the ([A-Za-z0-9_-]+) tool\b", re.IGNORECASE)
 
 
 def default_responder(body: dict[str, Any]) -> Turn:
@@ -44,7 +46,9 @@ def default_responder(body: dict[str, Any]) -> Turn:
        `12 * 7` or `(2+3)/4`: call `calculate` with `{"expression": "12 * 7"}`.
     3. Else, if it offers `current_time` and the text mentions "time": call
        `current_time` with `{}`.
-    4. Else reply `"You said: <text>"`, one word per chunk.
+    4. Else, if the text says "use the NAME tool" and the request offers NAME
+       (a client tool, say): call it with `{}`.
+    5. Else reply `"You said: <text>"`, one word per chunk.
     """
     tool_results = trailing_tool_results(body)
     if tool_results:
@@ -57,6 +61,9 @@ def default_responder(body: dict[str, Any]) -> Turn:
         return Turn.tool_calls([ToolCallSpec(CALCULATOR_TOOL, arguments)], chunks_per_call=3)
     if CLOCK_TOOL in tools and _TIME_WORD.search(text):
         return Turn.tool_calls([ToolCallSpec(CLOCK_TOOL, "{}")])
+    named = _USE_TOOL.search(text)
+    if named is not None and named.group(1) in tools:
+        return Turn.tool_calls([ToolCallSpec(named.group(1), "{}")])
     return Turn.words(f"You said: {text}")
 
 

@@ -85,6 +85,17 @@ async def test_chat_answers_client_tool_calls_from_stdin_in_order_until_the_run_
     assert "weather" in offered
 
 
+async def test_the_readme_client_tool_example_runs_on_the_built_in_fake_model(cli: Cli) -> None:
+    weather = str(Path(__file__).parents[2] / "examples" / "weather.json")
+    result = await cli("chat", "--client-tool", weather, "Use the weather tool", stdin="sunny\n")
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == [
+        "  -> weather({})",
+        "  <- weather: sunny",
+        "The result is sunny.",
+    ]
+
+
 async def test_on_a_terminal_each_client_tool_call_is_shown_and_prompted_for(
     cli: Cli, fake_model: FakeModelServer, weather_file: str
 ) -> None:

@@ -656,6 +656,19 @@ async def test_default_responder_calls_current_time_when_asked_the_time(
     assert (call["name"], call["arguments"]) == ("current_time", "{}")
 
 
+async def test_default_responder_calls_an_offered_tool_it_is_told_to_use(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    tools = [function_tool("weather")]
+    told: list[Any] = [{"role": "user", "content": "Use the weather tool, please"}]
+    call = reassemble_tool_calls(await stream_chunks(client, told, tools=tools))[0]
+    assert (call["name"], call["arguments"]) == ("weather", "{}")
+
+    not_offered: list[Any] = [{"role": "user", "content": "Use the radar tool"}]
+    echoed = await stream_chunks(client, not_offered, tools=tools)
+    assert content_of(echoed) == "You said: Use the radar tool"
+
+
 async def test_default_responder_echoes_word_by_word_without_matching_tools(
     server: FakeModelServer, client: openai.AsyncOpenAI
 ) -> None:

@@ -65,10 +65,13 @@ export class AgioClient {
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
 
-  /** `baseUrl` is `http://host:port` (or `https://…`). */
-  constructor(baseUrl: string, options: AgioClientOptions = {}) {
+  /**
+   * `target` is `host:port` (plaintext, as the Go and Python clients take it) or a URL:
+   * `http://host:port`, `https://…`.
+   */
+  constructor(target: string, options: AgioClientOptions = {}) {
     const transport = createGrpcTransport({
-      baseUrl,
+      baseUrl: target.includes("://") ? target : `http://${target}`,
       interceptors: [traceContextInterceptor, ...(options.interceptors ?? [])],
     });
     this.agents = createClient(AgentService, transport);

@@ -2,6 +2,8 @@
 // their results, then the stop reason and usage.
 //
 //	go run ./cmd/agio-chat -address 127.0.0.1:50051 "What is 12 * 7?"
+//
+// -address defaults to the AGIO_ADDRESS environment variable, else 127.0.0.1:50051.
 package main
 
 import (
@@ -20,8 +22,10 @@ import (
 	agiov1 "github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1"
 )
 
+const defaultAddress = "127.0.0.1:50051"
+
 func main() {
-	address := flag.String("address", "127.0.0.1:50051", "agio-grpc server host:port")
+	address := flag.String("address", serverAddress(), "agio-grpc server host:port (AGIO_ADDRESS, else "+defaultAddress+")")
 	session := flag.String("session", "", "continue this session (empty: a new one)")
 	agent := flag.String("agent", "", "agent name (empty: the default agent)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "deadline of the whole run")
@@ -38,6 +42,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "agio-chat:", err)
 		os.Exit(1)
 	}
+}
+
+// serverAddress is the address to use when -address is not given: AGIO_ADDRESS, as every
+// agio-grpc command line reads it, else the server's default listen address.
+func serverAddress() string {
+	if address := os.Getenv("AGIO_ADDRESS"); address != "" {
+		return address
+	}
+	return defaultAddress
 }
 
 func chat(address, session, agent, input string, timeout time.Duration) error {

@@ -2,15 +2,20 @@
 // agio-chat: stream one agent run — the reply as it is generated, tool calls and their
 // results, then the stop reason and usage.
 //
-//   node dist/cli/agio-chat.js [--address http://127.0.0.1:50051] [--session ID] MESSAGE
+//   node dist/cli/agio-chat.js [--address HOST:PORT] [--session ID] MESSAGE
+//
+// --address defaults to AGIO_ADDRESS, else 127.0.0.1:50051 (a URL such as https://host:port
+// works too).
 import { parseArgs } from "node:util";
 
 import { AgioClient, Role, StopReason, terminalRun } from "../index.js";
 
+const DEFAULT_ADDRESS = "127.0.0.1:50051";
+
 const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
-    address: { type: "string", default: "http://127.0.0.1:50051" },
+    address: { type: "string", default: process.env.AGIO_ADDRESS || DEFAULT_ADDRESS },
     session: { type: "string", default: "" },
     agent: { type: "string", default: "" },
   },
@@ -18,11 +23,11 @@ const { values, positionals } = parseArgs({
 
 async function main(): Promise<number> {
   if (positionals.length === 0) {
-    console.error("usage: agio-chat [--address URL] [--session ID] [--agent NAME] MESSAGE");
+    console.error("usage: agio-chat [--address HOST:PORT] [--session ID] [--agent NAME] MESSAGE");
+    console.error(`  --address defaults to AGIO_ADDRESS, else ${DEFAULT_ADDRESS}`);
     return 2;
   }
-  const address = values.address.includes("://") ? values.address : `http://${values.address}`;
-  const client = new AgioClient(address);
+  const client = new AgioClient(values.address);
   const abort = new AbortController();
   process.once("SIGINT", () => abort.abort());
   const request = { input: positionals.join(" "), sessionId: values.session, agent: values.agent };
