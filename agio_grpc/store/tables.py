@@ -29,6 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
+from agio_grpc.domain import DEFAULT_TENANT
+
 # Constraint names appear in driver error messages; `sql.py` matches on this one.
 STEP_SEQUENCE_CONSTRAINT = "uq_steps_session_sequence"
 
@@ -83,7 +85,10 @@ sessions = Table(
     # The server instance holding it (revision 0005; NULL when idle): a restarted server
     # ends the runs it left at once instead of after their lease.
     Column("lease_owner", String, nullable=True),
+    # The tenant it belongs to (revision 0006): the caller's when it was made.
+    Column("tenant", String, nullable=False, server_default=DEFAULT_TENANT),
     Index("ix_sessions_create_time_id", "create_time", "id"),
+    Index("ix_sessions_tenant_create_time_id", "tenant", "create_time", "id"),
 )
 
 steps = Table(
@@ -160,6 +165,8 @@ runs = Table(
     Column("queue_position", BigInteger, nullable=False, server_default="0"),
     Column("supersedes", String, nullable=False, server_default=""),
     Column("rollback_from", BigInteger, nullable=False, server_default="0"),
+    # Its session's tenant (revision 0006), so a lookup by run id filters by tenant too.
+    Column("tenant", String, nullable=False, server_default=DEFAULT_TENANT),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),
@@ -194,4 +201,20 @@ server_secrets = Table(
     Column("name", String, primary_key=True),
     Column("value", String, nullable=False),
     Column("create_time", UTCDateTime, nullable=False),
+)
+
+# The keys of `auth.mode: api_key` (revision 0006): the SHA-256 of each secret (hex), never the
+# secret itself.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("tenant", String, nullable=False),
+    Column("name", String, nullable=False, server_default=""),
+    Column("secret_hash", String, nullable=False),
+    Column("create_time", UTCDateTime, nullable=False),
+    Column("last_used_time", UTCDateTime, nullable=True),
+    Column("revoke_time", UTCDateTime, nullable=True),
+    UniqueConstraint("secret_hash", name="uq_api_keys_secret_hash"),
+    Index("ix_api_keys_tenant_create_time", "tenant", "create_time"),
 )
