@@ -11,6 +11,7 @@ from typing import Protocol
 import grpc
 
 from agio_grpc import domain
+from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, invalid_argument
 from agio_grpc.service.validation import (
@@ -24,10 +25,13 @@ from agio_grpc.service.validation import (
     sequence_key,
     time_key,
 )
+from agio_grpc.store.errors import NotFoundError
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import session_service_pb2 as pb
 from agio_grpc.v1 import session_service_pb2_grpc
 
+TAIL_READ = 64
+"""Steps read at a time, back from an edit's cut, looking for the calls it would split."""
 DEFAULT_SESSION_PAGE = 50
 DEFAULT_STEP_PAGE = 100
 DEFAULT_PAGE_BYTES = 12 * 1024 * 1024
@@ -135,6 +139,10 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_positive("start_sequence", request.start_sequence),
         )
+        start = request.start_sequence
+        await self._refuse_open_calls(
+            request.session_id, start - 1, "start_sequence", f"deleting from {start}"
+        )
         deleted = await self._store.delete_steps_from(request.session_id, request.start_sequence)
         return pb.DeleteStepsResponse(deleted_count=deleted)
 
@@ -148,8 +156,45 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         sequence = request.sequence
         if sequence == 0:
             sequence = (await self._store.get_session(request.session_id)).step_count
+        await self._refuse_open_calls(
+            request.session_id, sequence, "sequence", f"forking at {sequence}"
+        )
         fork = await self._store.fork_session(request.session_id, sequence)
         return pb.ForkSessionResponse(session=convert.session_to_proto(fork))
+
+    async def _refuse_open_calls(
+        self, session_id: str, last_kept: int, field: str, edit: str
+    ) -> None:
+        """INVALID_ARGUMENT when steps 1..last_kept would end with tool calls that no step
+        answers: the log must stay valid history (a model refuses a call with no result).
+        Reads back from `last_kept` to the assistant step that made the calls. Steps never
+        change once stored, so what this reads still holds when the edit runs (or the edit
+        finds the steps gone, and says so)."""
+        end = last_kept
+        tail: list[domain.Step] = []
+        while end >= 1:
+            start = max(1, end - TAIL_READ + 1)
+            try:
+                tail = [*await self._store.get_history(session_id, start, end), *tail]
+            except NotFoundError:
+                return  # the store's own edit names the missing session
+            if not tail or tail[0].role is not domain.Role.TOOL or start == 1:
+                break
+            end = start - 1
+        assistant, open_calls = open_tool_calls(tail)
+        if assistant is None or not open_calls:
+            return
+        names = ", ".join(call.id for call in open_calls)
+        raise invalid_argument(
+            [
+                FieldViolation(
+                    field,
+                    f"{edit} would leave the tool calls of step {assistant.sequence} without "
+                    f"results ({names}): keep up to step {assistant.sequence - 1}, or up to "
+                    "the last result of those calls (Retry from a result runs the calls again)",
+                )
+            ]
+        )
 
     async def GetContext(
         self, request: pb.GetContextRequest, context: grpc.aio.ServicerContext

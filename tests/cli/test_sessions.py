@@ -80,13 +80,18 @@ async def test_sessions_delete_says_what_went_and_the_session_is_gone(
 
 async def test_fork_prints_the_new_session_last(cli: Cli, client: AgioClient) -> None:
     session_id = await new_session(client)
-    result = await cli("fork", session_id, "--at", "2")
+    result = await cli("fork", session_id, "--at", "3")  # the calculator's call, answered
     assert result.code == 0, result.err
     fork_id = result.last_line
     assert fork_id.startswith("sess_")
     assert fork_id != session_id
-    assert f"forked {session_id} at #2: 2 steps" in result.err
-    assert [step.sequence for step in await client.list_steps(fork_id)] == [1, 2]
+    assert f"forked {session_id} at #3: 3 steps" in result.err
+    assert [step.sequence for step in await client.list_steps(fork_id)] == [1, 2, 3]
+
+    split = await cli("fork", session_id, "--at", "2")  # the call, not its result
+    assert split.code == 1
+    assert split.err.startswith("agio-grpc: INVALID_ARGUMENT [INVALID_ARGUMENT]: ")
+    assert "would leave the tool calls of step 2 without results" in split.err
 
     as_json = json.loads((await cli("fork", session_id, "--json")).out)["session"]
     assert (as_json["parent_session_id"], as_json["fork_sequence"]) == (session_id, 4)

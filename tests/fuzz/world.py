@@ -84,9 +84,6 @@ class World:
         self._tokens: dict[TokenSource, str] = {}
         self.touched: set[str] = set()
         """Every session the example made, named or was answered about."""
-        self.edited: set[str] = set()
-        """Sessions the client cut (DeleteSteps) or made by forking: their log may end where
-        the cut fell, in the middle of a tool call."""
         self._left_queued: list[str] = []
         self._began = time.time()
 
@@ -230,7 +227,7 @@ class World:
     # -- after each call -----------------------------------------------------------------------
 
     def note(self, case: Case, request: Message, outcome: Outcome) -> None:
-        """Remember the sessions a call touched, and those the client cut or forked."""
+        """Remember the sessions a call touched."""
         self.touched.update(event.session_id for event in outcome.events if event.session_id)
         response = outcome.response
         if response is not None:
@@ -239,14 +236,6 @@ class World:
                 self.touched.add(response.run.session_id)  # type: ignore[attr-defined]
             if "session" in fields:
                 self.touched.add(response.session.id)  # type: ignore[attr-defined]
-        # A call whose deadline passed may have done its work all the same.
-        maybe_done = outcome.code in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED)
-        if maybe_done and case.rpc.name == "DeleteSteps":
-            assert isinstance(request, session_service_pb2.DeleteStepsRequest)
-            self.edited.add(request.session_id)
-        if outcome.code == grpc.StatusCode.OK and case.rpc.name == "ForkSession":
-            assert isinstance(response, session_service_pb2.ForkSessionResponse)
-            self.edited.add(response.session.id)
         self.touched.discard("")
 
     # -- reading a session at rest -------------------------------------------------------------
@@ -305,8 +294,6 @@ class World:
             made = session.create_time.seconds + session.create_time.nanos / 1e9
             if made >= self._began:
                 self.touched.add(session.id)
-                if session.parent_session_id:  # a fork whose answer was lost
-                    self.edited.add(session.id)
 
     async def _watch_to_end(self, run: resources_pb2.Run) -> None:
         request = agent_service_pb2.WatchRunRequest(run_id=run.id)

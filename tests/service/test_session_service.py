@@ -293,3 +293,48 @@ async def test_health_and_reflection_list_both_services(app: AgioApp) -> None:
         response = await call.read()
         names = {s.name for s in response.list_services_response.service}
     assert {"agio.v1.AgentService", "agio.v1.SessionService", "grpc.health.v1.Health"} <= names
+
+
+async def test_edits_that_would_split_tool_calls_from_their_results_are_refused(
+    served: tuple[AgioClient, StepStore],
+) -> None:
+    """The log stays valid history: a fork or a delete may not keep an assistant step's tool
+    calls without their results (a later Run would send the model calls with no answer).
+    Seventy calls, so the read back from the cut spans more than one read."""
+    client, store = served
+    session = await store.create_session()
+    calls = [ToolCall(id=f"call_{n}", name="calculate", arguments="{}") for n in range(70)]
+    await store.append_steps(
+        [
+            Step(session.id, "run_seed", Role.USER, content="seventy sums"),
+            Step(session.id, "run_seed", Role.ASSISTANT, tool_calls=calls),
+            *(
+                Step(session.id, "run_seed", Role.TOOL, content="2", tool_call_id=c.id)
+                for c in calls
+            ),
+            Step(session.id, "run_seed", Role.ASSISTANT, content="all 2"),
+        ]
+    )  # user 1, assistant 2, results 3..72, reply 73
+    before = await client.list_steps(session.id)
+    sessions_before = len(await client.list_sessions())
+
+    for cut in (2, 3, 40, 71):
+        with pytest.raises(AgioError) as split:
+            await client.fork_session(session.id, cut)
+        assert split.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert split.value.reason == "INVALID_ARGUMENT"
+        assert [field for field, _ in split.value.field_violations] == ["sequence"]
+        assert "tool calls of step 2 without results" in split.value.field_violations[0][1]
+    for start in (3, 4, 72):
+        with pytest.raises(AgioError) as split:
+            await client.delete_steps(session.id, start)
+        assert [field for field, _ in split.value.field_violations] == ["start_sequence"]
+    # Nothing was written by the refused edits.
+    assert await client.list_steps(session.id) == before
+    assert len(await client.list_sessions()) == sessions_before
+
+    # Cuts that keep every call with its result, or none of the calls, are fine.
+    assert (await client.fork_session(session.id, 72)).step_count == 72
+    assert (await client.fork_session(session.id, 1)).step_count == 1
+    assert await client.delete_steps(session.id, 73) == 1
+    assert await client.delete_steps(session.id, 2) == 71
