@@ -13,6 +13,10 @@ names a key id it does not hold (the provider rotated its keys). When it cannot 
 the keys held are used on; with none held, a call is refused UNAVAILABLE
 `AUTHENTICATION_UNAVAILABLE` (the token may be good).
 
+A token verified is remembered `auth.jwt.cache_s` (default 60 s, never past its `exp`), by
+its exact text: a client sending the same token with every call pays for the signature
+check once.
+
 A refusal says what was wrong (expired, wrong audience...) in words of its own, never with
 the library's message, which may quote the token.
 """
@@ -47,6 +51,8 @@ from agio_grpc.service.startup import StartupError, one_line
 log = logging.getLogger(__name__)
 
 MAX_JWKS_BYTES = 1024 * 1024
+MAX_REMEMBERED_TOKENS = 10_000
+"""Verified tokens kept at most (the oldest go first)."""
 REQUIRED_CLAIMS = ["exp", "iss", "aud"]
 
 # What was wrong, in our words: PyJWT's messages may quote the token's contents.
@@ -74,16 +80,48 @@ class SigningKeys(Protocol):
 
 
 class JwtVerifier:
-    """Verifies bearer JWTs with `SigningKeys`."""
+    """Verifies bearer JWTs with `SigningKeys`; remembers the tokens it verified for
+    `cache_s`, never past their expiry."""
 
     mode: AuthMode = "jwt"
 
-    def __init__(self, config: JwtAuthConfig, keys: SigningKeys) -> None:
+    def __init__(
+        self,
+        config: JwtAuthConfig,
+        keys: SigningKeys,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._config = config
         self._keys = keys
         self._options: jwt.types.Options = {"require": REQUIRED_CLAIMS}
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._verified: dict[str, tuple[Caller, float]] = {}
 
     async def verify(self, token: str) -> Caller:
+        remembered = self._verified.get(token)
+        if remembered is not None and self._clock() < remembered[1]:
+            return remembered[0]
+        caller, expires = await self._check(token)
+        self._remember(token, caller, expires)
+        return caller
+
+    def _remember(self, token: str, caller: Caller, expires: float) -> None:
+        """Keep a verified token until `cache_s` from now or its `exp`, whichever is first."""
+        lifetime = min(self._config.cache_s, expires + self._config.leeway_s - self._wall_clock())
+        if lifetime <= 0:
+            return
+        if len(self._verified) >= MAX_REMEMBERED_TOKENS:
+            now = self._clock()
+            self._verified = {t: v for t, v in self._verified.items() if now < v[1]}
+            while len(self._verified) >= MAX_REMEMBERED_TOKENS:
+                del self._verified[next(iter(self._verified))]  # the oldest
+        self._verified[token] = (caller, self._clock() + lifetime)
+
+    async def _check(self, token: str) -> tuple[Caller, float]:
+        """The caller a token authenticates, and its `exp` (wall clock)."""
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -108,7 +146,7 @@ class JwtVerifier:
             raise self._invalid(f"no {error.claim} claim") from None
         except jwt.PyJWTError as error:
             raise self._invalid(_refusal(error)) from None
-        return self._caller(claims)
+        return self._caller(claims), float(claims["exp"])
 
     async def close(self) -> None:
         await self._keys.close()

@@ -23,7 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from agio_grpc.client import AgioClient
+from agio_grpc.config import JwtAuthConfig
 from agio_grpc.service.app import AgioApp
+from agio_grpc.service.auth_jwt import JwtVerifier
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from tests.service.auth_helpers import (
@@ -302,3 +304,64 @@ async def test_a_public_key_file_that_cannot_be_read_refuses_to_start(
         await AgioApp.start(settings)
     assert refused.value.setting == "AGIO_AUTH__JWT__PUBLIC_KEY_FILE"
     assert str(pem) in refused.value.what
+
+
+# -- verified tokens remembered ------------------------------------------------------------
+
+
+class CountingKey:
+    """One key, counting how often a verification asked for it."""
+
+    def __init__(self, key: SigningKey) -> None:
+        self._key = key.private.public_key()
+        self.asked = 0
+
+    async def key_for(self, kid: str | None) -> Any:
+        self.asked += 1
+        return self._key
+
+    async def close(self) -> None:
+        return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def verifier(keys: CountingKey, clock: Clock, **jwt_settings: Any) -> JwtVerifier:
+    config = JwtAuthConfig(issuer=ISSUER, audience=AUDIENCE, jwks_url="unused", **jwt_settings)
+    return JwtVerifier(config, keys, clock=clock)
+
+
+async def test_a_token_is_checked_once_within_cache_s(first_key: SigningKey) -> None:
+    keys, clock = CountingKey(first_key), Clock()
+    checker = verifier(keys, clock, cache_s=60)
+    token = first_key.sign(tenant="acme")
+    for _ in range(3):
+        assert (await checker.verify(token)).tenant == "acme"
+    assert keys.asked == 1
+    clock.now += 60
+    await checker.verify(token)
+    assert keys.asked == 2
+    other = first_key.sign(tenant="globex")
+    assert (await checker.verify(other)).tenant == "globex"  # by its exact text
+    assert keys.asked == 3
+
+
+async def test_a_token_is_not_remembered_past_its_expiry(first_key: SigningKey) -> None:
+    keys, clock = CountingKey(first_key), Clock()
+    checker = verifier(keys, clock, cache_s=60, leeway_s=0)
+    token = first_key.sign(exp=int(time.time()) + 10)
+    await checker.verify(token)
+    clock.now += 11  # past its exp: checked again (and refused once it really expired)
+    await checker.verify(token)
+    assert keys.asked == 2
+
+    uncached = verifier(keys, clock, cache_s=0)
+    await uncached.verify(token)
+    await uncached.verify(token)
+    assert keys.asked == 4
