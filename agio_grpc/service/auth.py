@@ -16,8 +16,9 @@ pass untouched, and answer without a credential.
 | `mtls` | the client certificate the TLS transport verified (auth_mtls.py) | its CN or a SAN URI |
 
 The interceptor goes after tracing (the refusal's status is on the call's span) and before
-the error interceptor (a refused call's request is never decoded-and-checked for it). It maps
-its own refusals with `errors.to_status`, the one place statuses are made.
+the error interceptor, so a caller is refused before its request is checked: it learns
+nothing of what the service would accept. It maps its own refusals with `errors.to_status`,
+the one place statuses are made.
 
 Never logs a credential, or any part of one: a refusal is logged with its method, reason,
 what was wrong and the peer's address only.

@@ -8,7 +8,8 @@ ones, `exp` must be ahead (all three required), `nbf` and `iat` behind, each wit
 with the algorithm it was made for only. The tenant is the `tenant_claim` claim, else `sub`.
 
 The key set is fetched with aiohttp (never a blocking fetch on the event loop), kept
-`jwks_cache_s`, and fetched again, at most every `jwks_refresh_min_interval_s`, when a token
+`jwks_cache_s` (then fetched again in the background while the keys held serve), and fetched
+again, at most every `jwks_refresh_min_interval_s`, when a token
 names a key id it does not hold (the provider rotated its keys). When it cannot be fetched,
 the keys held are used on; with none held, a call is refused UNAVAILABLE
 `AUTHENTICATION_UNAVAILABLE` (the token may be good).
@@ -113,11 +114,9 @@ class JwtVerifier:
         lifetime = min(self._config.cache_s, expires + self._config.leeway_s - self._wall_clock())
         if lifetime <= 0:
             return
+        self._verified.pop(token, None)  # checked again: it goes to the end, as the newest
         if len(self._verified) >= MAX_REMEMBERED_TOKENS:
-            now = self._clock()
-            self._verified = {t: v for t, v in self._verified.items() if now < v[1]}
-            while len(self._verified) >= MAX_REMEMBERED_TOKENS:
-                del self._verified[next(iter(self._verified))]  # the oldest
+            del self._verified[next(iter(self._verified))]  # the oldest
         self._verified[token] = (caller, self._clock() + lifetime)
 
     async def _check(self, token: str) -> tuple[Caller, float]:
@@ -235,7 +234,10 @@ class JwksKeys:
         now = self._clock()
         fetched = True
         if now - self._fetched_at >= self._cache_s and self._may_fetch(now):
-            fetched = await self._fetch_once()
+            if self._find(kid) is None:
+                fetched = await self._fetch_once()
+            else:  # the key held serves this call while the set is fetched again
+                self._start_fetch()
         key = self._find(kid)
         if key is None and self._may_fetch(now):
             fetched = await self._fetch_once()  # rotated: a key published since
@@ -260,11 +262,15 @@ class JwksKeys:
 
     async def _fetch_once(self) -> bool:
         """Fetch the set, or wait for the fetch under way; whether it was fetched."""
+        return await asyncio.shield(self._start_fetch())
+
+    def _start_fetch(self) -> asyncio.Task[bool]:
+        """The fetch under way, started now if there is none."""
         if self._fetching is None:
             self._tried_at = self._clock()
             self._fetching = asyncio.create_task(self._fetch())
             self._fetching.add_done_callback(self._fetch_done)
-        return await asyncio.shield(self._fetching)
+        return self._fetching
 
     def _fetch_done(self, done: asyncio.Task[bool]) -> None:
         self._fetching = None
@@ -304,7 +310,7 @@ def parse_jwks(document: Any) -> dict[str, jwt.PyJWK]:
             continue
         try:
             key = jwt.PyJWK(entry)
-        except jwt.PyJWTError as error:
+        except Exception as error:  # a malformed key leaves out that key, not the set
             log.info("JWKS: key %r left out: %s", entry.get("kid"), type(error).__name__)
             continue
         kid = entry.get("kid")

@@ -25,7 +25,7 @@ from jwt.algorithms import RSAAlgorithm
 from agio_grpc.client import AgioClient
 from agio_grpc.config import JwtAuthConfig
 from agio_grpc.service.app import AgioApp
-from agio_grpc.service.auth_jwt import JwtVerifier
+from agio_grpc.service.auth_jwt import JwksKeys, JwtVerifier, parse_jwks
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from tests.service.auth_helpers import (
@@ -365,3 +365,36 @@ async def test_a_token_is_not_remembered_past_its_expiry(first_key: SigningKey) 
     await uncached.verify(token)
     await uncached.verify(token)
     assert keys.asked == 4
+
+
+# -- the key set ---------------------------------------------------------------------------
+
+
+async def test_a_stale_key_set_is_fetched_again_while_the_held_key_serves(
+    issuer: JwksServer, first_key: SigningKey, second_key: SigningKey
+) -> None:
+    clock = Clock()
+    keys = JwksKeys(issuer.url, cache_s=300, refresh_min_interval_s=30, timeout_s=5, clock=clock)
+    try:
+        assert await keys.key_for("key-1") is not None
+        issuer.keys = [second_key]  # the issuer withdraws key-1 and publishes key-2
+        clock.now += 301
+        assert await keys.key_for("key-1") is not None  # held, while the set is fetched
+        assert await keys.key_for("key-2") is not None  # waits for that fetch
+        assert await keys.key_for("key-1") is None
+        assert issuer.fetches == 2
+    finally:
+        await keys.close()
+
+
+def test_only_usable_signing_keys_are_taken_from_a_set(first_key: SigningKey) -> None:
+    entries = [
+        first_key.jwk(),
+        {"kty": "RSA", "kid": "broken", "n": 5, "e": "AQAB"},
+        {"kty": "oct", "kid": "shared-secret", "k": "c2VjcmV0"},
+        first_key.jwk() | {"kid": "for-encryption", "use": "enc"},
+        "not an object",
+    ]
+    assert list(parse_jwks({"keys": entries})) == ["key-1"]
+    with pytest.raises(ValueError, match="no keys array"):
+        parse_jwks({"issuer": ISSUER})
