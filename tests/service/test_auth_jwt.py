@@ -8,6 +8,7 @@ set again, at most every `jwks_refresh_min_interval_s`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -162,13 +163,21 @@ async def test_the_key_set_is_fetched_once_for_many_calls(
     ids=["expired", "wrong-audience", "wrong-issuer", "not-yet-valid", "empty-tenant"],
 )
 async def test_a_token_failing_a_check_is_refused_with_its_reason(
-    jwt_app: AgioApp, first_key: SigningKey, claims: dict[str, Any], reason: str
+    jwt_app: AgioApp,
+    first_key: SigningKey,
+    claims: dict[str, Any],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     token = first_key.sign(**claims)
     error = await refusal(jwt_app.address, bearer(token))
     assert unauthenticated(error) == reason
     assert error.metadata == {"mode": "jwt"}
-    assert token not in error.message
+    assert "refused /agio.v1.AgentService/ListAgents" in caplog.text
+    for part in token.split("."):  # header, claims, signature: none in the answer or the log
+        assert part not in error.message
+        assert part not in caplog.text
 
 
 async def test_a_token_without_an_expiry_is_refused(
