@@ -30,6 +30,15 @@ DEFAULT_TENANT = "default"
 """The tenant of every caller when the server authenticates no one (`auth.mode: none`), and
 of the rows made before tenants existed."""
 
+MAX_TENANT_CHARS = 256
+
+
+def is_tenant_name(value: str) -> bool:
+    """Whether `value` can name a tenant: 1 to 256 printable characters, no space at either
+    end (an API key's `--tenant`, a JWT's tenant claim, a client certificate's name)."""
+    return 0 < len(value) <= MAX_TENANT_CHARS and value.isprintable() and value == value.strip()
+
+
 class Role(enum.StrEnum):
     """The chat role of a step; the value is the OpenAI message role."""
 

@@ -13,6 +13,8 @@
     watch RUN [--after SEQ]                `runs watch`
     steps SESSION                          a session's steps (`sessions show` without the session)
     agents [-v]                            the agents and their tools
+    keys create --tenant T [--name N] | list [--tenant T] | revoke ID
+                                           API keys (auth.mode api_key), in AGIO_DATABASE_URL
 
 Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051) and
 `--json`: proto3 JSON on stdout (field names as in the .proto, enums by name), one document,
@@ -29,6 +31,7 @@ import sys
 
 from agio_grpc.cli import commands
 from agio_grpc.cli.client_tools import tool_definition_file, tool_output_argument
+from agio_grpc.cli.keys import add_keys_parser, cmd_keys
 from agio_grpc.cli.serve import cmd_serve
 
 __all__ = ["build_parser", "main"]
@@ -206,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     steps.add_argument("session_id", metavar="SESSION")
     agents = command(top, "agents", commands.agents, "list the configured agents")
     agents.add_argument("--verbose", "-v", action="store_true", help="show tool schemas")
+    add_keys_parser(top)
     return parser
 
 
@@ -231,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "keys":
+        return cmd_keys(args)
     if args.handler is commands.list_runs and args.page_token and not args.session:
         parser.error("runs list: --page-token needs --session")
     return commands.run_client(args.handler, args)

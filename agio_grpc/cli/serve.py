@@ -60,6 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHORT_FORMS = {"AGIO_AUTH__MODE": "AGIO_AUTH"}
+"""Variables better known by a shorter name that sets the same (config.py `_EnvSource`)."""
+
+
 def configuration_lines(error: ValidationError) -> list[str]:
     """One line per invalid setting: its name, the variable that sets it, what is wrong."""
     lines: list[str] = []
@@ -67,6 +71,7 @@ def configuration_lines(error: ValidationError) -> list[str]:
         path = [str(part) for part in problem["loc"]]
         where = ".".join(path) or "(the settings)"
         variable = "AGIO_" + "__".join(path).upper() if path else "AGIO_CONFIG"
+        variable = _SHORT_FORMS.get(variable, variable)
         message = problem["msg"].removeprefix("Value error, ")
         lines.append(f"invalid configuration: {where} [{variable}]: {message}")
     return lines

@@ -1,6 +1,7 @@
 """The running service: store, engine runtime and gRPC server wired together.
 
-`AgioApp.start(settings)` opens the store (applying migrations), finalises runs a crashed
+`AgioApp.start(settings)` chooses how callers are authenticated (refusing to start open to
+the network when no one chose), opens the store (applying migrations), finalises runs a crashed
 server left RUNNING (those whose session lease expired), starts the built-in fake model when
 no endpoint is configured, builds the runtime from the configured agents, tools and hooks
 (the runtime renews the session leases of its runs), and binds the server. `serve` adds
@@ -17,6 +18,8 @@ import logging
 import socket
 from dataclasses import dataclass
 
+import grpc
+
 from agio_grpc.config import Settings
 from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Limits
@@ -26,6 +29,13 @@ from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.service.agent_service import AgentServicer
+from agio_grpc.service.auth import (
+    Authenticator,
+    AuthInterceptor,
+    build_authenticator,
+    choose_auth_mode,
+    reflection_enabled,
+)
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
 from agio_grpc.service.session_service import SessionServicer
 from agio_grpc.service.startup import (
@@ -112,6 +122,8 @@ class AgioApp:
     telemetry: Telemetry
     pages: PageTokens
     """Signs and checks page tokens with the key every replica shares."""
+    authenticator: Authenticator | None = None
+    """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
 
     @property
     def address(self) -> str:
@@ -125,6 +137,7 @@ class AgioApp:
     async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> AgioApp:
         """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
         (the app then owns it and shuts it down on `stop`)."""
+        auth_mode = choose_auth_mode(settings)
         check_bindable(settings.listen_address)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
@@ -133,7 +146,9 @@ class AgioApp:
         telemetry = telemetry or telemetry_from_environment()
         # Installed with tracing off too: the caller's trace context still becomes the run's
         # and its steps' trace ids (a no-op tracer carries the caller's span on).
-        interceptors = [TracingInterceptor(telemetry.tracer_provider)]
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            TracingInterceptor(telemetry.tracer_provider)
+        ]
         with opening_store(settings.database_url):
             sql_store = await open_store(
                 settings.database_url,
@@ -142,7 +157,11 @@ class AgioApp:
                 instance_id=instance_id(settings),
             )
         fake_model: FakeModelServer | None = None
+        authenticator: Authenticator | None = None
         try:
+            authenticator = build_authenticator(settings, auth_mode, sql_store.key_store())
+            if authenticator is not None:
+                interceptors.append(AuthInterceptor(authenticator))
             # Only this instance's and expired leases: safe beside live replicas.
             recovered = await sql_store.recover_own_runs()
             recovered += await sql_store.recover_expired_runs()
@@ -195,17 +214,22 @@ class AgioApp:
                         ),
                     ],
                     interceptors=interceptors,
+                    reflection=reflection_enabled(settings, auth_mode),
                 )
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
         except BaseException:
             if fake_model is not None:
                 await fake_model.stop()
+            if authenticator is not None:
+                await authenticator.close()
             await sql_store.close()
             telemetry.shutdown()
             raise
-        log.info("agio-grpc listening on %s", bound.address)
-        return cls(settings, store, runtime, model, bound, fake_model, telemetry, pages)
+        log.info("agio-grpc listening on %s (authentication: %s)", bound.address, auth_mode)
+        return cls(
+            settings, store, runtime, model, bound, fake_model, telemetry, pages, authenticator
+        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, refuse new calls, let running ones finish within `grace`,
@@ -224,6 +248,8 @@ class AgioApp:
         await self.model.close()
         if self.fake_model is not None:
             await self.fake_model.stop()
+        if self.authenticator is not None:
+            await self.authenticator.close()  # its last writes of keys' use go first
         await self.store.close()
         # Last: the spans of runs interrupted above are flushed to the exporter.
         await asyncio.to_thread(self.telemetry.shutdown)  # exporting blocks

@@ -121,6 +121,42 @@ def deadline_too_short(remaining_s: float, minimum_s: float) -> ServiceError:
     )
 
 
+CREDENTIALS_MISSING = "CREDENTIALS_MISSING"
+CREDENTIALS_INVALID = "CREDENTIALS_INVALID"
+CREDENTIALS_EXPIRED = "CREDENTIALS_EXPIRED"
+KEY_REVOKED = "KEY_REVOKED"
+
+_UNAUTHENTICATED_MESSAGES = {
+    CREDENTIALS_MISSING: "no credential: send `authorization: Bearer <credential>` metadata",
+    CREDENTIALS_INVALID: "the credential is not valid",
+    CREDENTIALS_EXPIRED: "the credential has expired",
+    KEY_REVOKED: "the API key was revoked",
+}
+
+
+def unauthenticated(reason: str, mode: str, detail: str = "") -> ServiceError:
+    """UNAUTHENTICATED with one of the reasons above, the server's `auth.mode` in the
+    metadata. `detail` says what was wrong with the credential (never any of it)."""
+    message = _UNAUTHENTICATED_MESSAGES[reason]
+    return ServiceError(
+        grpc.StatusCode.UNAUTHENTICATED,
+        reason,
+        f"{message}: {detail}" if detail else message,
+        metadata={"mode": mode},
+    )
+
+
+def authentication_unavailable(mode: str) -> ServiceError:
+    """UNAVAILABLE: what verifies credentials cannot be reached (the identity provider's key
+    set); the caller's credential may well be good, so it is worth trying again."""
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE,
+        "AUTHENTICATION_UNAVAILABLE",
+        "credentials cannot be verified now; try again later",
+        metadata={"mode": mode},
+    )
+
+
 def not_found(kind: str, key: str) -> ServiceError:
     """NOT_FOUND for a session, step, run or agent."""
     return ServiceError(

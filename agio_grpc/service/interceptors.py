@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -71,12 +71,14 @@ def _guard(
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as error:
-            await _abort(method, context, to_status(as_service_error(error)))
+            await abort_call(method, context, to_status(as_service_error(error)))
 
     return handler
 
 
-async def _abort(method: str, context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
+async def abort_call(
+    method: str, context: grpc.aio.ServicerContext, status: grpc.Status
+) -> NoReturn:
     """End the call with `status`; quietly when the call is over already (its caller left
     or its deadline passed: the caller has its status, and grpc would log a traceback for
     a status it can no longer send)."""

@@ -1,9 +1,9 @@
 """Server bootstrap: build the grpc.aio server, run it, and drain it on SIGTERM.
 
 Start-up order: open the store (migrations run), build the engine runtime, register the
-servicers, health (SERVING) and reflection, bind. Shutdown order (DESIGN.md section 4 and
-the gRPC notes): health NOT_SERVING -> stop accepting and let calls finish within the grace
-period -> interrupt runs still active -> close the store.
+servicers, health (SERVING) and reflection (when asked for), bind. Shutdown order (DESIGN.md
+section 4 and the gRPC notes): health NOT_SERVING -> stop accepting and let calls finish
+within the grace period -> interrupt runs still active -> close the store.
 """
 
 from __future__ import annotations
@@ -68,10 +68,13 @@ async def start_grpc_server(
     settings: Settings,
     register: list[tuple[object, object]],
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    *,
+    reflection: bool = True,
 ) -> BoundServer:
     """Create, register and bind the server; `register` pairs an add_*_to_server function
     with its servicer; `interceptors` go before the error mapping (tracing first, so the
-    status it maps is on the span). Raises OSError when the address cannot be bound."""
+    status it maps is on the span); `reflection` serves server reflection. Raises OSError
+    when the address cannot be bound."""
     config = settings.server
     server = grpc.aio.server(
         interceptors=[*interceptors, ErrorInterceptor()],
@@ -82,9 +85,10 @@ async def start_grpc_server(
         add(servicer, server)  # type: ignore[operator]
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    enable_reflection(
-        server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-    )
+    if reflection:
+        enable_reflection(
+            server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        )
     try:
         port = server.add_insecure_port(settings.listen_address)
     except RuntimeError as error:  # grpc reports a failed bind this way

@@ -87,6 +87,7 @@ from agio_grpc.store.errors import (
     RunStateConflictError,
     SessionBusyError,
 )
+from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.migrations import upgrade_to_head
 from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.protocol import (
@@ -927,6 +928,10 @@ class SqlStepStore:
             return str(conn.execute(query).scalar_one())
 
         return bytes.fromhex(await self._write(work))
+
+    def key_store(self) -> KeyStore:
+        """The API keys (`auth.mode: api_key`), on this store's database."""
+        return KeyStore(self._database)
 
     async def close(self) -> None:
         with contextlib.suppress(*DRIVER_ERRORS):
