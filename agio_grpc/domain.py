@@ -30,6 +30,7 @@ DEFAULT_TENANT = "default"
 """The tenant of every caller when the server authenticates no one (`auth.mode: none`), and
 of the rows made before tenants existed."""
 
+
 class Role(enum.StrEnum):
     """The chat role of a step; the value is the OpenAI message role."""
 
