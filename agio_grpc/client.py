@@ -4,11 +4,16 @@ Wraps the generated stubs: run streams as async iterators of `StepEvent`, a conv
 that runs to the end and returns the final text and StopSignal, auto-paging step listing,
 and errors decoded into `AgioError` with the `google.rpc.ErrorInfo` reason. Every call
 carries the caller's current OpenTelemetry trace context (`traceparent`), so a run joins
-the caller's trace.
+the caller's trace, and the client's credential (`token`) if it has one.
 
     async with AgioClient("127.0.0.1:50051") as client:
         result = await client.run_to_end("What is 12 * 7?")
         print(result.text, result.stop_signal.reason)
+
+Over TLS, with a token (mutual TLS: the client's certificate and key as well):
+
+    tls = TlsConfig(ca_file="ca.pem", cert_file="client.pem", key_file="client.key")
+    async with AgioClient("agio.internal:50051", tls=tls, token=token) as client: ...
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -131,8 +137,59 @@ def _run_request(
     )
 
 
+class TlsFileError(ValueError):
+    """A TLS file of the client that cannot be used (unreadable, or a certificate without
+    its key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """How the client reaches the server over TLS."""
+
+    ca_file: str | Path | None = None
+    """PEM certificates of the CAs that signed the server's certificate; None: gRPC's
+    default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the ones grpcio ships)."""
+    cert_file: str | Path | None = None
+    """The client's PEM certificate chain, for a server that asks for one (mutual TLS)."""
+    key_file: str | Path | None = None
+    """The PEM private key of `cert_file`."""
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Read the files; raises TlsFileError."""
+        if (self.cert_file is None) != (self.key_file is None):
+            raise TlsFileError("a client certificate goes with its key: give both or neither")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_tls_file(self.ca_file, "CA"),
+            private_key=_read_tls_file(self.key_file, "key"),
+            certificate_chain=_read_tls_file(self.cert_file, "certificate"),
+        )
+
+
+def _read_tls_file(path: str | Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise TlsFileError(f"cannot read the {what} file {path}: {error.strerror}") from None
+
+
+def open_channel(target: str, tls: TlsConfig | bool = False) -> grpc.aio.Channel:
+    """A channel to `target`: plaintext, or TLS (`True`: with gRPC's default roots)."""
+    if tls is False:
+        return grpc.aio.insecure_channel(target)
+    config = TlsConfig() if tls is True else tls
+    return grpc.aio.secure_channel(target, config.channel_credentials())
+
+
 class AgioClient:
-    """One channel to an agio-grpc server and typed calls on it."""
+    """One channel to an agio-grpc server and typed calls on it.
+
+    `tls`: False for plaintext, True for TLS with gRPC's default roots, or a TlsConfig.
+    `token`: sent as `authorization: Bearer TOKEN` with every call the client makes (the
+    raw stubs, `agents` and `sessions`, need it in their own `metadata`). `channel`: one
+    the caller made instead (then `tls` is not used).
+    """
 
     def __init__(
         self,
@@ -140,9 +197,12 @@ class AgioClient:
         *,
         channel: grpc.aio.Channel | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        token: str | None = None,
+        tls: TlsConfig | bool = False,
     ) -> None:
-        self._channel = channel or grpc.aio.insecure_channel(target)
-        self._metadata = tuple(metadata)
+        self._channel = channel or open_channel(target, tls)
+        credential = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = credential + tuple(metadata)
         self.agents = agent_service_pb2_grpc.AgentServiceStub(self._channel)
         self.sessions = session_service_pb2_grpc.SessionServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -346,6 +347,15 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     """Authentication (`AGIO_AUTH=api_key` is short for `AGIO_AUTH__MODE=api_key`)."""
+    tls_cert_file: Path | None = None
+    """PEM certificate chain the server presents (its own certificate first, then the
+    intermediates). With `tls_key_file` the server speaks TLS only; both are re-read on
+    SIGHUP, and new connections get the new certificate (docs/tls.md)."""
+    tls_key_file: Path | None = Field(None, validate_default=True)
+    """The unencrypted PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: Path | None = None
+    """PEM certificates of the CAs that sign client certificates: set, every client must
+    present one they signed (mutual TLS). Needs `tls_cert_file` and `tls_key_file`."""
 
     @field_validator("listen_address")
     @classmethod
@@ -353,6 +363,23 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError("must be host:port with a port in 0..65535")
+        return value
+
+    @field_validator("tls_key_file")
+    @classmethod
+    def _key_with_certificate(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        has_certificate = info.data.get("tls_cert_file") is not None
+        if has_certificate and value is None:
+            raise ValueError("tls_cert_file is set: set this to its private key (or unset both)")
+        if value is not None and not has_certificate:
+            raise ValueError("set tls_cert_file to the certificate of this key (or unset both)")
+        return value
+
+    @field_validator("tls_client_ca_file")
+    @classmethod
+    def _client_ca_with_certificate(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("tls_cert_file") is None:
+            raise ValueError("mutual TLS needs the server's own tls_cert_file and tls_key_file")
         return value
 
     @field_validator("agents")
@@ -369,6 +396,16 @@ class Settings(BaseSettings):
     def _default_agent_exists(self) -> Settings:
         if self.default_agent not in {agent.name for agent in self.agents}:
             raise ValueError(f"default_agent {self.default_agent!r} is not among the agents")
+        return self
+
+    @model_validator(mode="after")
+    def _mtls_has_client_certificates(self) -> Settings:
+        if self.auth.mode == "mtls" and self.tls_client_ca_file is None:
+            raise ValueError(
+                "auth.mode mtls takes the tenant from the client certificate: set "
+                "AGIO_TLS_CLIENT_CA_FILE (with AGIO_TLS_CERT_FILE and AGIO_TLS_KEY_FILE) so "
+                "that clients must present one"
+            )
         return self
 
     @model_validator(mode="after")

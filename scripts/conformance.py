@@ -2,22 +2,29 @@
 
 First builds the Go and TypeScript clients and runs their unit tests (`go vet`, `go test`;
 `npm ci`, `tsc`), and the examples (`go vet`, `go test` in examples/; `npm ci`, `tsc` in
-examples/ts, which links the built clients/ts). Then starts, all on 127.0.0.1 with port 0
-and throwaway SQLite files:
+examples/ts, which links the built clients/ts). Then makes a CA and the server's and a
+client's certificates (agio_grpc.testing.certificates, in the scratch directory), and
+starts, all on 127.0.0.1 with port 0 and throwaway SQLite files:
 
 - a paced fake model (`agio-grpc fake-model --tokens 200 --tokens-per-second 20`);
-- a server on the built-in fake model (fast runs: "What is 12 * 7?" calls `calculate`);
-- a server on the paced fake model (runs that last ten seconds, to cancel mid-stream);
+- for each transport (plaintext, TLS, mutual TLS: TRANSPORTS), a server on the built-in fake
+  model (fast runs: "What is 12 * 7?" calls `calculate`) and a server on the paced fake
+  model (runs that last ten seconds, to cancel mid-stream);
 
 and runs the one scenario (tests/conformance/scenario.py says what it checks) with each
-client: `python -m tests.conformance.scenario`, `go test -run TestConformance` in clients/go
-and `node dist/conformance/scenario.js` in clients/ts; then the examples scenario
-(`python -m tests.conformance.examples`: the Go and TypeScript quickstarts, the three CLIs
-reaching the server by `AGIO_ADDRESS`, and examples/relay's test). Prints one line per client
-(and `examples`) and a final `N passed, N failed` line; exits 1 when any failed. Every step
-has a time limit and every process started here is stopped here.
+client over each transport: `python -m tests.conformance.scenario`, `go test -run
+TestConformance` in clients/go and `node dist/conformance/scenario.js` in clients/ts, over
+TLS with the CA file and a token in the variables every CLI reads (AGIO_CA_FILE,
+AGIO_TOKEN), over mutual TLS with the client's certificate and key as well
+(AGIO_CERT_FILE, AGIO_KEY_FILE). Then the examples scenario (`python -m
+tests.conformance.examples`: the Go and TypeScript quickstarts, the three CLIs reaching the
+plaintext server by `AGIO_ADDRESS` and the mutual TLS one by the variables, and
+examples/relay's test). Prints one line per client and transport (and `examples`) and a
+final `N passed, N failed` line; exits 1 when any failed. Every step has a time limit and
+every process started here is stopped here.
 
-`uv run python scripts/conformance.py [--clients python,go,ts,examples]`
+`uv run python scripts/conformance.py [--clients python,go,ts,examples]
+[--transports plaintext,tls,mutual_tls]`
 """
 
 from __future__ import annotations
@@ -26,14 +33,17 @@ import argparse
 import contextlib
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from agio_grpc.testing.certificates import CertificateAuthority
 
 ROOT = Path(__file__).resolve().parent.parent
 AGIO = Path(sys.executable).parent / "agio-grpc"
@@ -43,6 +53,12 @@ SCENARIO_TIMEOUT = 300.0
 # 200 one-word chunks at 20 a second: a run on the slow server streams for ten seconds.
 PACED_MODEL = ["--port", "0", "--tokens", "200", "--tokens-per-second", "20"]
 FAILED_CHECK = re.compile(r"^(?:FAIL (\w+)|\s*--- FAIL: TestConformance/(\w+))", re.MULTILINE)
+TRANSPORTS = ("plaintext", "tls", "mutual_tls")
+
+AUTH_SETTINGS: dict[str, str] = {}
+"""How the TLS servers authenticate callers. Nothing yet: the `auth` settings land on their
+own. Turning on api_key auth is then its mode here, and `client_token` making a key with
+`agio-grpc keys create`; the clients already send AGIO_TOKEN with every call."""
 
 
 @dataclass
@@ -141,22 +157,82 @@ def base_env() -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class Transport:
+    """How the clients reach a pair of servers: the servers' settings and the clients'."""
+
+    name: str
+    server_env: dict[str, str] = field(default_factory=dict)
+    client_env: dict[str, str] = field(default_factory=dict)
+
+
+def client_token() -> str:
+    """The credential the clients present to the TLS servers (AGIO_TOKEN): any string while
+    they check none (AUTH_SETTINGS says what changes then)."""
+    return "conformance-" + secrets.token_hex(8)
+
+
+def make_transports(scratch: Path) -> dict[str, Transport]:
+    """Plaintext; TLS with a CA made here, and a token; mutual TLS, the client presenting a
+    certificate of that CA too."""
+    directory = scratch / "tls"
+    directory.mkdir()
+    ca = CertificateAuthority("agio-grpc conformance CA")
+    ca_file = ca.write(directory)
+    server_cert, server_key = ca.issue_server().write(directory, "server")
+    client_cert, client_key = ca.issue_client().write(directory, "client")
+    server = {"AGIO_TLS_CERT_FILE": str(server_cert), "AGIO_TLS_KEY_FILE": str(server_key)}
+    client = {"AGIO_CA_FILE": str(ca_file), "AGIO_TOKEN": client_token()}
+    return {
+        "plaintext": Transport("plaintext"),
+        "tls": Transport("tls", server | AUTH_SETTINGS, client),
+        "mutual_tls": Transport(
+            "mutual_tls",
+            server | AUTH_SETTINGS | {"AGIO_TLS_CLIENT_CA_FILE": str(ca_file)},
+            client | {"AGIO_CERT_FILE": str(client_cert), "AGIO_KEY_FILE": str(client_key)},
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class ServerPair:
+    """The fast and the slow server of one transport."""
+
+    transport: Transport
+    fast: str
+    slow: str
+
+
 @contextlib.contextmanager
-def live_servers(scratch: Path) -> Iterator[tuple[str, str]]:
-    """(fast address, slow address) of two servers, stopped on exit."""
+def live_servers(scratch: Path, transports: list[Transport]) -> Iterator[list[ServerPair]]:
+    """A fast and a slow server per transport, stopped on exit."""
     processes = Processes(scratch)
     listening = r"agio-grpc listening on (\S+:\d+)"
     try:
-        # The fast server needs nothing else: start it first, alongside the fake model.
+        # The fast servers need nothing else: start them first, alongside the fake model.
         model = processes.start("fake-model", [str(AGIO), "fake-model", *PACED_MODEL], base_env())
-        fast = processes.start("server-fast", [str(AGIO), "serve"], server_env(scratch, "fast"))
+        fast = [
+            processes.start(
+                f"server-fast-{transport.name}",
+                [str(AGIO), "serve"],
+                server_env(scratch, f"fast-{transport.name}") | transport.server_env,
+            )
+            for transport in transports
+        ]
         model_url = model.wait_for(r"fake model listening on (\S+)")
-        slow_env = server_env(scratch, "slow") | {
-            "OPENAI_BASE_URL": model_url,
-            "OPENAI_API_KEY": "conformance",
-        }
-        slow = processes.start("server-slow", [str(AGIO), "serve"], slow_env)
-        yield fast.wait_for(listening), slow.wait_for(listening)
+        slow_model = {"OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "conformance"}
+        slow = [
+            processes.start(
+                f"server-slow-{transport.name}",
+                [str(AGIO), "serve"],
+                server_env(scratch, f"slow-{transport.name}") | transport.server_env | slow_model,
+            )
+            for transport in transports
+        ]
+        yield [
+            ServerPair(transport, fast_server.wait_for(listening), slow_server.wait_for(listening))
+            for transport, fast_server, slow_server in zip(transports, fast, slow, strict=True)
+        ]
     finally:
         processes.stop_all()
 
@@ -188,12 +264,52 @@ def build_commands() -> dict[str, list[tuple[list[str], Path]]]:
     }
 
 
-def scenario_command(client: str, fast: str, slow: str) -> tuple[list[str], Path]:
-    addresses = ["--address", fast, "--slow-address", slow]
+@dataclass(frozen=True)
+class ScenarioRun:
+    """One run of a client's scenario against one pair of servers."""
+
+    label: str
+    client: str
+    servers: ServerPair
+    mutual_tls: ServerPair | None = None
+    """The examples only: the pair whose fast server their CLIs reach over mutual TLS."""
+
+    def env(self) -> dict[str, str]:
+        env = base_env() | self.servers.transport.client_env
+        if self.mutual_tls is not None:
+            env |= self.mutual_tls.transport.client_env
+        return env | {
+            "AGIO_CONFORMANCE_ADDRESS": self.servers.fast,
+            "AGIO_CONFORMANCE_SLOW_ADDRESS": self.servers.slow,
+        }
+
+
+def plan_runs(clients: list[str], servers: list[ServerPair]) -> list[ScenarioRun]:
+    """Every client over every transport; the examples once, in plaintext (their CLIs over
+    mutual TLS too)."""
+    by_name = {pair.transport.name: pair for pair in servers}
+    planned: list[ScenarioRun] = []
+    for client in clients:
+        if client == "examples":
+            if "plaintext" in by_name:
+                planned.append(
+                    ScenarioRun(client, client, by_name["plaintext"], by_name.get("mutual_tls"))
+                )
+            continue
+        for name, pair in by_name.items():
+            label = client if name == "plaintext" else f"{client} over {name}"
+            planned.append(ScenarioRun(label, client, pair))
+    return planned
+
+
+def scenario_command(run: ScenarioRun) -> tuple[list[str], Path]:
+    client = run.client
+    addresses = ["--address", run.servers.fast, "--slow-address", run.servers.slow]
     if client == "python":
         return [sys.executable, "-m", "tests.conformance.scenario", *addresses], ROOT
     if client == "examples":
-        return [sys.executable, "-m", "tests.conformance.examples", *addresses], ROOT
+        mtls = ["--mtls-address", run.mutual_tls.fast] if run.mutual_tls else []
+        return [sys.executable, "-m", "tests.conformance.examples", *addresses, *mtls], ROOT
     if client == "go":
         command = [
             "go",
@@ -216,8 +332,10 @@ def indent(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="python,go,ts,examples", help="comma-separated subset")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated subset")
     args = parser.parse_args(argv)
     clients = [c for c in args.clients.split(",") if c]
+    wanted = [t for t in args.transports.split(",") if t]
     passed = failed = 0
     broken: set[str] = set()
     built: set[tuple[tuple[str, ...], Path]] = set()
@@ -232,27 +350,25 @@ def main(argv: list[str] | None = None) -> int:
                 break
             built.add((tuple(command), cwd))
     with tempfile.TemporaryDirectory(prefix="agio-conformance-") as scratch:
+        transports = make_transports(Path(scratch))
         started = time.monotonic()
-        with live_servers(Path(scratch)) as (fast, slow):
-            print(f"servers up in {time.monotonic() - started:.1f}s: fast {fast}, slow {slow}")
-            for client in clients:
-                if client in broken:
+        with live_servers(Path(scratch), [transports[name] for name in wanted]) as servers:
+            shown = ", ".join(f"{p.transport.name} {p.fast} {p.slow}" for p in servers)
+            print(f"servers up in {time.monotonic() - started:.1f}s: {shown}")
+            for run in plan_runs(clients, servers):
+                if run.client in broken:
                     failed += 1
                     continue
-                command, cwd = scenario_command(client, fast, slow)
-                env = base_env() | {
-                    "AGIO_CONFORMANCE_ADDRESS": fast,
-                    "AGIO_CONFORMANCE_SLOW_ADDRESS": slow,
-                }
-                outcome = run_bounded(command, cwd, SCENARIO_TIMEOUT, env)
+                command, cwd = scenario_command(run)
+                outcome = run_bounded(command, cwd, SCENARIO_TIMEOUT, run.env())
                 checks = sorted({a or b for a, b in FAILED_CHECK.findall(outcome.output)})
                 if outcome.returncode == 0:
                     passed += 1
-                    print(f"{client}: PASS ({outcome.seconds:.1f}s)")
+                    print(f"{run.label}: PASS ({outcome.seconds:.1f}s)")
                 else:
                     failed += 1
                     why = ", ".join(checks) or f"exit {outcome.returncode}"
-                    print(f"{client}: FAIL ({why}; {outcome.seconds:.1f}s)")
+                    print(f"{run.label}: FAIL ({why}; {outcome.seconds:.1f}s)")
                     print(indent(outcome.output), end="")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -18,9 +18,12 @@
 
 Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051) and
 `--json`: proto3 JSON on stdout (field names as in the .proto, enums by name), one document,
-or for a run's events one StepEvent per line (JSON Lines). Exit codes: 0 done, 1 the run
-failed or the server refused the call (one line on stderr: `agio-grpc: CODE [REASON]: ...`),
-2 a usage error.
+or for a run's events one StepEvent per line (JSON Lines). To reach a server that wants
+them: `--token` (default: AGIO_TOKEN), sent as `authorization: Bearer`; TLS with
+`--ca-file` (AGIO_CA_FILE), or `--tls` for gRPC's default roots; mutual TLS adds
+`--cert-file` and `--key-file` (AGIO_CERT_FILE, AGIO_KEY_FILE). Exit codes: 0 done, 1 the
+run failed or the server refused the call (one line on stderr: `agio-grpc: CODE [REASON]:
+...`), 2 a usage error.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("AGIO_ADDRESS", DEFAULT_ADDRESS),
         help="the server (default: AGIO_ADDRESS, else %(default)s)",
     )
+    _add_connection_options(common)
     common.add_argument(
         "--json",
         action="store_true",
@@ -211,6 +215,40 @@ def build_parser() -> argparse.ArgumentParser:
     agents.add_argument("--verbose", "-v", action="store_true", help="show tool schemas")
     add_keys_parser(top)
     return parser
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """The credential and TLS options, each defaulting to its AGIO_* variable. The token's
+    value is never shown, not even in --help."""
+    env = os.environ.get
+    parser.add_argument(
+        "--token",
+        default=env("AGIO_TOKEN", ""),
+        help="credential sent as `authorization: Bearer TOKEN` (default: AGIO_TOKEN)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="use TLS, trusting gRPC's default roots (implied by --ca-file and --cert-file)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        default=env("AGIO_CA_FILE") or None,
+        metavar="PEM",
+        help="use TLS, trusting the CAs in this file (default: AGIO_CA_FILE)",
+    )
+    parser.add_argument(
+        "--cert-file",
+        default=env("AGIO_CERT_FILE") or None,
+        metavar="PEM",
+        help="mutual TLS: this client's certificate (default: AGIO_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--key-file",
+        default=env("AGIO_KEY_FILE") or None,
+        metavar="PEM",
+        help="mutual TLS: the key of --cert-file (default: AGIO_KEY_FILE)",
+    )
 
 
 def _add_paging(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from agio_grpc.cli.client_tools import pending_calls, read_outputs
 from agio_grpc.cli.render import HumanPrinter, JsonPrinter, Printer
-from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.client import AgioClient, AgioError, TlsConfig, TlsFileError
 from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2, session_service_pb2
 
 Command = Callable[[AgioClient, argparse.Namespace, Printer], Coroutine[Any, Any, int]]
@@ -29,12 +29,22 @@ BUSY_POLICIES = {
 }
 
 
+def client_tls(args: argparse.Namespace) -> TlsConfig | bool:
+    """TLS as the options ask: a TlsConfig when a file is given, True for `--tls` alone."""
+    files = (args.ca_file, args.cert_file, args.key_file)
+    if any(files):
+        return TlsConfig(*files)
+    return bool(args.tls)
+
+
 def run_client(command: Command, args: argparse.Namespace) -> int:
-    """Run one client command; a server error is one line on stderr and exit code 1."""
+    """Run one client command; a server error is one line on stderr and exit code 1, a
+    TLS file that cannot be used exit code 2."""
     out: Printer = JsonPrinter() if args.json else HumanPrinter()
 
     async def connected() -> int:
-        async with AgioClient(args.address) as client:
+        tls = client_tls(args)
+        async with AgioClient(args.address, token=args.token or None, tls=tls) as client:
             return await command(client, args, out)
 
     try:
@@ -42,6 +52,9 @@ def run_client(command: Command, args: argparse.Namespace) -> int:
     except AgioError as error:
         print(f"agio-grpc: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
+    except TlsFileError as error:
+        print(f"agio-grpc: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

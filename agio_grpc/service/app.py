@@ -4,10 +4,12 @@
 the network when no one chose), opens the store (applying migrations), finalises runs a crashed
 server left RUNNING (those whose session lease expired), starts the built-in fake model when
 no endpoint is configured, builds the runtime from the configured agents, tools and hooks
-(the runtime renews the session leases of its runs), and binds the server. `serve` adds
-signal handling for `agio-grpc serve`, and freezes the start-up heap out of the garbage
-collector's scans (the process is the service's; tests that start an app in process keep
-their collector untouched).
+(the runtime renews the session leases of its runs), and binds the server: plaintext, or
+TLS when AGIO_TLS_CERT_FILE is set (its files are checked right after the listen address,
+before anything starts). `serve` adds signal handling for `agio-grpc serve` (SIGHUP
+re-reads the TLS files), and freezes the start-up heap out of the garbage collector's scans
+(the process is the service's; tests that start an app in process keep their collector
+untouched).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from agio_grpc.service.startup import (
     one_line,
     opening_store,
 )
+from agio_grpc.service.tls import ServerCertificates
 from agio_grpc.service.validation import PageTokens
 from agio_grpc.store.protocol import StepStore
 from agio_grpc.store.sql import open_store
@@ -124,6 +127,8 @@ class AgioApp:
     """Signs and checks page tokens with the key every replica shares."""
     authenticator: Authenticator | None = None
     """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
+    certificates: ServerCertificates | None = None
+    """The TLS material, which `reload_certificates` re-reads; None for plaintext."""
 
     @property
     def address(self) -> str:
@@ -139,6 +144,7 @@ class AgioApp:
         (the app then owns it and shuts it down on `stop`)."""
         auth_mode = choose_auth_mode(settings)
         check_bindable(settings.listen_address)
+        certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
@@ -215,6 +221,7 @@ class AgioApp:
                     ],
                     interceptors=interceptors,
                     reflection=reflection_enabled(settings, auth_mode),
+                    credentials=certificates.credentials() if certificates else None,
                 )
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
@@ -226,10 +233,30 @@ class AgioApp:
             await sql_store.close()
             telemetry.shutdown()
             raise
-        log.info("agio-grpc listening on %s (authentication: %s)", bound.address, auth_mode)
-        return cls(
-            settings, store, runtime, model, bound, fake_model, telemetry, pages, authenticator
+        log.info(
+            "agio-grpc listening on %s%s (authentication: %s)",
+            bound.address,
+            _transport(certificates),
+            auth_mode,
         )
+        return cls(
+            settings,
+            store,
+            runtime,
+            model,
+            bound,
+            fake_model,
+            telemetry,
+            pages,
+            authenticator,
+            certificates,
+        )
+
+    def reload_certificates(self) -> bool:
+        """Re-read the TLS files (SIGHUP): new connections get the new certificate, open
+        ones keep theirs. False when there is no TLS or the new files failed their checks
+        (the current ones stay)."""
+        return self.certificates.reload() if self.certificates else False
 
     async def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, refuse new calls, let running ones finish within `grace`,
@@ -255,6 +282,14 @@ class AgioApp:
         await asyncio.to_thread(self.telemetry.shutdown)  # exporting blocks
 
 
+def _transport(certificates: ServerCertificates | None) -> str:
+    """How clients reach the server, for the "listening" line."""
+    if certificates is None:
+        return ""
+    kind = "mutual TLS" if certificates.mutual else "TLS"
+    return f" ({kind}: {certificates.current.describe()})"
+
+
 def freeze_startup_heap() -> None:
     """Move everything loaded so far out of the garbage collector's reach.
 
@@ -276,7 +311,7 @@ async def serve(settings: Settings) -> None:
     app = await AgioApp.start(settings, telemetry)
     freeze_startup_heap()
     stop = asyncio.Event()
-    install_signal_handlers(stop)
+    install_signal_handlers(stop, app.reload_certificates if app.certificates else None)
     await stop.wait()
     log.info("shutting down: draining for up to %.1fs", settings.server.grace_period_s)
     await app.stop()

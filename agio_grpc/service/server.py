@@ -1,9 +1,10 @@
 """Server bootstrap: build the grpc.aio server, run it, and drain it on SIGTERM.
 
 Start-up order: open the store (migrations run), build the engine runtime, register the
-servicers, health (SERVING) and reflection (when asked for), bind. Shutdown order (DESIGN.md
-section 4 and the gRPC notes): health NOT_SERVING -> stop accepting and let calls finish
-within the grace period -> interrupt runs still active -> close the store.
+servicers, health (SERVING) and reflection (when asked for), bind (plaintext, or TLS with the
+credentials of service/tls.py). Shutdown order (DESIGN.md section 4 and the gRPC notes):
+health NOT_SERVING -> stop accepting and let calls finish within the grace period ->
+interrupt runs still active -> close the store.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -70,11 +71,13 @@ async def start_grpc_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     *,
     reflection: bool = True,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> BoundServer:
     """Create, register and bind the server; `register` pairs an add_*_to_server function
     with its servicer; `interceptors` go before the error mapping (tracing first, so the
-    status it maps is on the span); `reflection` serves server reflection. Raises OSError
-    when the address cannot be bound."""
+    status it maps is on the span); `reflection` serves server reflection; with
+    `credentials` the port speaks TLS only. Raises OSError when the address cannot be
+    bound."""
     config = settings.server
     server = grpc.aio.server(
         interceptors=[*interceptors, ErrorInterceptor()],
@@ -90,7 +93,10 @@ async def start_grpc_server(
             server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         )
     try:
-        port = server.add_insecure_port(settings.listen_address)
+        if credentials is None:
+            port = server.add_insecure_port(settings.listen_address)
+        else:
+            port = server.add_secure_port(settings.listen_address, credentials)
     except RuntimeError as error:  # grpc reports a failed bind this way
         raise OSError(f"could not bind {settings.listen_address}: address in use?") from error
     if port == 0:
@@ -102,8 +108,13 @@ async def start_grpc_server(
     return BoundServer(server=server, health=health, port=port, address=f"{host}:{port}")
 
 
-def install_signal_handlers(stop: asyncio.Event) -> None:
-    """SIGTERM and SIGINT set `stop`; a second signal is left to the default handler."""
+def install_signal_handlers(
+    stop: asyncio.Event, reload: Callable[[], object] | None = None
+) -> None:
+    """SIGTERM and SIGINT set `stop`; a second signal is left to the default handler.
+    SIGHUP calls `reload` when there is one (else it keeps its default: the process ends)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if reload is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload)

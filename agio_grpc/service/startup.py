@@ -3,9 +3,9 @@ and how to fix it. `agio-grpc serve` prints the line and exits 2 (the traceback 
 `--debug`).
 
 `AgioApp.start` raises `StartupError` for the store (its URL, the database behind it, its
-migrations), the tools and hooks it imports, and the listen address, which `check_bindable`
-tries before anything else is started, so that a taken port fails at once and without gRPC's
-own log line.
+migrations), the tools and hooks it imports, the TLS files (service/tls.py), and the listen
+address, which `check_bindable` tries before anything else is started, so that a taken port
+fails at once and without gRPC's own log line.
 """
 
 from __future__ import annotations

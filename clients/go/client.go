@@ -12,6 +12,12 @@
 //	fmt.Println(result.Text, result.Run.GetStopSignal().GetReason())
 //
 // The raw stubs stay available as Client.Agents and Client.Sessions.
+//
+// Over TLS, with a token (mutual TLS: the client's CertFile and KeyFile as well):
+//
+//	creds, err := agio.TLSConfig{CAFile: "ca.pem"}.Credentials()
+//	client, err := agio.Dial("agio.internal:50051", grpc.WithTransportCredentials(creds),
+//		agio.WithToken(token))
 package agio
 
 import (
@@ -66,8 +72,9 @@ type Client struct {
 // Dial connects to target ("host:port"). Without options the connection is plaintext and
 // carries the OpenTelemetry context of each call's ctx (otelgrpc with the global tracer
 // provider and propagators, so an application that set up OpenTelemetry gets its trace
-// continued by the server). Options are appended, so they can replace the credentials or
-// add interceptors.
+// continued by the server). Options are appended, so they can replace the credentials
+// (grpc.WithTransportCredentials of TLSConfig.Credentials), add a token (WithToken) or
+// interceptors.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	defaults := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

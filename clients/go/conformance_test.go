@@ -7,7 +7,10 @@ package agio_test
 //	AGIO_CONFORMANCE_ADDRESS       a server on the built-in fake model
 //	AGIO_CONFORMANCE_SLOW_ADDRESS  a server on a paced fake model (a run that lasts)
 //
-// Without them the test is skipped, so `go test ./...` needs no server.
+// and, for the runs over TLS, what the CLIs read too: AGIO_CA_FILE (and for mutual TLS
+// AGIO_CERT_FILE and AGIO_KEY_FILE), and AGIO_TOKEN.
+//
+// Without the addresses the test is skipped, so `go test ./...` needs no server.
 
 import (
 	"context"
@@ -21,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	agio "github.com/agio-grpc/agio-grpc/clients/go"
@@ -249,7 +253,21 @@ func TestConformance(t *testing.T) {
 
 func dial(t *testing.T, address string) *agio.Client {
 	t.Helper()
-	client, err := agio.Dial(address)
+	var opts []grpc.DialOption
+	files := agio.TLSConfig{
+		CAFile: os.Getenv("AGIO_CA_FILE"), CertFile: os.Getenv("AGIO_CERT_FILE"), KeyFile: os.Getenv("AGIO_KEY_FILE"),
+	}
+	if files != (agio.TLSConfig{}) {
+		creds, err := files.Credentials()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, grpc.WithTransportCredentials(creds))
+	}
+	if token := os.Getenv("AGIO_TOKEN"); token != "" {
+		opts = append(opts, agio.WithToken(token))
+	}
+	client, err := agio.Dial(address, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

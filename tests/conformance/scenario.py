@@ -18,6 +18,10 @@ fails NOT_FOUND with ErrorInfo reason SESSION_NOT_FOUND, domain agio-grpc); `lis
 `background_resume` (StartRun, WatchRun read for two events and dropped, then resumed from
 that cursor to the terminal event, stop reason COMPLETED).
 
+Over TLS, the clients take what the CLIs read: AGIO_CA_FILE (and for mutual TLS
+AGIO_CERT_FILE and AGIO_KEY_FILE), and the credential AGIO_TOKEN; scripts/conformance.py
+runs the scenario in plaintext, over TLS and over mutual TLS.
+
 Prints one `ok NAME` or `FAIL NAME: why` line per check; exits 1 when any check failed.
 `python -m tests.conformance.scenario --address HOST:PORT --slow-address HOST:PORT`
 """
@@ -26,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
-from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.client import AgioClient, AgioError, TlsConfig
 from agio_grpc.v1 import events_pb2, resources_pb2
 
 CALL_TIMEOUT = 10.0
@@ -49,6 +54,13 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailedError(message)
 
 
+def tls_from_environment() -> TlsConfig | bool:
+    """TLS with the files AGIO_CA_FILE, AGIO_CERT_FILE and AGIO_KEY_FILE name; none set:
+    plaintext."""
+    files = [os.environ.get(f"AGIO_{name}_FILE") or None for name in ("CA", "CERT", "KEY")]
+    return TlsConfig(*files) if any(files) else False
+
+
 class Scenario:
     """The checks, sharing what earlier ones produced (the tool run's session and trace)."""
 
@@ -57,15 +69,20 @@ class Scenario:
         self.slow_address = slow_address
         self.trace_id = secrets.token_hex(16)
         self.run: resources_pb2.Run | None = None
+        self.tls = tls_from_environment()
+        self.token = os.environ.get("AGIO_TOKEN") or None
+
+    def connect(self, address: str, metadata: Sequence[tuple[str, str]] = ()) -> AgioClient:
+        return AgioClient(address, metadata=metadata, token=self.token, tls=self.tls)
 
     async def health(self) -> None:
-        async with AgioClient(self.address) as client:
+        async with self.connect(self.address) as client:
             status = await asyncio.wait_for(client.health(), CALL_TIMEOUT)
         expect(status == "SERVING", f"health is {status}")
 
     async def run_with_tool(self) -> None:
         traceparent = f"00-{self.trace_id}-{secrets.token_hex(8)}-01"
-        async with AgioClient(self.address, metadata=[("traceparent", traceparent)]) as client:
+        async with self.connect(self.address, [("traceparent", traceparent)]) as client:
             events: list[events_pb2.StepEvent] = []
             async for event in client.run("What is 12 * 7?", timeout=RUN_TIMEOUT):
                 events.append(event)
@@ -86,7 +103,7 @@ class Scenario:
     async def trace_id_check(self) -> None:
         expect(self.run is not None, "no run to check (run_with_tool failed)")
         assert self.run is not None
-        async with AgioClient(self.address) as client:
+        async with self.connect(self.address) as client:
             stored = await asyncio.wait_for(client.get_run(self.run.id), CALL_TIMEOUT)
         expect(
             self.run.trace_id == self.trace_id and stored.trace_id == self.trace_id,
@@ -95,7 +112,7 @@ class Scenario:
         )
 
     async def cancel(self) -> None:
-        async with AgioClient(self.slow_address) as client:
+        async with self.connect(self.slow_address) as client:
             terminal: resources_pb2.Run | None = None
             cancelled = False
             async for event in client.run("Tell me a long story.", timeout=RUN_TIMEOUT):
@@ -117,7 +134,7 @@ class Scenario:
         expect(status == "RUN_STATUS_CANCELLED", f"GetRun status {status}")
 
     async def not_found(self) -> None:
-        async with AgioClient(self.address) as client:
+        async with self.connect(self.address) as client:
             try:
                 async for _ in client.run("hi", session_id="no-such-session", timeout=RUN_TIMEOUT):
                     pass
@@ -131,7 +148,7 @@ class Scenario:
     async def list_steps(self) -> None:
         expect(self.run is not None, "no session to list (run_with_tool failed)")
         assert self.run is not None
-        async with AgioClient(self.address) as client:
+        async with self.connect(self.address) as client:
             steps = await asyncio.wait_for(
                 client.list_steps(self.run.session_id, page_size=PAGE_SIZE), CALL_TIMEOUT
             )
@@ -141,7 +158,7 @@ class Scenario:
         expect(sequences == list(range(1, session.step_count + 1)), f"sequences {sequences}")
 
     async def background_resume(self) -> None:
-        async with AgioClient(self.address) as client:
+        async with self.connect(self.address) as client:
             run = await asyncio.wait_for(client.start_run("What is 12 * 7?"), CALL_TIMEOUT)
             # Read two events, drop the stream, resume from the cursor to the terminal event.
             seen: list[events_pb2.StepEvent] = []

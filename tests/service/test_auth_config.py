@@ -26,10 +26,25 @@ def test_the_mode_is_unset_by_default() -> None:
     assert settings.server.reflection is None
 
 
+def mutual_tls_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings of a mutual TLS server (the files are read at start, not here)."""
+    for name in ("CERT", "KEY", "CLIENT_CA"):
+        monkeypatch.setenv(f"AGIO_TLS_{name}_FILE", f"/etc/agio/{name.lower()}.pem")
+
+
 @pytest.mark.parametrize("mode", ["none", "api_key", "mtls"])
 def test_agio_auth_names_the_mode(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    mutual_tls_files(monkeypatch)
     monkeypatch.setenv("AGIO_AUTH", mode)
     assert Settings().auth.mode == mode
+
+
+def test_mtls_needs_a_server_that_asks_for_client_certificates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGIO_AUTH", "mtls")
+    with pytest.raises(ValidationError, match="set AGIO_TLS_CLIENT_CA_FILE"):
+        Settings()
 
 
 def test_agio_auth_and_nested_variables_make_one_section(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,6 +63,7 @@ def test_agio_auth_and_nested_variables_make_one_section(monkeypatch: pytest.Mon
 
 
 def test_the_long_forms_work_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    mutual_tls_files(monkeypatch)
     monkeypatch.setenv("AGIO_AUTH__MODE", "api_key")
     assert Settings().auth.mode == "api_key"
     monkeypatch.setenv("AGIO_AUTH", '{"mode": "mtls", "mtls": {"tenant_from": "san_uri"}}')

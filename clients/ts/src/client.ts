@@ -1,4 +1,7 @@
 // A thin typed client for agio-grpc over the gRPC protocol (Node.js, HTTP/2).
+import { readFileSync } from "node:fs";
+import type { SecureClientSessionOptions } from "node:http2";
+
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -21,8 +24,23 @@ import { Health, HealthCheckResponse_ServingStatus } from "./gen/grpc/health/v1/
 import { AgioError, decodeError } from "./errors.js";
 import { traceContextInterceptor } from "./tracing.js";
 
+/** How the client reaches the server over TLS. */
+export interface TlsConfig {
+  /** PEM certificates of the CAs that signed the server's certificate; unset: Node's roots. */
+  caFile?: string;
+  /** The client's PEM certificate chain, for a server that asks for one (mutual TLS). */
+  certFile?: string;
+  /** The PEM private key of `certFile`. */
+  keyFile?: string;
+}
+
 export interface AgioClientOptions {
-  /** Extra connect interceptors, called after the trace-context one. */
+  /** Sent as `authorization: Bearer <token>` with every call (over TLS or plaintext). */
+  token?: string;
+  /** TLS: `true` trusts Node's roots, a `TlsConfig` names the files; a target `https://…` is
+   * TLS with Node's roots too. */
+  tls?: TlsConfig | boolean;
+  /** Extra connect interceptors, called after the trace-context and token ones. */
   interceptors?: Interceptor[];
   /** Headers (gRPC metadata) sent with every call. */
   headers?: Record<string, string>;
@@ -55,6 +73,44 @@ export function terminalRun(event: StepEvent): Run | undefined {
   return kind === "runCompleted" || kind === "runFailed" ? value.run : undefined;
 }
 
+function baseUrl(target: string, tls: TlsConfig | boolean): string {
+  if (!target.includes("://")) {
+    return `${tls ? "https" : "http"}://${target}`;
+  }
+  if (tls && !target.startsWith("https://")) {
+    throw new Error(`TLS options need a host:port or https:// target, not ${target}`);
+  }
+  return target;
+}
+
+function secureSessionOptions(tls: TlsConfig): SecureClientSessionOptions {
+  if (!tls.certFile !== !tls.keyFile) {
+    throw new Error("a client certificate goes with its key: give both or neither");
+  }
+  const read = (path: string | undefined, what: string): Buffer | undefined => {
+    if (!path) return undefined;
+    try {
+      return readFileSync(path);
+    } catch (error) {
+      const reason = (error as NodeJS.ErrnoException).code ?? String(error);
+      throw new Error(`cannot read the ${what} file ${path}: ${reason}`);
+    }
+  };
+  return {
+    ca: read(tls.caFile, "CA"),
+    cert: read(tls.certFile, "certificate"),
+    key: read(tls.keyFile, "key"),
+  };
+}
+
+/** Sends `authorization: Bearer <token>` with every call. */
+function bearerToken(token: string): Interceptor {
+  return (next) => async (request) => {
+    request.header.set("authorization", `Bearer ${token}`);
+    return next(request);
+  };
+}
+
 /** One HTTP/2 connection to an agio-grpc server and typed calls on it. */
 export class AgioClient {
   /** The raw AgentService client. */
@@ -66,13 +122,15 @@ export class AgioClient {
   private readonly timeoutMs: number;
 
   /**
-   * `target` is `host:port` (plaintext, as the Go and Python clients take it) or a URL:
-   * `http://host:port`, `https://…`.
+   * `target` is `host:port` (plaintext unless `options.tls`, as the Go and Python clients
+   * take it) or a URL: `http://host:port`, `https://…`. Throws when a TLS file cannot be read.
    */
   constructor(target: string, options: AgioClientOptions = {}) {
+    const token = options.token ? [bearerToken(options.token)] : [];
     const transport = createGrpcTransport({
-      baseUrl: target.includes("://") ? target : `http://${target}`,
-      interceptors: [traceContextInterceptor, ...(options.interceptors ?? [])],
+      baseUrl: baseUrl(target, options.tls ?? false),
+      nodeOptions: typeof options.tls === "object" ? secureSessionOptions(options.tls) : {},
+      interceptors: [traceContextInterceptor, ...token, ...(options.interceptors ?? [])],
     });
     this.agents = createClient(AgentService, transport);
     this.sessions = createClient(SessionService, transport);

@@ -1,6 +1,6 @@
 // agio-grpc TypeScript client: the thin client, its errors, and the generated agio.v1 types.
 export { AgioClient, terminalRun } from "./client.js";
-export type { AgioClientOptions, CallOptions, RunResult } from "./client.js";
+export type { AgioClientOptions, CallOptions, RunResult, TlsConfig } from "./client.js";
 export { AgioError, ERROR_DOMAIN, decodeError } from "./errors.js";
 export { traceContextInterceptor } from "./tracing.js";
 export * from "./gen/agio/v1/agent_service_pb.js";

@@ -5,29 +5,59 @@
 //   node dist/cli/agio-chat.js [--address HOST:PORT] [--session ID] MESSAGE
 //
 // --address defaults to AGIO_ADDRESS, else 127.0.0.1:50051 (a URL such as https://host:port
-// works too).
+// works too). A server that wants them gets a token (--token, else AGIO_TOKEN) as
+// `authorization: Bearer`, and TLS: --ca-file (AGIO_CA_FILE), or --tls for Node's roots;
+// mutual TLS adds --cert-file and --key-file (AGIO_CERT_FILE, AGIO_KEY_FILE).
 import { parseArgs } from "node:util";
 
-import { AgioClient, Role, StopReason, terminalRun } from "../index.js";
+import { AgioClient, Role, StopReason, terminalRun, type TlsConfig } from "../index.js";
 
 const DEFAULT_ADDRESS = "127.0.0.1:50051";
+const env = process.env;
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
   options: {
-    address: { type: "string", default: process.env.AGIO_ADDRESS || DEFAULT_ADDRESS },
+    address: { type: "string", default: env.AGIO_ADDRESS || DEFAULT_ADDRESS },
     session: { type: "string", default: "" },
     agent: { type: "string", default: "" },
+    token: { type: "string", default: env.AGIO_TOKEN ?? "" },
+    tls: { type: "boolean", default: false },
+    "ca-file": { type: "string", default: env.AGIO_CA_FILE ?? "" },
+    "cert-file": { type: "string", default: env.AGIO_CERT_FILE ?? "" },
+    "key-file": { type: "string", default: env.AGIO_KEY_FILE ?? "" },
   },
 });
 
+/** TLS as the options ask: the files when one is given, Node's roots for --tls alone. */
+function tlsOption(): TlsConfig | boolean {
+  const files = {
+    caFile: values["ca-file"] || undefined,
+    certFile: values["cert-file"] || undefined,
+    keyFile: values["key-file"] || undefined,
+  };
+  return files.caFile || files.certFile || files.keyFile ? files : values.tls;
+}
+
 async function main(): Promise<number> {
   if (positionals.length === 0) {
-    console.error("usage: agio-chat [--address HOST:PORT] [--session ID] [--agent NAME] MESSAGE");
-    console.error(`  --address defaults to AGIO_ADDRESS, else ${DEFAULT_ADDRESS}`);
+    console.error(
+      "usage: agio-chat [--address HOST:PORT] [--session ID] [--agent NAME] [--token TOKEN]\n" +
+        "                 [--tls | --ca-file PEM] [--cert-file PEM --key-file PEM] MESSAGE",
+    );
+    console.error(
+      `  --address defaults to AGIO_ADDRESS, else ${DEFAULT_ADDRESS}; --token to AGIO_TOKEN;\n` +
+        "  --ca-file, --cert-file, --key-file to AGIO_CA_FILE, AGIO_CERT_FILE, AGIO_KEY_FILE",
+    );
     return 2;
   }
-  const client = new AgioClient(values.address);
+  let client: AgioClient;
+  try {
+    client = new AgioClient(values.address, { token: values.token || undefined, tls: tlsOption() });
+  } catch (error) {
+    console.error(`agio-chat: ${error instanceof Error ? error.message : String(error)}`);
+    return 2;
+  }
   const abort = new AbortController();
   process.once("SIGINT", () => abort.abort());
   const request = { input: positionals.join(" "), sessionId: values.session, agent: values.agent };

@@ -2,6 +2,8 @@
 // as tests/conformance/scenario.py (which documents them) and clients/go/conformance_test.go.
 // scripts/conformance.py starts the servers and runs:
 //   node dist/conformance/scenario.js --address HOST:PORT --slow-address HOST:PORT
+// For its runs over TLS it also sets what the CLIs read: AGIO_CA_FILE (and for mutual TLS
+// AGIO_CERT_FILE and AGIO_KEY_FILE), and AGIO_TOKEN.
 // Prints `ok NAME` or `FAIL NAME: why` per check; exits 1 when any check failed.
 import { randomBytes } from "node:crypto";
 import { parseArgs } from "node:util";
@@ -11,7 +13,7 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 
 import { AgioClient, AgioError, ERROR_DOMAIN, RunStatus, StopReason, terminalRun } from "../index.js";
-import type { Run, StepEvent } from "../index.js";
+import type { AgioClientOptions, Run, StepEvent } from "../index.js";
 
 const CALL_TIMEOUT_MS = 10_000;
 const RUN_TIMEOUT_MS = 30_000;
@@ -35,6 +37,20 @@ function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+/** The token and TLS files of a run over TLS, from the variables the CLIs read. */
+function connectionFromEnv(): AgioClientOptions {
+  const env = process.env;
+  const tls = {
+    caFile: env.AGIO_CA_FILE,
+    certFile: env.AGIO_CERT_FILE,
+    keyFile: env.AGIO_KEY_FILE,
+  };
+  return {
+    token: env.AGIO_TOKEN || undefined,
+    tls: tls.caFile || tls.certFile || tls.keyFile ? tls : false,
+  };
+}
+
 class Scenario {
   private readonly client: AgioClient;
   private readonly slow: AgioClient;
@@ -42,8 +58,9 @@ class Scenario {
   private toolRun: Run | undefined;
 
   constructor(address: string, slowAddress: string) {
-    this.client = new AgioClient(`http://${address}`, { timeoutMs: CALL_TIMEOUT_MS });
-    this.slow = new AgioClient(`http://${slowAddress}`, { timeoutMs: CALL_TIMEOUT_MS });
+    const options = { ...connectionFromEnv(), timeoutMs: CALL_TIMEOUT_MS };
+    this.client = new AgioClient(address, options);
+    this.slow = new AgioClient(slowAddress, options);
   }
 
   async health(): Promise<void> {
