@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -54,12 +53,6 @@ SCENARIO_TIMEOUT = 300.0
 PACED_MODEL = ["--port", "0", "--tokens", "200", "--tokens-per-second", "20"]
 FAILED_CHECK = re.compile(r"^(?:FAIL (\w+)|\s*--- FAIL: TestConformance/(\w+))", re.MULTILINE)
 TRANSPORTS = ("plaintext", "tls", "mutual_tls")
-
-AUTH_SETTINGS: dict[str, str] = {}
-"""How the TLS servers authenticate callers. Nothing yet: the `auth` settings land on their
-own. Turning on api_key auth is then its mode here, and `client_token` making a key with
-`agio-grpc keys create`; the clients already send AGIO_TOKEN with every call."""
-
 
 @dataclass
 class Outcome:
@@ -166,29 +159,42 @@ class Transport:
     client_env: dict[str, str] = field(default_factory=dict)
 
 
-def client_token() -> str:
-    """The credential the clients present to the TLS servers (AGIO_TOKEN): any string while
-    they check none (AUTH_SETTINGS says what changes then)."""
-    return "conformance-" + secrets.token_hex(8)
+def make_api_key(database_url: str) -> str:
+    """A key of tenant `conformance` in the store at `database_url`, made as an operator
+    makes one (`agio-grpc keys create`, the key the last line of its output)."""
+    made = subprocess.run(
+        [str(AGIO), "keys", "create", "--tenant", "conformance", "--name", "conformance"],
+        env=base_env() | {"AGIO_DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=True,
+    )
+    return made.stdout.splitlines()[-1]
 
 
 def make_transports(scratch: Path) -> dict[str, Transport]:
-    """Plaintext; TLS with a CA made here, and a token; mutual TLS, the client presenting a
-    certificate of that CA too."""
+    """Plaintext, no authentication; TLS with a CA made here and `api_key` authentication
+    (both servers on one database, which holds the key); mutual TLS with `mtls`
+    authentication, the client presenting a certificate of that CA (its tenant)."""
     directory = scratch / "tls"
     directory.mkdir()
     ca = CertificateAuthority("agio-grpc conformance CA")
     ca_file = ca.write(directory)
     server_cert, server_key = ca.issue_server().write(directory, "server")
-    client_cert, client_key = ca.issue_client().write(directory, "client")
+    client_cert, client_key = ca.issue_client("conformance").write(directory, "client")
     server = {"AGIO_TLS_CERT_FILE": str(server_cert), "AGIO_TLS_KEY_FILE": str(server_key)}
-    client = {"AGIO_CA_FILE": str(ca_file), "AGIO_TOKEN": client_token()}
+    keyed_database = f"sqlite+aiosqlite:///{scratch / 'tls-api-key.db'}"
+    api_key = {"AGIO_AUTH": "api_key", "AGIO_DATABASE_URL": keyed_database}
+    client = {"AGIO_CA_FILE": str(ca_file)}
     return {
         "plaintext": Transport("plaintext"),
-        "tls": Transport("tls", server | AUTH_SETTINGS, client),
+        "tls": Transport(
+            "tls", server | api_key, client | {"AGIO_TOKEN": make_api_key(keyed_database)}
+        ),
         "mutual_tls": Transport(
             "mutual_tls",
-            server | AUTH_SETTINGS | {"AGIO_TLS_CLIENT_CA_FILE": str(ca_file)},
+            server | {"AGIO_AUTH": "mtls", "AGIO_TLS_CLIENT_CA_FILE": str(ca_file)},
             client | {"AGIO_CERT_FILE": str(client_cert), "AGIO_KEY_FILE": str(client_key)},
         ),
     }
