@@ -15,7 +15,10 @@ import asyncio
 import gc
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from agio_grpc.config import Settings
 from agio_grpc.engine import BUILTIN_TOOLS
@@ -36,7 +39,7 @@ from agio_grpc.service.startup import (
     opening_store,
 )
 from agio_grpc.service.validation import PageTokens
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.protocol import StepStore, TenantQuotas
 from agio_grpc.store.sql import open_store
 from agio_grpc.telemetry import (
     InstrumentedStepStore,
@@ -122,9 +125,16 @@ class AgioApp:
         return self.bound.port
 
     @classmethod
-    async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> AgioApp:
+    async def start(
+        cls,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
+        *,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> AgioApp:
         """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
-        (the app then owns it and shuts it down on `stop`)."""
+        (the app then owns it and shuts it down on `stop`). `interceptors` go after the
+        service's own, just before the error mapping (an embedder's, a test's)."""
         check_bindable(settings.listen_address)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
@@ -133,13 +143,17 @@ class AgioApp:
         telemetry = telemetry or telemetry_from_environment()
         # Installed with tracing off too: the caller's trace context still becomes the run's
         # and its steps' trace ids (a no-op tracer carries the caller's span on).
-        interceptors = [TracingInterceptor(telemetry.tracer_provider)]
+        chain = [TracingInterceptor(telemetry.tracer_provider), *interceptors]
         with opening_store(settings.database_url):
             sql_store = await open_store(
                 settings.database_url,
                 sqlite_synchronous=settings.sqlite_synchronous,
                 session_lease_s=settings.server.session_lease_s,
                 instance_id=instance_id(settings),
+                quotas=TenantQuotas(
+                    max_running_runs=settings.quotas.max_running_runs_per_tenant,
+                    max_queued_runs=settings.quotas.max_queued_runs_per_tenant,
+                ),
             )
         fake_model: FakeModelServer | None = None
         try:
@@ -194,7 +208,7 @@ class AgioApp:
                             SessionServicer(store, runtime, pages, page_bytes),
                         ),
                     ],
-                    interceptors=interceptors,
+                    interceptors=chain,
                 )
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error

@@ -338,12 +338,19 @@ class PageTokens:
     16 bytes) of the payload with `key`; the service uses the key kept in the store
     (`server_secret`), so every replica accepts every other's tokens. A token that is not
     one of these, or that another server (another key) signed, or that another request
-    issued, is INVALID_ARGUMENT; positions inside a valid one are checked all the same.
+    issued, is INVALID_ARGUMENT; positions inside a valid one are checked all the same. The
+    servicers sign each call's tokens with its tenant's key (`for_tenant`), so a token works
+    for the tenant it was issued to only.
     """
 
     def __init__(self, key: bytes | None = None) -> None:
         """`key`: the signing key (a random one, for this process only, when None)."""
         self._key = key if key is not None else secrets.token_bytes(32)
+
+    def for_tenant(self, tenant: str) -> PageTokens:
+        """The tokens of `tenant`'s calls, signed with a key of its own (derived from this
+        one): a token issued to another tenant is refused exactly as a forged one is."""
+        return PageTokens(hmac.digest(self._key, b"tenant:" + tenant.encode(), "sha256"))
 
     def encode(self, query: dict[str, Any], position: list[Any]) -> str:
         """A token holding the next position, bound to the query it came from."""
