@@ -203,6 +203,21 @@ class ServerConfig(_Strict):
     """Sizes of requests (input, instructions, metadata, client tools, tool outputs)."""
 
 
+class QuotasConfig(_Strict):
+    """What each tenant may use at once, over every server sharing the database (0: no
+    limit). A run past a quota is refused with RESOURCE_EXHAUSTED `TENANT_QUOTA_EXCEEDED`
+    (a `google.rpc.QuotaFailure` naming `tenant:<id>`, and a `google.rpc.RetryInfo`);
+    nothing is stored."""
+
+    max_running_runs_per_tenant: int = Field(0, ge=0)
+    """How many of a tenant's runs may be RUNNING: a Run, StartRun, Retry or
+    SubmitToolOutputs that would run one more is refused. A run queued before starts
+    whatever the count (it was accepted when it was queued)."""
+    max_queued_runs_per_tenant: int = Field(0, ge=0)
+    """How many of a tenant's runs may wait QUEUED (BUSY_POLICY_ENQUEUE, INTERRUPT,
+    ROLLBACK), over all its sessions; `server.max_queued_runs` bounds each session's."""
+
+
 class Settings(BaseSettings):
     """Everything `agio-grpc serve` needs. Environment variables win over the config file."""
 
@@ -232,6 +247,7 @@ class Settings(BaseSettings):
     """Extra tools: `package.module:function`, or `package.module` exporting `TOOLS`."""
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
 
     @field_validator("listen_address")
     @classmethod
