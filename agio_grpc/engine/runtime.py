@@ -12,8 +12,8 @@ Verbs and their store calls, with the session's history cached (as after a run h
   history after the cached part).
 - `submit_tool_outputs`: read the run; `continue_run` (take the session, check the log is
   the cached one, store the outputs).
-- `retry`: read the session and the settings of the last step's run; `restart_run` (take,
-  check, delete, create).
+- `retry`: read the settings of the last step's run; `restart_run` (take, check, delete,
+  create).
 - `cancel` of a run waiting for its client: read the run; `end_idle_run`.
 A write refused for a log that changed is decided again once, on the log read afresh. A
 verb on a caller's ids takes its `tenant`: another tenant's is missing (store/protocol.py).
@@ -340,17 +340,17 @@ class Runtime:
         on it), InvalidInputError, SessionBusyError, RunRequiresActionError.
         """
         self._check_open()
-        session = (session_id, tenant)
 
         async def retry(whole: list[Step], kept: int) -> RunHandle:
-            return await self._retry(session, sequence, whole, kept, deadline_at, slot)
+            run = Run(session_id, "", tenant=tenant)  # its agent and settings: `_retry`'s
+            return await self._retry(run, sequence, whole, kept, deadline_at, slot)
 
         with await self._segments.admit(deadline_at) as slot:
             return await self._histories.decide(self.store, session_id, retry, tenant=tenant)
 
     async def _retry(
         self,
-        session: tuple[str, str],
+        run: Run,
         sequence: int,
         whole: list[Step],
         kept: int,
@@ -368,12 +368,11 @@ class Runtime:
         history = whole[: sequence - 1]
         plan = retry_plan(history, sequence)
         plan.kept_steps = min(kept, len(history))
-        agent, settings = await self._settings_of_step(history[-1])
-        session_id, tenant = session
-        run = Run(session_id, agent, options=settings.to_options(), tenant=tenant)
+        run.agent, settings = await self._settings_of_step(history[-1])
+        run.options = settings.to_options()
         trace = self._tracer.start_run(run, settings, "retry")
         run.trace_id = trace.trace_id
-        channel = RunChannel(run.id, session_id)
+        channel = RunChannel(run.id, run.session_id)
         try:
             started = await self.lifecycle.restart(run, sequence, channel, mark_of(whole))
         except BaseException:
