@@ -30,6 +30,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from agio_grpc.config import RequestLimitsConfig
+from agio_grpc.domain import DEFAULT_TENANT
 from agio_grpc.service.errors import FieldViolation, ServiceError, invalid_argument
 
 MAX_ID_LENGTH = 128
@@ -349,8 +350,13 @@ class PageTokens:
 
     def for_tenant(self, tenant: str) -> PageTokens:
         """The tokens of `tenant`'s calls, signed with a key of its own (derived from this
-        one): a token issued to another tenant is refused exactly as a forged one is."""
-        return PageTokens(hmac.digest(self._key, b"tenant:" + tenant.encode(), "sha256"))
+        one): a token issued to another tenant is refused exactly as a forged one is. The
+        default tenant's are signed with this key itself, so the tokens a server issued
+        before tenants existed (a replica not yet upgraded) still work for its callers."""
+        if tenant == DEFAULT_TENANT:
+            return self
+        name = b"tenant:" + tenant.encode("utf-8", "surrogatepass")
+        return PageTokens(hmac.digest(self._key, name, "sha256"))
 
     def encode(self, query: dict[str, Any], position: list[Any]) -> str:
         """A token holding the next position, bound to the query it came from."""
