@@ -316,6 +316,21 @@ class AuthConfig(_Strict):
         return self
 
 
+class QuotasConfig(_Strict):
+    """What each tenant may use at once, over every server sharing the database (0: no
+    limit). A run past a quota is refused with RESOURCE_EXHAUSTED `TENANT_QUOTA_EXCEEDED`
+    (a `google.rpc.QuotaFailure` naming `tenant:<id>`, and a `google.rpc.RetryInfo`);
+    nothing is stored."""
+
+    max_running_runs_per_tenant: int = Field(0, ge=0)
+    """How many of a tenant's runs may be RUNNING: a Run, StartRun, Retry or
+    SubmitToolOutputs that would run one more is refused. A run queued before starts
+    whatever the count (it was accepted when it was queued)."""
+    max_queued_runs_per_tenant: int = Field(0, ge=0)
+    """How many of a tenant's runs may wait QUEUED (BUSY_POLICY_ENQUEUE, INTERRUPT,
+    ROLLBACK), over all its sessions; `server.max_queued_runs` bounds each session's."""
+
+
 class Settings(BaseSettings):
     """Everything `agio-grpc serve` needs. Environment variables win over the config file."""
 
@@ -356,6 +371,7 @@ class Settings(BaseSettings):
     tls_client_ca_file: Path | None = None
     """PEM certificates of the CAs that sign client certificates: set, every client must
     present one they signed (mutual TLS). Needs `tls_cert_file` and `tls_key_file`."""
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
 
     @field_validator("listen_address")
     @classmethod

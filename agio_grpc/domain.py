@@ -356,6 +356,8 @@ class Run:
     # a ROLLBACK, its first sequence, from which its steps are deleted when this one starts.
     supersedes: str = ""
     rollback_from: int = 0
+    # Its session's tenant: a lookup by run id filters by it (store/protocol.py).
+    tenant: str = DEFAULT_TENANT
 
     def ended(self, signal: StopSignal, at: datetime | None = None) -> Run:
         """This run stopped by `signal`: a copy with the status the signal's reason leaves it
@@ -398,6 +400,9 @@ class Session:
     update_time: datetime = field(default_factory=utc_now)
     step_count: int = 0
     active_run_id: str = ""
+    tenant: str = DEFAULT_TENANT
+    """Whose it is: the caller's when it was made (a fork: its parent's). Only that
+    tenant's callers see it; to anyone else it answers as a missing session."""
 
 
 @dataclass(slots=True)

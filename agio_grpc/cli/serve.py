@@ -14,12 +14,16 @@ from pydantic import ValidationError
 
 
 def _configure_logging(level: str) -> None:
-    """Log lines to stderr, each with the trace and span id current when it was written."""
+    """Log lines to stderr, each with the trace and span id current when it was written, and
+    the tenant of the call or run it was written for."""
+    from agio_grpc.service.identity import current_caller
     from agio_grpc.telemetry import trace_log_handler
     from agio_grpc.telemetry.setup import capture_content_from_environment
 
     handler = trace_log_handler(
-        logging.StreamHandler(sys.stderr), capture_content=capture_content_from_environment()
+        logging.StreamHandler(sys.stderr),
+        capture_content=capture_content_from_environment(),
+        tenant=lambda: current_caller().tenant,
     )
     logging.basicConfig(level=level, handlers=[handler])
     if level == "INFO":

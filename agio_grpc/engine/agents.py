@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agio_grpc.domain import BusyPolicy, ToolCall
+from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, ToolCall
 from agio_grpc.engine.errors import InvalidInputError
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -131,6 +131,9 @@ class RunInput:
     then at the latest, however long it took to start."""
     on_busy: BusyPolicy = BusyPolicy.REJECT
     """What to do when the session is busy (domain.BusyPolicy)."""
+    tenant: str = DEFAULT_TENANT
+    """The caller's tenant: the new session's, or the one `session_id` must belong to (another
+    tenant's session is unknown to the caller)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,19 +16,24 @@ history was read while its run held the session and the run still held it at its
 extended while another holder rewrote the log, is never kept. Bounded by an estimate of the
 memory the cached steps take (`step_bytes`; the least recently used sessions go first), so a
 few sessions with long tool outputs cannot take more than a crowd of short ones. Holds only
-whole histories (sequences 1..N). Never reads the store.
+whole histories (sequences 1..N). Reads the store only through the `StepStore` a caller
+hands it (`read_through`, `decide`).
 """
 
 from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
-from agio_grpc.domain import Step
+from agio_grpc.domain import DEFAULT_TENANT, Step
+from agio_grpc.engine.errors import InvalidInputError
+from agio_grpc.store.errors import HistoryChangedError
 from agio_grpc.store.protocol import HistoryMark, StepStore
+
+T = TypeVar("T")
 
 # What a cached step costs besides its texts: the Step, its StepMetrics, ids and list
 # (measured with tracemalloc on decoded history steps: ~400 B, plus the id strings).
@@ -85,6 +90,8 @@ class _Entry:
     steps: tuple[Step, ...]
     size: int
     """The steps' `step_bytes`, summed."""
+    tenant: str
+    """The session's tenant (a session never changes tenant)."""
 
 
 class HistoryCache:
@@ -106,24 +113,54 @@ class HistoryCache:
         """The estimated memory the cached steps take, in bytes (`step_bytes`)."""
         return self._bytes
 
-    def cached(self, session_id: str) -> CachedHistory:
-        """What is cached for the session now (a snapshot: later changes do not touch it)."""
+    def cached(self, session_id: str, *, tenant: str | None = None) -> CachedHistory:
+        """What is cached for the session now (a snapshot: later changes do not touch it);
+        nothing for a session that is not `tenant`'s (when given)."""
         entry = self._histories.get(session_id)
-        if entry is None:
+        if entry is None or (tenant is not None and entry.tenant != tenant):
             return CachedHistory()
         self._histories.move_to_end(session_id)
         return CachedHistory(entry.steps)
 
-    async def read_through(self, store: StepStore, session_id: str) -> tuple[list[Step], int]:
+    async def decide(
+        self,
+        store: StepStore,
+        session_id: str,
+        decide: Callable[[list[Step], int], Awaitable[T]],
+        *,
+        tenant: str | None = None,
+    ) -> T:
+        """`decide(history, cached_steps)` on the session's history as this process last
+        saw it (no read), and once more on the history as stored when what it decided was
+        refused for a log that changed meanwhile: its write checks the log's last step
+        (HistoryChangedError), and a request it found invalid is checked again against the
+        stored log. With `tenant`, only on a session of that tenant: another's is read
+        from the store, which finds it missing (NotFoundError) before anything is decided."""
+        cached = self.cached(session_id, tenant=tenant)
+        if cached.steps:
+            try:
+                return await decide(list(cached.steps), len(cached.steps))
+            except (HistoryChangedError, InvalidInputError):
+                self.forget(session_id)
+        history, kept = await self.read_through(store, session_id, tenant=tenant)
+        return await decide(history, kept)
+
+    async def read_through(
+        self, store: StepStore, session_id: str, *, tenant: str | None = None
+    ) -> tuple[list[Step], int]:
         """The session's whole history: what is cached, then the steps `store` has after it;
-        with how many came from the cache."""
-        cached = self.cached(session_id)
-        read = await store.get_history_since(session_id, cached.mark)
+        with how many came from the cache. Raises NotFoundError (also for a session that
+        is not `tenant`'s, when given)."""
+        cached = self.cached(session_id, tenant=tenant)
+        read = await store.get_history_since(session_id, cached.mark, tenant=tenant)
         history = cached.join(read.start, read.steps)
         return history, len(history) - len(read.steps)
 
-    def remember(self, session_id: str, history: Sequence[Step]) -> None:
-        """Hold `history` as the session's, when it is whole (sequences 1..N, in order)."""
+    def remember(
+        self, session_id: str, history: Sequence[Step], *, tenant: str = DEFAULT_TENANT
+    ) -> None:
+        """Hold `history` as the session's (of `tenant`), when it is whole (sequences 1..N,
+        in order)."""
         previous = self._drop(session_id)
         count = len(history)
         if not count or history[0].sequence != 1 or history[-1].sequence != count:
@@ -133,7 +170,7 @@ class HistoryCache:
             size = sum(step_bytes(step) for step in history)
         if size > self._max_bytes:
             return
-        self._histories[session_id] = _Entry(tuple(history), size)
+        self._histories[session_id] = _Entry(tuple(history), size, tenant)
         self._bytes += size
         while self._bytes > self._max_bytes:
             _, evicted = self._histories.popitem(last=False)

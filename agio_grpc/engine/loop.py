@@ -541,7 +541,7 @@ class RunLoop:
             # The history is the stored log exactly: read under the session, extended only by
             # this run's own writes, the session held throughout. Kept before the terminal
             # event, so the client's next run on the session starts from it.
-            self.services.histories.remember(run.session_id, self.history)
+            self.services.histories.remember(run.session_id, self.history, tenant=run.tenant)
         self.trace.end(run)  # before the terminal event: a client that saw it sees the trace
         final = ended.publish(self.channel)
         try:

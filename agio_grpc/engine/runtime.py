@@ -15,7 +15,8 @@ Verbs and their store calls, with the session's history cached (as after a run h
 - `retry`: read the settings of the last step's run; `restart_run` (take, check, delete,
   create).
 - `cancel` of a run waiting for its client: read the run; `end_idle_run`.
-A write refused for a log that changed is decided again once, on the log read afresh.
+A write refused for a log that changed is decided again once, on the log read afresh. A
+verb on a caller's ids takes its `tenant`: another tenant's is missing (store/protocol.py).
 
 Live segments are engine/segments.py's, queued runs engine/queues.py's; `watch` follows a
 segment live, and replays any other run from the journal (engine/watching.py), exactly,
@@ -32,11 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import TypeVar
 
-from agio_grpc.domain import Role, Run, RunStatus, Session, Step, StopSignal
+from agio_grpc.domain import DEFAULT_TENANT, Role, Run, RunStatus, Session, Step, StopSignal
 from agio_grpc.engine.admission import RunSlots, Slot
 from agio_grpc.engine.agents import (
     AgentSpec,
@@ -78,7 +78,6 @@ from agio_grpc.store.protocol import SessionLeases, StepStore
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 _CANCEL_AGAIN_S = 0.01  # how soon a cancel looks again at a run that was just continued
 
 
@@ -159,13 +158,15 @@ class Runtime:
             raise AgentNotFoundError(name, list(self.agents))
         return spec
 
-    async def next_context(self, session_id: str, agent: str = "") -> list[Step]:
+    async def next_context(
+        self, session_id: str, agent: str = "", *, tenant: str | None = None
+    ) -> list[Step]:
         """What the model would receive next on the session (GetContext): the system prompt
-        (sequence 0), then the stored steps as repaired by `build_context`.
+        (sequence 0), then the stored steps as repaired by `build_context`. Raises
+        NotFoundError (also for a session that is not `tenant`'s, when given).
         """
         spec = self.agent(agent)
-        await self.store.get_session(session_id)
-        steps = await self.store.get_steps(session_id)
+        steps = await self.store.get_steps(session_id, tenant=tenant)
         return context_steps(spec.instructions, steps, spec.limits.max_history_messages)
 
     # -- the verbs --------------------------------------------------------------------------
@@ -182,13 +183,14 @@ class Runtime:
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
         settings = resolve_settings(agent, request.overrides, request.client_tools)
-        new_session = None if request.session_id else Session()
+        new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
             session_id=new_session.id if new_session else request.session_id,
             agent=agent.name,
             request_id=request.request_id,
             metadata=dict(request.metadata),
             options=settings.to_options(),
+            tenant=request.tenant,
         )
         trace = self._tracer.start_run(run, settings, "run")
         run.trace_id = trace.trace_id
@@ -230,18 +232,24 @@ class Runtime:
             raise
 
     async def submit_tool_outputs(
-        self, run_id: str, outputs: list[ToolOutput], *, deadline_at: float | None = None
+        self,
+        run_id: str,
+        outputs: list[ToolOutput],
+        *,
+        deadline_at: float | None = None,
+        tenant: str | None = None,
     ) -> RunHandle:
         """Store the caller's client tool results and continue the same run.
 
         The run must be REQUIRES_ACTION (else RunStateError); `outputs` must answer exactly
         its pending client calls (else InvalidInputError naming the ids). Event seqs continue
         from the run's last one; the new segment starts with `RunStarted` and a
-        `StepCompleted` per stored output. Raises NotFoundError, SessionBusyError,
-        HistoryChangedError (the log changed while the call decided).
+        `StepCompleted` per stored output. Raises NotFoundError (also for a run that is not
+        `tenant`'s, when given), SessionBusyError, HistoryChangedError (the log changed
+        while the call decided).
         """
         self._check_open()
-        run = RunStateError.unless_waiting(await self.store.get_run(run_id))
+        run = RunStateError.unless_waiting(await self.store.get_run(run_id, tenant=tenant))
         settings = self._settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
@@ -249,9 +257,9 @@ class Runtime:
 
         with await self._segments.admit(deadline_at) as slot:
             try:
-                return await self._on_history(run.session_id, submit)
+                return await self._histories.decide(self.store, run.session_id, submit)
             except InvalidInputError:  # no calls left to answer: ended meanwhile?
-                RunStateError.unless_waiting(await self.store.get_run(run_id))
+                RunStateError.unless_waiting(await self.store.get_run(run_id, tenant=tenant))
                 raise
 
     async def _submit(
@@ -305,7 +313,12 @@ class Runtime:
         )
 
     async def retry(
-        self, session_id: str, sequence: int, *, deadline_at: float | None = None
+        self,
+        session_id: str,
+        sequence: int,
+        *,
+        deadline_at: float | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> RunHandle:
         """Delete the session's steps from `sequence` on and regenerate, as a new run.
 
@@ -322,20 +335,22 @@ class Runtime:
         regenerate from: InvalidInputError, as is an empty session. The run uses the agent and
         settings of the run that wrote the remaining last step (the default agent if that run
         is gone). The write checks that the session's log is still the one read (else
-        HistoryChangedError). Raises NotFoundError, InvalidInputError, SessionBusyError,
-        RunRequiresActionError.
+        HistoryChangedError). The run is the caller's `tenant`'s, on a session of its only.
+        Raises NotFoundError (also for another tenant's session, before anything is decided
+        on it), InvalidInputError, SessionBusyError, RunRequiresActionError.
         """
         self._check_open()
 
         async def retry(whole: list[Step], kept: int) -> RunHandle:
-            return await self._retry(session_id, sequence, whole, kept, deadline_at, slot)
+            run = Run(session_id, "", tenant=tenant)  # its agent and settings: `_retry`'s
+            return await self._retry(run, sequence, whole, kept, deadline_at, slot)
 
         with await self._segments.admit(deadline_at) as slot:
-            return await self._on_history(session_id, retry)
+            return await self._histories.decide(self.store, session_id, retry, tenant=tenant)
 
     async def _retry(
         self,
-        session_id: str,
+        run: Run,
         sequence: int,
         whole: list[Step],
         kept: int,
@@ -353,11 +368,11 @@ class Runtime:
         history = whole[: sequence - 1]
         plan = retry_plan(history, sequence)
         plan.kept_steps = min(kept, len(history))
-        agent, settings = await self._settings_of_step(history[-1])
-        run = Run(session_id=session_id, agent=agent, options=settings.to_options())
+        run.agent, settings = await self._settings_of_step(history[-1])
+        run.options = settings.to_options()
         trace = self._tracer.start_run(run, settings, "retry")
         run.trace_id = trace.trace_id
-        channel = RunChannel(run.id, session_id)
+        channel = RunChannel(run.id, run.session_id)
         try:
             started = await self.lifecycle.restart(run, sequence, channel, mark_of(whole))
         except BaseException:
@@ -365,25 +380,28 @@ class Runtime:
             raise
         return self._segments.spawn(started, settings, plan, channel, deadline_at, trace, slot=slot)
 
-    async def cancel(self, run_id: str, reason: str, source: str = "client") -> Run:
+    async def cancel(
+        self, run_id: str, reason: str, source: str = "client", *, tenant: str | None = None
+    ) -> Run:
         """`stop` the run CANCELLED (a CancelRun, or a caller gone)."""
-        return await self.stop(run_id, cancelled(reason, source))
+        return await self.stop(run_id, cancelled(reason, source), tenant=tenant)
 
-    async def stop(self, run_id: str, signal: StopSignal) -> Run:
+    async def stop(self, run_id: str, signal: StopSignal, *, tenant: str | None = None) -> Run:
         """Stop a run with `signal`; idempotent. Returns the run as stored afterwards.
 
         A run here stops with it (open calls get error results; waited for up to
         `cancel_wait_s`), as does a REQUIRES_ACTION one; a QUEUED one never starts; an ended
         one is returned as it is. A run another process runs gets a cancel request on its
         row (acted on within its `cancel_poll_s`, waited for alike); one whose process died
-        ends INTERRUPTED once its lease ran out. Never SESSION_BUSY. Raises NotFoundError.
+        ends INTERRUPTED once its lease ran out. Never SESSION_BUSY. Raises NotFoundError,
+        also for a run that is not `tenant`'s (when given: it is left as it is).
         """
         wait_s = self.options.cancel_wait_s
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
-            if await self._segments.stop(run_id, signal, wait_s):
+            if await self._segments.stop(run_id, signal, wait_s, tenant=tenant):
                 return await self.store.get_run(run_id)
-            run = await self.store.get_run(run_id)
+            run = await self.store.get_run(run_id, tenant=tenant)
             if run.status is RunStatus.RUNNING and self._keeper is not None:
                 run = await self._keeper.cancel_elsewhere(run, signal, wait_s)
             if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
@@ -401,11 +419,15 @@ class Runtime:
         async def end(history: list[Step] | None, _: int = 0) -> Run | None:
             ended = await self.lifecycle.end_idle(run, signal, history)
             if ended is not None and history is not None:  # the log, checked by the write
-                self._histories.remember(run.session_id, [*history, *ended.steps])
+                self._histories.remember(
+                    run.session_id, [*history, *ended.steps], tenant=run.tenant
+                )
             return ended.run if ended is not None else None
 
         waits = run.status is RunStatus.REQUIRES_ACTION
-        return await (self._on_history(run.session_id, end) if waits else end(None))
+        return await (
+            self._histories.decide(self.store, run.session_id, end) if waits else end(None)
+        )
 
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq` up to its next terminal event: live for a run
@@ -473,20 +495,3 @@ class Runtime:
             agent = self.agent()
             return agent.name, resolve_settings(agent, RunOverrides(), [])
         return run.agent, self._settings_of(run)
-
-    async def _on_history(
-        self, session_id: str, decide: Callable[[list[Step], int], Awaitable[T]]
-    ) -> T:
-        """`decide(history, cached_steps)` on the session's history as this process last
-        saw it (the history cache: no read), and once more on the history as stored when
-        what it decided was refused for a log that changed meanwhile: its write checks the
-        log's last step (HistoryChangedError), and a request it found invalid is checked
-        again against the stored log."""
-        cached = self._histories.cached(session_id)
-        if cached.steps:
-            try:
-                return await decide(list(cached.steps), len(cached.steps))
-            except (HistoryChangedError, InvalidInputError):
-                self._histories.forget(session_id)
-        history, kept = await self._histories.read_through(self.store, session_id)
-        return await decide(history, kept)

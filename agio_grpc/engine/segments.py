@@ -66,6 +66,7 @@ class RunPlan:
 @dataclass(slots=True)
 class _Segment:
     session_id: str
+    tenant: str
     channel: RunChannel
     control: RunControl
     task: asyncio.Task[Run] | None = None
@@ -103,7 +104,7 @@ class Segments:
         `slot` (`admit`), or takes one past the limit (a queued run, accepted before)."""
         trace.history_loaded(plan.kept_steps, len(plan.history) - plan.kept_steps)
         control = RunControl()
-        segment = _Segment(run.session_id, channel, control)
+        segment = _Segment(run.session_id, run.tenant, channel, control)
         loop = RunLoop(
             self._services,
             RunSegment(
@@ -169,11 +170,15 @@ class Segments:
     def running(self) -> set[asyncio.Task[Run]]:
         return {s.task for s in self._segments.values() if s.task and not s.task.done()}
 
-    async def stop(self, run_id: str, signal: StopSignal, wait_s: float) -> bool:
+    async def stop(
+        self, run_id: str, signal: StopSignal, wait_s: float, *, tenant: str | None = None
+    ) -> bool:
         """Stop the run's segment running here and wait (up to `wait_s`) for its end to be
-        recorded; False when none runs here."""
+        recorded; False when none runs here, or not one of `tenant`'s (when given)."""
         segment = self._live(run_id)
         if segment is None or segment.task is None:
+            return False
+        if tenant is not None and segment.tenant != tenant:
             return False
         segment.control.request_stop(copy.deepcopy(signal))
         await asyncio.wait({segment.task}, timeout=wait_s)

@@ -6,7 +6,8 @@ the handler sees `CancelledError`, cancels the run so its record ends clean (unl
 `Run` asked for DISCONNECT_POLICY_CONTINUE), and re-raises. `StartRun` starts a run no call
 follows: it returns the run at once, and the run goes on by itself.
 The generated stubs type streaming methods as iterators; these return None because they
-write, hence the `override` ignores.
+write, hence the `override` ignores. Every call acts in the caller's tenant
+(`current_caller().tenant`): a run or session of another tenant's answers as a missing one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agio_grpc.engine.lifecycle import cancelled, server_fault
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, deadline_too_short
+from agio_grpc.service.identity import current_caller
 from agio_grpc.service.validation import (
     PageTokens,
     ToolSchemaChecks,
@@ -171,7 +173,7 @@ def _client_tool_violations(
     return found
 
 
-def _to_run_input(request: pb.RunRequest) -> RunInput:
+def _to_run_input(request: pb.RunRequest, tenant: str) -> RunInput:
     return RunInput(
         input=request.input,
         session_id=request.session_id,
@@ -183,6 +185,7 @@ def _to_run_input(request: pb.RunRequest) -> RunInput:
         request_id=request.request_id,
         metadata=dict(request.metadata),
         on_busy=_BUSY_POLICIES[request.on_busy],
+        tenant=tenant,
     )
 
 
@@ -237,8 +240,8 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         self._schemas = ToolSchemaChecks(self._config.request_limits)
 
     async def _run_input(self, request: pb.RunRequest) -> RunInput:
-        """The run the request asks for (no deadline yet); INVALID_ARGUMENT naming all that
-        is wrong with it."""
+        """The run the request asks for, in the caller's tenant (no deadline yet);
+        INVALID_ARGUMENT naming all that is wrong with it."""
         violations = _run_request_violations(request, self._config)
         if len(request.client_tools) <= self._config.request_limits.max_client_tools:
             violations += await self._schemas.violations(
@@ -248,7 +251,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
                 ]
             )
         raise_if_any(*violations)
-        return _to_run_input(request)
+        return _to_run_input(request, current_caller().tenant)
 
     async def _relay(
         self,
@@ -321,7 +324,10 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         raise_if_any(*violations)
         outputs = [ToolOutput(o.tool_call_id, o.output, o.is_error) for o in request.tool_outputs]
         handle = await self._runtime.submit_tool_outputs(
-            request.run_id, outputs, deadline_at=_deadline_at(context)
+            request.run_id,
+            outputs,
+            deadline_at=_deadline_at(context),
+            tenant=current_caller().tenant,
         )
         await self._relay(handle.run_id, handle.events(), context, owns_run=True)
 
@@ -333,7 +339,10 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             check_positive("sequence", request.sequence),
         )
         handle = await self._runtime.retry(
-            request.session_id, request.sequence, deadline_at=_deadline_at(context)
+            request.session_id,
+            request.sequence,
+            deadline_at=_deadline_at(context),
+            tenant=current_caller().tenant,
         )
         await self._relay(handle.run_id, handle.events(), context, owns_run=True)
 
@@ -344,7 +353,8 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             check_id("run_id", request.run_id),
             check_non_negative("after_seq", request.after_seq),
         )
-        await self._store.get_run(request.run_id)  # NOT_FOUND before the stream starts
+        # NOT_FOUND (a run of another tenant's too) before the stream starts.
+        await self._store.get_run(request.run_id, tenant=current_caller().tenant)
         events = self._runtime.watch(request.run_id, request.after_seq)
         await self._relay(request.run_id, events, context, owns_run=False)
 
@@ -358,7 +368,10 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             )
         raise_if_any(*violations)
         run = await self._runtime.cancel(
-            request.run_id, request.reason or "cancelled by the client", source="client"
+            request.run_id,
+            request.reason or "cancelled by the client",
+            source="client",
+            tenant=current_caller().tenant,
         )
         return pb.CancelRunResponse(run=convert.run_to_proto(run))
 
@@ -366,21 +379,23 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetRunResponse:
         raise_if_any(check_id("run_id", request.run_id))
-        run = await self._store.get_run(request.run_id)
+        run = await self._store.get_run(request.run_id, tenant=current_caller().tenant)
         return pb.GetRunResponse(run=convert.run_to_proto(run))
 
     async def ListRuns(
         self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRunsResponse:
         raise_if_any(check_id("session_id", request.session_id))
+        tenant = current_caller().tenant
+        pages = self._pages.for_tenant(tenant)
         limit = page_size(request.page_size, DEFAULT_RUN_PAGE)
         query: dict[str, object] = {"rpc": "ListRuns", "session": request.session_id}
-        after = time_key(self._pages.decode(request.page_token, query))
-        await self._store.get_session(request.session_id)
-        runs = await self._store.list_runs(request.session_id, limit + 1, after)
+        after = time_key(pages.decode(request.page_token, query))
+        await self._store.get_session(request.session_id, tenant=tenant)
+        runs = await self._store.list_runs(request.session_id, limit + 1, after, tenant=tenant)
         page = [convert.run_to_proto(r) for r in runs[:limit]]
         del page[fitting(page, self._page_bytes) :]
-        runs, token = self._pages.trim_time_keyed(runs, len(page), query)
+        runs, token = pages.trim_time_keyed(runs, len(page), query)
         return pb.ListRunsResponse(runs=page, next_page_token=token)
 
     async def ListAgents(

@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -49,7 +50,7 @@ from agio_grpc.service.startup import (
 )
 from agio_grpc.service.tls import ServerCertificates
 from agio_grpc.service.validation import PageTokens
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.protocol import StepStore, TenantQuotas
 from agio_grpc.store.sql import open_store
 from agio_grpc.telemetry import (
     InstrumentedStepStore,
@@ -139,9 +140,16 @@ class AgioApp:
         return self.bound.port
 
     @classmethod
-    async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> AgioApp:
+    async def start(
+        cls,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
+        *,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> AgioApp:
         """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
-        (the app then owns it and shuts it down on `stop`)."""
+        (the app then owns it and shuts it down on `stop`). `interceptors` go after the
+        service's own, just before the error mapping (an embedder's, a test's)."""
         auth_mode = choose_auth_mode(settings)
         check_bindable(settings.listen_address)
         certificates = ServerCertificates.load(settings)
@@ -152,22 +160,24 @@ class AgioApp:
         telemetry = telemetry or telemetry_from_environment()
         # Installed with tracing off too: the caller's trace context still becomes the run's
         # and its steps' trace ids (a no-op tracer carries the caller's span on).
-        interceptors: list[grpc.aio.ServerInterceptor] = [
-            TracingInterceptor(telemetry.tracer_provider)
-        ]
+        chain: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(telemetry.tracer_provider)]
         with opening_store(settings.database_url):
             sql_store = await open_store(
                 settings.database_url,
                 sqlite_synchronous=settings.sqlite_synchronous,
                 session_lease_s=settings.server.session_lease_s,
                 instance_id=instance_id(settings),
+                quotas=TenantQuotas(
+                    max_running_runs=settings.quotas.max_running_runs_per_tenant,
+                    max_queued_runs=settings.quotas.max_queued_runs_per_tenant,
+                ),
             )
         fake_model: FakeModelServer | None = None
         authenticator: Authenticator | None = None
         try:
             authenticator = build_authenticator(settings, auth_mode, sql_store.key_store())
             if authenticator is not None:
-                interceptors.append(AuthInterceptor(authenticator))
+                chain.append(AuthInterceptor(authenticator))
             # Only this instance's and expired leases: safe beside live replicas.
             recovered = await sql_store.recover_own_runs()
             recovered += await sql_store.recover_expired_runs()
@@ -219,7 +229,7 @@ class AgioApp:
                             SessionServicer(store, runtime, pages, page_bytes),
                         ),
                     ],
-                    interceptors=interceptors,
+                    interceptors=[*chain, *interceptors],
                     reflection=reflection_enabled(settings, auth_mode),
                     credentials=certificates.credentials() if certificates else None,
                 )

@@ -1,8 +1,9 @@
 """One place that turns failures into gRPC statuses with rich details.
 
 Every non-OK status the service sends is built here: a canonical code, a message with no
-traceback, exactly one `google.rpc.ErrorInfo` with a stable `reason`, and for bad input a
-`google.rpc.BadRequest` listing the offending fields. Handlers raise `ServiceError` (or let a
+traceback, exactly one `google.rpc.ErrorInfo` with a stable `reason`, for bad input a
+`google.rpc.BadRequest` listing the offending fields, and for a tenant's quota a
+`google.rpc.QuotaFailure` with a `google.rpc.RetryInfo`. Handlers raise `ServiceError` (or let a
 store/engine error escape); `error_status` maps it and the interceptor aborts the call.
 """
 
@@ -12,7 +13,8 @@ import logging
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -37,6 +39,7 @@ from agio_grpc.store.errors import (
     SessionBusyError,
     StoreError,
     StoreUnavailableError,
+    TenantQuotaError,
 )
 
 ERROR_DOMAIN = "agio-grpc"
@@ -64,6 +67,9 @@ class ServiceError(Exception):
     message: str
     metadata: dict[str, str] = field(default_factory=dict)
     violations: list[FieldViolation] = field(default_factory=list)
+    details: list[Message] = field(default_factory=list)
+    """Further `google.rpc` details (QuotaFailure, RetryInfo), after ErrorInfo and
+    BadRequest."""
 
     def __str__(self) -> str:
         return f"{self.code.name} {self.reason}: {self.message}"
@@ -231,11 +237,43 @@ def from_store_error(error: StoreError) -> ServiceError:
             "the session; nothing was stored",
             metadata={"sessionId": error.session_id, "runId": error.run_id},
         )
+    if isinstance(error, TenantQuotaError):
+        return tenant_quota_exceeded(error)
     if isinstance(error, StoreUnavailableError):
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the step store is unavailable"
         )
     return internal_error()
+
+
+QUOTA_RETRY_DELAY_S = 1
+"""The wait a refusal for a tenant's quota suggests (RetryInfo): about how soon one of its
+runs may end, or a queued one start."""
+_QUOTA_NAMES = {"RUNNING": "max_running_runs_per_tenant", "QUEUED": "max_queued_runs_per_tenant"}
+
+
+def tenant_quota_exceeded(error: TenantQuotaError) -> ServiceError:
+    """RESOURCE_EXHAUSTED `TENANT_QUOTA_EXCEEDED`: the caller's tenant is at a quota."""
+    quota = _QUOTA_NAMES.get(error.status, error.status.lower())
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "TENANT_QUOTA_EXCEEDED",
+        str(error),
+        metadata={"tenant": error.tenant, "quota": quota, "limit": str(error.limit)},
+        details=[
+            error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(
+                        subject=f"tenant:{error.tenant}",
+                        description=f"{quota} is {error.limit}",
+                    )
+                ]
+            ),
+            error_details_pb2.RetryInfo(
+                retry_delay=duration_pb2.Duration(seconds=QUOTA_RETRY_DELAY_S)
+            ),
+        ],
+    )
 
 
 def from_engine_error(error: EngineError) -> ServiceError:
@@ -297,6 +335,10 @@ def to_status(error: ServiceError) -> grpc.Status:
             )
         )
         details.append(bad_request)
+    for detail in error.details:
+        packed = any_pb2.Any()
+        packed.Pack(detail)
+        details.append(packed)
     code: int = error.code.value[0]
     assert code_pb2.Code.Name(code)  # every grpc.StatusCode is a google.rpc.Code
     status: grpc.Status = rpc_status.to_status(

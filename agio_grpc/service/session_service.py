@@ -1,7 +1,8 @@
 """`agio.v1.SessionService`: read and edit sessions and their step logs.
 
 Validates every request before it touches the store, so a bad request writes nothing; store
-and engine errors are mapped to statuses by the error interceptor.
+and engine errors are mapped to statuses by the error interceptor. Every call sees the
+caller's tenant's sessions only (`current_caller`), and its page tokens are the tenant's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from agio_grpc import domain
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, invalid_argument
+from agio_grpc.service.identity import current_caller
 from agio_grpc.service.validation import (
     PageTokens,
     check_id,
@@ -38,11 +40,20 @@ DEFAULT_PAGE_BYTES = 12 * 1024 * 1024
 """How much a page of steps or messages may hold: room to spare in a 16 MiB message."""
 
 
+def _tenant() -> str:
+    """The caller's tenant: every lookup filters by it (another tenant's session answers as
+    a missing one)."""
+    return current_caller().tenant
+
+
 class ContextSource(Protocol):
     """Builds what the model would receive next for a session (the engine provides it)."""
 
-    async def next_context(self, session_id: str, agent: str = "") -> list[domain.Step]:
-        """The system prompt (sequence 0) then the session's messages, valid to re-send."""
+    async def next_context(
+        self, session_id: str, agent: str = "", *, tenant: str | None = None
+    ) -> list[domain.Step]:
+        """The system prompt (sequence 0) then the session's messages, valid to re-send.
+        Raises NotFoundError (also for a session that is not `tenant`'s)."""
         ...
 
 
@@ -67,17 +78,19 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
         raise_if_any(check_id("session_id", request.session_id))
-        session = await self._store.get_session(request.session_id)
+        session = await self._store.get_session(request.session_id, tenant=_tenant())
         return pb.GetSessionResponse(session=convert.session_to_proto(session))
 
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSessionsResponse:
+        tenant = _tenant()
+        pages = self._pages.for_tenant(tenant)
         limit = page_size(request.page_size, DEFAULT_SESSION_PAGE)
         query: dict[str, object] = {"rpc": "ListSessions"}
-        after = time_key(self._pages.decode(request.page_token, query))
-        sessions, token = self._pages.trim_time_keyed(
-            await self._store.list_sessions(limit + 1, after), limit, query
+        after = time_key(pages.decode(request.page_token, query))
+        sessions, token = pages.trim_time_keyed(
+            await self._store.list_sessions(limit + 1, after, tenant=tenant), limit, query
         )
         return pb.ListSessionsResponse(
             sessions=[convert.session_to_proto(s) for s in sessions], next_page_token=token
@@ -88,7 +101,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     ) -> pb.DeleteSessionResponse:
         raise_if_any(check_id("session_id", request.session_id))
         # The store refuses an edit of a session a run holds (SESSION_BUSY).
-        deleted = await self._store.delete_session(request.session_id)
+        deleted = await self._store.delete_session(request.session_id, tenant=_tenant())
         return pb.DeleteSessionResponse(deleted_steps=deleted)
 
     async def ListSteps(
@@ -103,6 +116,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             raise invalid_argument(
                 [FieldViolation("end_sequence", "must not be below start_sequence")]
             )
+        tenant = _tenant()
+        pages = self._pages.for_tenant(tenant)
         limit = page_size(request.page_size, DEFAULT_STEP_PAGE)
         query: dict[str, object] = {
             "rpc": "ListSteps",
@@ -110,16 +125,18 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             "start": request.start_sequence,
             "end": request.end_sequence,
         }
-        resume = sequence_key(self._pages.decode(request.page_token, query))
+        resume = sequence_key(pages.decode(request.page_token, query))
         start = resume if resume is not None else max(request.start_sequence, 1)
-        await self._store.get_session(request.session_id)  # NOT_FOUND for an unknown session
         end = request.end_sequence or None
-        steps = await self._store.get_steps(request.session_id, start, end, limit + 1)
+        # NOT_FOUND for an unknown session, or another tenant's.
+        steps = await self._store.get_steps(
+            request.session_id, start, end, limit + 1, tenant=tenant
+        )
         page = [convert.step_to_proto(s) for s in steps[:limit]]
         del page[fitting(page, self._page_bytes) :]
         token = ""
         if len(steps) > len(page):
-            token = self._pages.encode(query, [steps[len(page)].sequence])
+            token = pages.encode(query, [steps[len(page)].sequence])
         return pb.ListStepsResponse(steps=page, next_page_token=token)
 
     async def GetStep(
@@ -129,7 +146,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_positive("sequence", request.sequence),
         )
-        step = await self._store.get_step(request.session_id, request.sequence)
+        step = await self._store.get_step(request.session_id, request.sequence, tenant=_tenant())
         return pb.GetStepResponse(step=convert.step_to_proto(step))
 
     async def DeleteSteps(
@@ -143,7 +160,9 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         await self._refuse_open_calls(
             request.session_id, start - 1, "start_sequence", f"deleting from {start}"
         )
-        deleted = await self._store.delete_steps_from(request.session_id, request.start_sequence)
+        deleted = await self._store.delete_steps_from(
+            request.session_id, request.start_sequence, tenant=_tenant()
+        )
         return pb.DeleteStepsResponse(deleted_count=deleted)
 
     async def ForkSession(
@@ -153,13 +172,15 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_non_negative("sequence", request.sequence),
         )
+        tenant = _tenant()
         sequence = request.sequence
         if sequence == 0:
-            sequence = (await self._store.get_session(request.session_id)).step_count
+            sequence = (await self._store.get_session(request.session_id, tenant=tenant)).step_count
         await self._refuse_open_calls(
             request.session_id, sequence, "sequence", f"forking at {sequence}"
         )
-        fork = await self._store.fork_session(request.session_id, sequence)
+        # The fork is the parent's tenant's: the caller's.
+        fork = await self._store.fork_session(request.session_id, sequence, tenant=tenant)
         return pb.ForkSessionResponse(session=convert.session_to_proto(fork))
 
     async def _refuse_open_calls(
@@ -175,7 +196,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         while end >= 1:
             start = max(1, end - TAIL_READ + 1)
             try:
-                tail = [*await self._store.get_history(session_id, start, end), *tail]
+                read = await self._store.get_steps(session_id, start, end, tenant=_tenant())
+                tail = [*read, *tail]
             except NotFoundError:
                 return  # the store's own edit names the missing session
             if not tail or tail[0].role is not domain.Role.TOOL or start == 1:
@@ -203,9 +225,11 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_id("agent", request.agent, required=False),
         )
+        tenant = _tenant()
+        pages = self._pages.for_tenant(tenant)
         limit = page_size(request.page_size, MAX_CONTEXT_PAGE)
-        steps = await self._context.next_context(request.session_id, request.agent)
-        summary = await self._store.context_summary(request.session_id)
+        steps = await self._context.next_context(request.session_id, request.agent, tenant=tenant)
+        summary = await self._store.context_summary(request.session_id, tenant=tenant)
         # Bound to the session as it is: a page of a context that changed since is refused.
         query: dict[str, object] = {
             "rpc": "GetContext",
@@ -214,12 +238,12 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             "last": summary.max_sequence,
             "steps": summary.total_steps,
         }
-        position = sequence_key(self._pages.decode(request.page_token, query), 2**31)
+        position = sequence_key(pages.decode(request.page_token, query), 2**31)
         start = position or 0
         page = [convert.step_to_proto(s) for s in steps[start : start + limit]]
         del page[fitting(page, self._page_bytes) :]
         end = start + len(page)
-        token = self._pages.encode(query, [end]) if end < len(steps) else ""
+        token = pages.encode(query, [end]) if end < len(steps) else ""
         return pb.GetContextResponse(
             messages=page, summary=convert.summary_to_proto(summary), next_page_token=token
         )

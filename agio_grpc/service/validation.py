@@ -30,6 +30,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from agio_grpc.config import RequestLimitsConfig
+from agio_grpc.domain import DEFAULT_TENANT
 from agio_grpc.service.errors import FieldViolation, ServiceError, invalid_argument
 
 MAX_ID_LENGTH = 128
@@ -338,12 +339,24 @@ class PageTokens:
     16 bytes) of the payload with `key`; the service uses the key kept in the store
     (`server_secret`), so every replica accepts every other's tokens. A token that is not
     one of these, or that another server (another key) signed, or that another request
-    issued, is INVALID_ARGUMENT; positions inside a valid one are checked all the same.
+    issued, is INVALID_ARGUMENT; positions inside a valid one are checked all the same. The
+    servicers sign each call's tokens with its tenant's key (`for_tenant`), so a token works
+    for the tenant it was issued to only.
     """
 
     def __init__(self, key: bytes | None = None) -> None:
         """`key`: the signing key (a random one, for this process only, when None)."""
         self._key = key if key is not None else secrets.token_bytes(32)
+
+    def for_tenant(self, tenant: str) -> PageTokens:
+        """The tokens of `tenant`'s calls, signed with a key of its own (derived from this
+        one): a token issued to another tenant is refused exactly as a forged one is. The
+        default tenant's are signed with this key itself, so the tokens a server issued
+        before tenants existed (a replica not yet upgraded) still work for its callers."""
+        if tenant == DEFAULT_TENANT:
+            return self
+        name = b"tenant:" + tenant.encode("utf-8", "surrogatepass")
+        return PageTokens(hmac.digest(self._key, name, "sha256"))
 
     def encode(self, query: dict[str, Any], position: list[Any]) -> str:
         """A token holding the next position, bound to the query it came from."""

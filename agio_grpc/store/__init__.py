@@ -16,8 +16,9 @@ from agio_grpc.store.errors import (
     SessionBusyError,
     StoreError,
     StoreUnavailableError,
+    TenantQuotaError,
 )
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.protocol import StepStore, TenantQuotas
 
 __all__ = [
     "DuplicateRequestError",
@@ -33,4 +34,6 @@ __all__ = [
     "StepStore",
     "StoreError",
     "StoreUnavailableError",
+    "TenantQuotaError",
+    "TenantQuotas",
 ]

@@ -107,3 +107,17 @@ class InvalidRangeError(StoreError):
 
 class StoreUnavailableError(StoreError):
     """The database cannot be reached or refused the operation for a transient reason."""
+
+
+class TenantQuotaError(StoreError):
+    """The run would take its tenant past a quota (`TenantQuotas`): as many of its runs as
+    the quota allows are `status` (RUNNING or QUEUED) already. Nothing was written."""
+
+    def __init__(self, tenant: str, status: str, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {limit} {status.lower()} run(s) already, the most its "
+            "quota allows: try again once one has ended"
+        )
+        self.tenant = tenant
+        self.status = status
+        self.limit = limit

@@ -28,6 +28,17 @@ Session leases (one active run per session that survives a crashed server):
   a late writer never adds steps to a session another run holds.
 - `now` is the store process's UTC wall clock (as for every other time the store writes):
   replicas sharing a database need clocks in sync well within the lease (NTP is plenty).
+
+Tenants (revision 0006): every session belongs to one (`Session.tenant`), and a run to its
+session's (`Run.tenant`); a session's steps and journal are its. The lookups a caller makes
+take `tenant=`, filtered in the same statement or transaction: another tenant's session or
+run raises NotFoundError exactly as a missing one (same kind, key and message), before
+anything else is decided (a busy session of another tenant is missing, not busy), so
+nothing tells a caller whether another tenant's id exists. `tenant=None` is any tenant's:
+for the engine's own reads of the ids it runs. Writes that start a run (`start_run`,
+`restart_run`) only take a session of the run's tenant. Creating is the caller's tenant's:
+`create_session` and `start_run(new_session=)` store the session's `tenant`, a fork its
+parent's.
 """
 
 from __future__ import annotations
@@ -132,6 +143,18 @@ class QueueRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantQuotas:
+    """How many runs of one tenant may be RUNNING, and QUEUED, at once, over every server
+    sharing the store (0: no limit). A write that would make one more (`start_run`, a
+    `restart_run`, a `continue_run`; queued: `start_run` with a queue) raises
+    TenantQuotaError and writes nothing. A queued run starts whatever the running count:
+    it was accepted when it was queued. An implementation takes them when it is made."""
+
+    max_running_runs: int = 0
+    max_queued_runs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class RunContinuation:
     """What `StepStore.continue_run` stored."""
 
@@ -172,17 +195,23 @@ class StepStore(Protocol):
         """Store a new, empty session (a fresh one when `session` is None)."""
         ...
 
-    async def get_session(self, session_id: str) -> Session:
-        """The session with its current step count. Raises NotFoundError."""
+    async def get_session(self, session_id: str, *, tenant: str | None = None) -> Session:
+        """The session with its current step count. Raises NotFoundError (also for another
+        tenant's, see the module docstring)."""
         ...
 
     async def list_sessions(
-        self, limit: int, after: tuple[datetime, str] | None = None
+        self,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Session]:
-        """Sessions newest first, `(create_time, id)` strictly after the `after` key."""
+        """The tenant's sessions (every one: None) newest first, `(create_time, id)`
+        strictly after the `after` key."""
         ...
 
-    async def delete_session(self, session_id: str) -> int:
+    async def delete_session(self, session_id: str, *, tenant: str | None = None) -> int:
         """Delete a session with its steps and runs; returns the steps deleted. Raises
         NotFoundError, and SessionBusyError while a run holds the session (one transaction:
         over an expired lease, the run that held it is interrupted first)."""
@@ -206,9 +235,16 @@ class StepStore(Protocol):
         ...
 
     async def get_steps(
-        self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
+        self,
+        session_id: str,
+        start: int = 1,
+        end: int | None = None,
+        limit: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Step]:
-        """Steps with start <= sequence <= end (end None = to the last), in sequence order."""
+        """Steps with start <= sequence <= end (end None = to the last), in sequence order.
+        Raises NotFoundError for an unknown session."""
         ...
 
     async def get_history(
@@ -223,7 +259,12 @@ class StepStore(Protocol):
         ...
 
     async def get_history_since(
-        self, session_id: str, since: HistoryMark | None, end: int | None = None
+        self,
+        session_id: str,
+        since: HistoryMark | None,
+        end: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> HistoryRead:
         """`get_history(session_id, 1, end)`, less what the caller holds: when the step at
         `since.sequence` (<= `end`) is still the one with `since.step_id`, only the steps
@@ -232,8 +273,8 @@ class StepStore(Protocol):
         ids are never reused. Raises NotFoundError."""
         ...
 
-    async def get_step(self, session_id: str, sequence: int) -> Step:
-        """The step at `sequence`. Raises NotFoundError."""
+    async def get_step(self, session_id: str, sequence: int, *, tenant: str | None = None) -> Step:
+        """The step at `sequence`. Raises NotFoundError (the session's first)."""
         ...
 
     async def get_last_step(self, session_id: str) -> Step | None:
@@ -244,27 +285,35 @@ class StepStore(Protocol):
         """How many steps the session holds."""
         ...
 
-    async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
+    async def delete_steps_from(
+        self, session_id: str, start_sequence: int, *, tenant: str | None = None
+    ) -> int:
         """Delete steps with sequence >= start_sequence; returns how many were deleted.
         Raises NotFoundError, InvalidRangeError, and SessionBusyError while a run holds the
         session (one transaction, which takes the session and lets it go again: a call
         cancelled at any moment leaves it as it was or edited, never held)."""
         ...
 
-    async def fork_session(self, session_id: str, up_to_sequence: int) -> Session:
+    async def fork_session(
+        self, session_id: str, up_to_sequence: int, *, tenant: str | None = None
+    ) -> Session:
         """Copy steps 1..up_to_sequence into a new session with new step ids.
 
-        The new session records `parent_session_id` and `fork_sequence`. Raises
-        InvalidRangeError when up_to_sequence exceeds the last sequence.
+        The new session records `parent_session_id` and `fork_sequence`, and belongs to the
+        parent's tenant. Raises NotFoundError, InvalidRangeError when up_to_sequence exceeds
+        the last sequence.
         """
         ...
 
-    async def context_summary(self, session_id: str) -> ContextSummary:
+    async def context_summary(
+        self, session_id: str, *, tenant: str | None = None
+    ) -> ContextSummary:
         """Counts per role, tool calls, sequence range and tokens of the session's steps."""
         ...
 
     async def create_run(self, run: Run) -> Run:
-        """Store a new run. Raises NotFoundError for an unknown session."""
+        """Store a new run. Raises NotFoundError for an unknown session (or one that is not
+        the run's tenant's)."""
         ...
 
     async def start_run(
@@ -294,10 +343,13 @@ class StepStore(Protocol):
         a delete only cuts the end of the log and a step id is never reused, so every
         earlier step is still the one the caller holds. Otherwise the whole history is read.
 
+        The session must be the run's tenant's (else NotFoundError, as for an unknown one);
+        a new session is (ValueError otherwise).
+
         All or nothing. Raises NotFoundError (unknown session), SessionBusyError (another
         run is active or queued; nothing is written), RunRequiresActionError (a run of the
         session waits in REQUIRES_ACTION), DuplicateRequestError (a run of the session has
-        the run's `request_id`), QueueFullError, SequenceConflictError.
+        the run's `request_id`), QueueFullError, TenantQuotaError, SequenceConflictError.
         """
         ...
 
@@ -342,7 +394,7 @@ class StepStore(Protocol):
         read; None: no step) and that the run still waits, then store `steps` (the run's),
         `run` (RUNNING again, its counts extended by them) and what `journal` makes of them.
         Raises SessionBusyError, HistoryChangedError, RunStateConflictError, NotFoundError,
-        SequenceConflictError."""
+        TenantQuotaError, SequenceConflictError."""
         ...
 
     async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
@@ -364,8 +416,9 @@ class StepStore(Protocol):
         """A Retry's write, in one transaction: take the session for `run`, check that its
         last step is still `expect` (what the call read), delete the steps from
         `delete_from` on (none when it is past the last), store the new run and what
-        `journal` makes of it. Returns the run as stored. Raises SessionBusyError,
-        HistoryChangedError, NotFoundError."""
+        `journal` makes of it. Returns the run as stored. Raises NotFoundError (also for a
+        session that is not the run's tenant's), SessionBusyError, HistoryChangedError,
+        TenantQuotaError."""
         ...
 
     async def end_idle_run(
@@ -391,14 +444,20 @@ class StepStore(Protocol):
         an unknown run)."""
         ...
 
-    async def get_run(self, run_id: str) -> Run:
-        """The run. Raises NotFoundError."""
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        """The run. Raises NotFoundError (also for another tenant's)."""
         ...
 
     async def list_runs(
-        self, session_id: str, limit: int, after: tuple[datetime, str] | None = None
+        self,
+        session_id: str,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Run]:
-        """A session's runs newest first, `(create_time, id)` strictly after `after`."""
+        """A session's runs newest first, `(create_time, id)` strictly after `after`.
+        Raises NotFoundError for an unknown session."""
         ...
 
     async def acquire_session(self, session_id: str, run_id: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Final
 from sqlalchemy import Row
 
 from agio_grpc.domain import (
+    DEFAULT_TENANT,
     Role,
     Run,
     RunStatus,
@@ -57,6 +58,7 @@ def session_from_row(row: Row[Any]) -> Session:
         update_time=row.update_time,
         step_count=row.last_sequence,
         active_run_id=row.active_run_id or "",
+        tenant=row.tenant,
     )
 
 
@@ -352,6 +354,7 @@ def run_from_row(row: Row[Any]) -> Run:
         queue_position=row.queue_position,
         supersedes=row.supersedes,
         rollback_from=row.rollback_from,
+        tenant=row.tenant,
     )
 
 
@@ -416,7 +419,8 @@ def _time_from_json(value: str | None) -> datetime | None:
 
 def run_json(run: Run) -> list[Any]:
     """Every field of a run but a queued run's bookkeeping (its input and place), which an
-    event does not show, in `Run` field order."""
+    event does not show, in `Run` field order; its tenant last (revision 0006: records
+    written before it have none, and belong to the default tenant)."""
     usage, signal = run.usage, run.stop_signal
     return [
         run.session_id,
@@ -438,6 +442,7 @@ def run_json(run: Run) -> list[Any]:
         run.metadata,
         run.options,
         run.last_event_seq,
+        run.tenant,
     ]
 
 
@@ -462,7 +467,7 @@ def run_from_json(data: Sequence[Any]) -> Run:
         metadata,
         options,
         last_event_seq,
-    ) = data
+    ) = data[:19]
     created = _time_from_json(create_time)
     assert created is not None
     return Run(
@@ -483,6 +488,7 @@ def run_from_json(data: Sequence[Any]) -> Run:
         dict(metadata),
         dict(options),
         last_event_seq,
+        tenant=data[19] if len(data) > 19 else DEFAULT_TENANT,
     )
 
 

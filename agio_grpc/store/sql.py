@@ -86,6 +86,7 @@ from agio_grpc.store.errors import (
     RunRequiresActionError,
     RunStateConflictError,
     SessionBusyError,
+    TenantQuotaError,
 )
 from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.migrations import upgrade_to_head
@@ -103,6 +104,7 @@ from agio_grpc.store.protocol import (
     RunStart,
     SessionLeases,
     StepStore,
+    TenantQuotas,
     terminal_kind,
 )
 from agio_grpc.store.rows import (
@@ -136,6 +138,9 @@ T = TypeVar("T")
 
 # Key of the PostgreSQL advisory lock that lets one replica at a time run migrations.
 _MIGRATION_LOCK_KEY: Final = 0x6167696F  # "agio"
+# First key of the advisory locks (one per tenant) under which a tenant's runs start when a
+# quota bounds them.
+_QUOTA_LOCK_SPACE: Final = 0x71756F74  # "quot"
 
 DEFAULT_SESSION_LEASE_S: Final = 30.0
 LEASE_EXPIRED_MESSAGE: Final = "the server running this run stopped (its lease expired)"
@@ -148,6 +153,7 @@ async def open_store(
     sqlite_synchronous: str = "NORMAL",
     session_lease_s: float = DEFAULT_SESSION_LEASE_S,
     instance_id: str = "",
+    quotas: TenantQuotas | None = None,
 ) -> SqlStepStore:
     """Connect to `url`, migrate the schema to head and return the store.
 
@@ -157,15 +163,18 @@ async def open_store(
     several times the cost per commit. `session_lease_s` is how long a take or renewal holds
     a session (see the protocol); `instance_id` names this server on the sessions it takes,
     stable across its restarts, so that a restarted server can end the runs it left
-    (`recover_own_runs`). Raises StoreUnavailableError when the database cannot be
-    reached, ValueError for an unsupported URL or a lease that is not positive.
+    (`recover_own_runs`); `quotas` bounds each tenant's running and queued runs (none by
+    default). Raises StoreUnavailableError when the database cannot be reached, ValueError
+    for an unsupported URL or a lease that is not positive.
     """
     if not session_lease_s > 0:
         raise ValueError(f"session_lease_s must be positive, got {session_lease_s}")
     parsed = parse_url(url)
     prepare_sqlite_file(parsed)
     database = open_database(parsed, sqlite_synchronous)
-    store = SqlStepStore(database, session_lease_s=session_lease_s, instance_id=instance_id)
+    store = SqlStepStore(
+        database, session_lease_s=session_lease_s, instance_id=instance_id, quotas=quotas
+    )
     try:
         await store._migrate()
     except BaseException:
@@ -183,9 +192,11 @@ class SqlStepStore:
         *,
         session_lease_s: float = DEFAULT_SESSION_LEASE_S,
         instance_id: str = "",
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self._database = database
         self._lease = _Lease(timedelta(seconds=session_lease_s), instance_id or None)
+        self._quotas = _Quotas(quotas or TenantQuotas(), database.backend)
 
     @property
     def session_lease_s(self) -> float:
@@ -213,10 +224,10 @@ class SqlStepStore:
         await self._write(work)
         return stored
 
-    async def get_session(self, session_id: str) -> Session:
+    async def get_session(self, session_id: str, *, tenant: str | None = None) -> Session:
         def work(conn: Connection) -> Any:
             return conn.execute(
-                select(session_table).where(session_table.c.id == session_id)
+                select(session_table).where(_session_is(session_id, tenant))
             ).first()
 
         row = await self._read(work)
@@ -225,23 +236,31 @@ class SqlStepStore:
         return session_from_row(row)
 
     async def list_sessions(
-        self, limit: int, after: tuple[datetime, str] | None = None
+        self,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Session]:
         _check_limit(limit)
         created, session_id = session_table.c.create_time, session_table.c.id
         query = select(session_table).order_by(created.desc(), session_id.desc()).limit(limit)
+        if tenant is not None:
+            query = query.where(session_table.c.tenant == tenant)
         if after is not None:
             query = query.where(_older_than(created, session_id, after))
         rows = await self._read(lambda conn: conn.execute(query).all())
         return [session_from_row(row) for row in rows]
 
-    async def delete_session(self, session_id: str) -> int:
+    async def delete_session(self, session_id: str, *, tenant: str | None = None) -> int:
         def work(conn: Connection) -> Any:
+            if tenant is not None:  # before the take: another's busy session is missing too
+                _require_session(conn, session_id, tenant=tenant)
             _take_for_edit(conn, session_id, self._lease)
             # Steps and runs go with the session by ON DELETE CASCADE.
             return conn.execute(
                 delete(session_table)
-                .where(session_table.c.id == session_id)
+                .where(_session_is(session_id, tenant))
                 .returning(session_table.c.last_sequence)
             ).scalar_one_or_none()
 
@@ -275,7 +294,13 @@ class SqlStepStore:
         return (await self.append_steps([step]))[0]
 
     async def get_steps(
-        self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
+        self,
+        session_id: str,
+        start: int = 1,
+        end: int | None = None,
+        limit: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Step]:
         params: dict[str, Any] = {"session_id": session_id, "start": start}
         if end is not None:
@@ -286,8 +311,10 @@ class SqlStepStore:
         query = _select_steps(bounded=end is not None, limited=limit is not None)
 
         def work(conn: Connection) -> list[Step]:
+            if tenant is not None:
+                _require_session(conn, session_id, tenant=tenant)
             steps = _read_steps(conn, session_id, query, params)
-            if not steps:
+            if not steps and tenant is None:
                 _require_session(conn, session_id)
             return steps
 
@@ -299,18 +326,28 @@ class SqlStepStore:
         return await self._read(lambda conn: _read_history(conn, session_id, start, end))
 
     async def get_history_since(
-        self, session_id: str, since: HistoryMark | None, end: int | None = None
+        self,
+        session_id: str,
+        since: HistoryMark | None,
+        end: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> HistoryRead:
         def work(conn: Connection) -> HistoryRead:
+            if tenant is not None:
+                _require_session(conn, session_id, tenant=tenant)
             start = _read_start(conn, session_id, since, end)
-            # A mark that held proved the session is there.
-            steps = _read_history(conn, session_id, start, end, known_session=start > 1)
+            # A mark that held proved the session is there (so did the tenant's check).
+            known = start > 1 or tenant is not None
+            steps = _read_history(conn, session_id, start, end, known_session=known)
             return HistoryRead(steps, start)
 
         return await self._read(work)
 
-    async def get_step(self, session_id: str, sequence: int) -> Step:
+    async def get_step(self, session_id: str, sequence: int, *, tenant: str | None = None) -> Step:
         def work(conn: Connection) -> Step:
+            if tenant is not None:
+                _require_session(conn, session_id, tenant=tenant)
             steps = _read_steps(
                 conn, session_id, _SELECT_STEP, {"session_id": session_id, "sequence": sequence}
             )
@@ -335,8 +372,12 @@ class SqlStepStore:
         # Sequences are exactly 1..N, so the counter is the count.
         return await self._read(lambda conn: _require_session(conn, session_id))
 
-    async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
+    async def delete_steps_from(
+        self, session_id: str, start_sequence: int, *, tenant: str | None = None
+    ) -> int:
         def work(conn: Connection) -> int:
+            if tenant is not None:  # before the take: another's busy session is missing too
+                _require_session(conn, session_id, tenant=tenant)
             holder = _take_for_edit(conn, session_id, self._lease)
             # The row lock keeps appends and forks out until the counter is reset.
             last = _require_session(conn, session_id, lock=True)
@@ -354,10 +395,19 @@ class SqlStepStore:
 
         return await self._write(work)
 
-    async def fork_session(self, session_id: str, up_to_sequence: int) -> Session:
+    async def fork_session(
+        self, session_id: str, up_to_sequence: int, *, tenant: str | None = None
+    ) -> Session:
         def work(conn: Connection) -> Session:
             # A shared lock: other forks may read along, deletes and appends wait.
-            last = _require_session(conn, session_id, lock=True, shared=True)
+            parent = conn.execute(
+                select(session_table.c.last_sequence, session_table.c.tenant)
+                .where(_session_is(session_id, tenant))
+                .with_for_update(read=True)
+            ).first()
+            if parent is None:
+                raise NotFoundError("session", session_id)
+            last = int(parent.last_sequence)
             if not 0 <= up_to_sequence <= last:
                 raise InvalidRangeError(
                     f"cannot fork session {session_id!r} at sequence {up_to_sequence}: "
@@ -372,6 +422,7 @@ class SqlStepStore:
                 create_time=now,
                 update_time=now,
                 step_count=up_to_sequence,
+                tenant=str(parent.tenant),  # the parent's, which is the caller's
             )
             _insert_session(conn, fork, last_sequence=up_to_sequence, lease=self._lease)
             parent_rows = conn.execute(
@@ -393,7 +444,9 @@ class SqlStepStore:
 
         return await self._write(work)
 
-    async def context_summary(self, session_id: str) -> ContextSummary:
+    async def context_summary(
+        self, session_id: str, *, tenant: str | None = None
+    ) -> ContextSummary:
         def count_role(role: Role) -> Any:
             return func.coalesce(func.sum(case((step_table.c.role == role.value, 1), else_=0)), 0)
 
@@ -417,8 +470,10 @@ class SqlStepStore:
         ).where(step_table.c.session_id == session_id)
 
         def work(conn: Connection) -> Any:
+            if tenant is not None:
+                _require_session(conn, session_id, tenant=tenant)
             row = conn.execute(query).one()
-            if row[0] == 0:
+            if row[0] == 0 and tenant is None:
                 _require_session(conn, session_id)
             return row
 
@@ -441,7 +496,7 @@ class SqlStepStore:
         stored = stored_run(run)
 
         def work(conn: Connection) -> None:
-            _require_session(conn, run.session_id)
+            _require_session(conn, run.session_id, tenant=run.tenant)
             _insert_run(conn, stored)
 
         await self._write(work)
@@ -461,22 +516,27 @@ class SqlStepStore:
             raise ValueError("start_run needs the run's first steps")
         if new_session is not None and new_session.id != run.session_id:
             raise ValueError("start_run: the new session must be the run's session")
+        if new_session is not None and new_session.tenant != run.tenant:
+            raise ValueError("start_run: the new session must be the run's tenant's")
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("start_run takes steps of the run's session")
         if not run.id:
             raise ValueError("start_run needs a run id")
         fresh = stored_session(new_session) if new_session is not None else None
         session_id = run.session_id
+        quotas = self._quotas
 
         def work(conn: Connection) -> RunStart:
             if fresh is not None:
                 _insert_session(
                     conn, fresh, last_sequence=0, lease=self._lease, active_run_id=run.id
                 )
+                quotas.check_running(conn, run.tenant)
                 return _store_start(conn, run, steps, since, journal, insert=True)
             # The session row first (the lock order of every take): what is read below, the
-            # runs in the way and a reused request_id, stays true until this commits.
-            _require_session(conn, session_id, lock=True)
+            # runs in the way and a reused request_id, stays true until this commits. Only
+            # the run's tenant's: another's is missing, busy or not.
+            _require_session(conn, session_id, lock=True, tenant=run.tenant)
             if run.request_id:
                 _refuse_duplicate(conn, session_id, run.request_id)
             waiting, queued = _blockers(conn, session_id)
@@ -486,13 +546,16 @@ class SqlStepStore:
                 except SessionBusyError as busy:
                     if queue is None:
                         raise
+                    quotas.check_queued(conn, run.tenant)
                     return _enqueue(conn, run, steps, queued, busy.active_run_id, queue, journal)
+                quotas.check_running(conn, run.tenant)
                 return _store_start(conn, run, steps, since, journal, insert=True)
             if queue is None or (queue.ahead and waiting is not None):
                 if waiting is not None:
                     raise RunRequiresActionError(session_id, waiting)
                 raise SessionBusyError(session_id, queued[0][0])
             holder = _live_holder(conn, session_id)
+            quotas.check_queued(conn, run.tenant)
             return _enqueue(conn, run, steps, queued, holder, queue, journal)
 
         return await self._write(work)
@@ -603,6 +666,7 @@ class SqlStepStore:
                 raise NotFoundError("run", run.id)
             if status != RunStatus.REQUIRES_ACTION.value:
                 raise RunStateConflictError(run.id, str(status))
+            self._quotas.check_running(conn, run.tenant)
             stored = _append(conn, run.session_id, steps, held_by=run.id)
             continued = stored_run(
                 replace(
@@ -650,6 +714,8 @@ class SqlStepStore:
         journal: Journal | None = None,
     ) -> Run:
         def work(conn: Connection) -> Run:
+            # Only a session of the run's tenant (another's is missing, even when busy).
+            _require_session(conn, run.session_id, tenant=run.tenant)
             _acquire(conn, run.session_id, run.id, self._lease)
             waiting, queued = _blockers(conn, run.session_id)
             if waiting is not None:
@@ -657,6 +723,7 @@ class SqlStepStore:
             if queued:  # the queue goes first
                 raise SessionBusyError(run.session_id, queued[0][0])
             last = _check_last_step(conn, run.session_id, expect)
+            self._quotas.check_running(conn, run.tenant)
             if delete_from <= last:
                 _delete_steps(conn, run.session_id, delete_from)
             started = stored_run(run)
@@ -726,9 +793,13 @@ class SqlStepStore:
 
         return await self._read(work)
 
-    async def get_run(self, run_id: str) -> Run:
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        query = select(run_table).where(run_table.c.id == run_id)
+        if tenant is not None:
+            query = query.where(run_table.c.tenant == tenant)
+
         def work(conn: Connection) -> Any:
-            return conn.execute(select(run_table).where(run_table.c.id == run_id)).first()
+            return conn.execute(query).first()
 
         row = await self._read(work)
         if row is None:
@@ -736,7 +807,12 @@ class SqlStepStore:
         return run_from_row(row)
 
     async def list_runs(
-        self, session_id: str, limit: int, after: tuple[datetime, str] | None = None
+        self,
+        session_id: str,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Run]:
         _check_limit(limit)
         created, run_id = run_table.c.create_time, run_table.c.id
@@ -746,13 +822,15 @@ class SqlStepStore:
             .order_by(created.desc(), run_id.desc())
             .limit(limit)
         )
+        if tenant is not None:
+            query = query.where(run_table.c.tenant == tenant)
         if after is not None:
             query = query.where(_older_than(created, run_id, after))
 
         def work(conn: Connection) -> list[Run]:
             rows = conn.execute(query).all()
             if not rows:
-                _require_session(conn, session_id)
+                _require_session(conn, session_id, tenant=tenant)
             return [run_from_row(row) for row in rows]
 
         return await self._read(work)
@@ -1123,6 +1201,41 @@ def _read_start(
 
 
 @dataclass(frozen=True, slots=True)
+class _Quotas:
+    """`TenantQuotas` as the transactions that start or queue a run check them."""
+
+    limits: TenantQuotas
+    backend: str
+
+    def check_running(self, conn: Connection, tenant: str) -> None:
+        """TenantQuotaError when the tenant runs as many runs as it may already."""
+        self._check(conn, tenant, RunStatus.RUNNING, self.limits.max_running_runs)
+
+    def check_queued(self, conn: Connection, tenant: str) -> None:
+        """TenantQuotaError when the tenant has as many queued runs as it may already."""
+        self._check(conn, tenant, RunStatus.QUEUED, self.limits.max_queued_runs)
+
+    def _check(self, conn: Connection, tenant: str, status: RunStatus, limit: int) -> None:
+        if limit <= 0:
+            return
+        if self.backend == "postgresql":
+            # The tenant's starts take turns (on any session, on any replica), each counting
+            # what the one before committed; taken after the session's row lock, and no
+            # holder of it takes another session's, so it cannot deadlock.
+            conn.execute(_TENANT_LOCK, {"space": _QUOTA_LOCK_SPACE, "tenant": tenant})
+        count = conn.execute(
+            select(func.count())
+            .select_from(run_table)
+            .where(run_table.c.tenant == tenant, run_table.c.status == status.value)
+        ).scalar_one()
+        if count >= limit:
+            raise TenantQuotaError(tenant, status.value, limit)
+
+
+_TENANT_LOCK: Final = text("SELECT pg_advisory_xact_lock(:space, hashtext(:tenant))")
+
+
+@dataclass(frozen=True, slots=True)
 class _Lease:
     """How a take holds a session: for `term` from now, by the instance `owner`."""
 
@@ -1158,6 +1271,7 @@ def _insert_session(
             "active_run_id": holder,
             "lease_expires_at": utc_now() + lease.term if holder else None,
             "lease_owner": lease.owner if holder else None,
+            "tenant": session.tenant,
         },
     )
 
@@ -1175,6 +1289,7 @@ def _insert_run(conn: Connection, run: Run) -> None:
             "queue_position": run.queue_position,
             "supersedes": run.supersedes,
             "rollback_from": run.rollback_from,
+            "tenant": run.tenant,
             **run_mutable_values(run),
         },
     )
@@ -1550,11 +1665,25 @@ def _answer_open_calls(conn: Connection, session_id: str, run_id: str, why: str)
     return _append(conn, session_id, results)
 
 
+def _session_is(session_id: str, tenant: str | None) -> Any:
+    """The session's row, when it is `tenant`'s (any tenant's: None). Another tenant's
+    session is not found, exactly as a missing one: same error, same message."""
+    if tenant is None:
+        return session_table.c.id == session_id
+    return and_(session_table.c.id == session_id, session_table.c.tenant == tenant)
+
+
 def _require_session(
-    conn: Connection, session_id: str, *, lock: bool = False, shared: bool = False
+    conn: Connection,
+    session_id: str,
+    *,
+    lock: bool = False,
+    shared: bool = False,
+    tenant: str | None = None,
 ) -> int:
-    """The session's last sequence; raises NotFoundError. `lock` row-locks it (PostgreSQL)."""
-    query = select(session_table.c.last_sequence).where(session_table.c.id == session_id)
+    """The session's last sequence; raises NotFoundError, also for a session that is not
+    `tenant`'s (when given). `lock` row-locks it (PostgreSQL)."""
+    query = select(session_table.c.last_sequence).where(_session_is(session_id, tenant))
     if lock:
         query = query.with_for_update(read=shared)
     last = conn.execute(query).scalar_one_or_none()

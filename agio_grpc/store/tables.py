@@ -170,6 +170,8 @@ runs = Table(
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),
+    # A tenant's running or queued runs, counted against its quotas (revision 0007).
+    Index("ix_runs_tenant_status", "tenant", "status"),
 )
 
 # The run event journal (revision 0004): the events a replay needs, under their live seq.

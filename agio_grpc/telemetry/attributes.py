@@ -10,6 +10,8 @@ from typing import Final
 
 RUN_ID: Final = "agio.run.id"
 SESSION_ID: Final = "agio.session.id"
+TENANT: Final = "agio.tenant"
+"""On a run segment's span: the tenant the run belongs to (its session's)."""
 STEP_ID: Final = "agio.step.id"
 STEP_SEQUENCE: Final = "agio.step.sequence"
 """On a model or tool call span: the sequence its step is stored at."""

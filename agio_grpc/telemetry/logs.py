@@ -1,8 +1,11 @@
-"""Log lines that carry the trace: `trace_id` and `span_id` on every record.
+"""Log lines that carry the trace and the tenant: `trace_id`, `span_id` and `tenant` on
+every record.
 
 `TraceContextFilter` (on a handler) sets `record.trace_id` / `record.span_id` from the
-current span ("" outside any trace); `LOG_FORMAT` prints them as `key=value` fields so a
-backend can join a line to its span.
+current span ("" outside any trace), and `record.tenant`: the run's while a run segment's
+code runs (its trace's context carries it, `with_log_tenant`), else the caller's (the
+`tenant` function the service hands over: the current call's caller); `LOG_FORMAT` prints
+them as `key=value` fields so a backend can join a line to its span and its tenant.
 
 No log line carries user or model content unless content capture is opted in (the switch
 spans use, `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`): the code logs ids, types
@@ -14,19 +17,38 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 LOG_FORMAT = (
-    "%(asctime)s %(levelname)s %(name)s trace_id=%(trace_id)s span_id=%(span_id)s %(message)s"
+    "%(asctime)s %(levelname)s %(name)s trace_id=%(trace_id)s span_id=%(span_id)s "
+    "tenant=%(tenant)s %(message)s"
 )
+
+_LOG_TENANT = otel_context.create_key("agio.log_tenant")
+
+
+def with_log_tenant(tenant: str, context: otel_context.Context) -> otel_context.Context:
+    """`context` with `tenant` as the tenant of the log lines written under it."""
+    return otel_context.set_value(_LOG_TENANT, tenant, context)
+
+
+def _no_tenant() -> str:
+    return ""
 
 
 class TraceContextFilter(logging.Filter):
-    """Adds the current trace and span ids to each record (never drops one)."""
+    """Adds the current trace and span ids and the tenant to each record (never drops one).
+    `tenant` says the current caller's tenant, for lines written outside any run."""
+
+    def __init__(self, tenant: Callable[[], str] = _no_tenant) -> None:
+        super().__init__()
+        self._caller_tenant = tenant
 
     def filter(self, record: logging.LogRecord) -> bool:
         context = trace.get_current_span().get_span_context()
@@ -35,6 +57,8 @@ class TraceContextFilter(logging.Filter):
             record.span_id = trace.format_span_id(context.span_id)
         else:
             record.trace_id = record.span_id = ""
+        tenant = otel_context.get_value(_LOG_TENANT)
+        record.tenant = tenant if isinstance(tenant, str) else self._caller_tenant()
         return True
 
 
@@ -65,11 +89,15 @@ class ContentFreeFormatter(logging.Formatter):
 
 
 def trace_log_handler(
-    handler: logging.Handler, *, capture_content: bool = False
+    handler: logging.Handler,
+    *,
+    capture_content: bool = False,
+    tenant: Callable[[], str] = _no_tenant,
 ) -> logging.Handler:
     """`handler` with the trace filter and the `key=value` format; tracebacks without the
-    exceptions' messages unless `capture_content`."""
-    handler.addFilter(TraceContextFilter())
+    exceptions' messages unless `capture_content`. `tenant` says the current caller's tenant
+    (the service's `current_caller().tenant`)."""
+    handler.addFilter(TraceContextFilter(tenant))
     formatter = logging.Formatter if capture_content else ContentFreeFormatter
     handler.setFormatter(formatter(LOG_FORMAT))
     return handler

@@ -36,6 +36,7 @@ from agio_grpc.engine.executor import ToolResult
 from agio_grpc.engine.model import ModelError, ModelReply, ModelRequest
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import INSTRUMENTATION_NAME, Instruments
+from agio_grpc.telemetry.logs import with_log_tenant
 from agio_grpc.telemetry.setup import Telemetry
 
 _INVOKE_AGENT = gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value
@@ -79,6 +80,8 @@ class OtelRunTrace:
         self.agent = run.agent
         self.trace_id, self.span_id = _hex_ids(span)
         self.parent = trace.set_span_in_context(span)
+        # The loop's log lines name the run's tenant, whatever task it runs in.
+        self.active = with_log_tenant(run.tenant, self.parent)
         self._ended = False
         self._first_step = True
 
@@ -92,7 +95,7 @@ class OtelRunTrace:
 
     @contextmanager
     def activate(self) -> Iterator[None]:
-        token = otel_context.attach(self.parent)
+        token = otel_context.attach(self.active)
         try:
             yield
         finally:
@@ -211,6 +214,7 @@ class OtelRunTracer:
             agio.RUN_ID: run.id,
             agio.SESSION_ID: run.session_id,
             agio.RUN_OPERATION: operation,
+            agio.TENANT: run.tenant,
         }
         if self.capture_content and settings.instructions:
             attributes[gen_ai.GEN_AI_SYSTEM_INSTRUCTIONS] = json.dumps(

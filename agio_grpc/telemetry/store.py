@@ -55,16 +55,24 @@ class InstrumentedStepStore:
     async def create_session(self, session: Session | None = None) -> Session:
         return await self._timed("create_session", self.inner.create_session(session))
 
-    async def get_session(self, session_id: str) -> Session:
-        return await self._timed("get_session", self.inner.get_session(session_id))
+    async def get_session(self, session_id: str, *, tenant: str | None = None) -> Session:
+        return await self._timed("get_session", self.inner.get_session(session_id, tenant=tenant))
 
     async def list_sessions(
-        self, limit: int, after: tuple[datetime, str] | None = None
+        self,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Session]:
-        return await self._timed("list_sessions", self.inner.list_sessions(limit, after))
+        return await self._timed(
+            "list_sessions", self.inner.list_sessions(limit, after, tenant=tenant)
+        )
 
-    async def delete_session(self, session_id: str) -> int:
-        return await self._timed("delete_session", self.inner.delete_session(session_id))
+    async def delete_session(self, session_id: str, *, tenant: str | None = None) -> int:
+        return await self._timed(
+            "delete_session", self.inner.delete_session(session_id, tenant=tenant)
+        )
 
     async def append_steps(
         self, steps: Sequence[Step], *, held_by: str = "", journal: Journal | None = None
@@ -81,9 +89,17 @@ class InstrumentedStepStore:
         return stored
 
     async def get_steps(
-        self, session_id: str, start: int = 1, end: int | None = None, limit: int | None = None
+        self,
+        session_id: str,
+        start: int = 1,
+        end: int | None = None,
+        limit: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Step]:
-        return await self._timed("get_steps", self.inner.get_steps(session_id, start, end, limit))
+        return await self._timed(
+            "get_steps", self.inner.get_steps(session_id, start, end, limit, tenant=tenant)
+        )
 
     async def get_history(
         self, session_id: str, start: int = 1, end: int | None = None
@@ -91,14 +107,22 @@ class InstrumentedStepStore:
         return await self._timed("get_history", self.inner.get_history(session_id, start, end))
 
     async def get_history_since(
-        self, session_id: str, since: HistoryMark | None, end: int | None = None
+        self,
+        session_id: str,
+        since: HistoryMark | None,
+        end: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> HistoryRead:
         return await self._timed(
-            "get_history_since", self.inner.get_history_since(session_id, since, end)
+            "get_history_since",
+            self.inner.get_history_since(session_id, since, end, tenant=tenant),
         )
 
-    async def get_step(self, session_id: str, sequence: int) -> Step:
-        return await self._timed("get_step", self.inner.get_step(session_id, sequence))
+    async def get_step(self, session_id: str, sequence: int, *, tenant: str | None = None) -> Step:
+        return await self._timed(
+            "get_step", self.inner.get_step(session_id, sequence, tenant=tenant)
+        )
 
     async def get_last_step(self, session_id: str) -> Step | None:
         return await self._timed("get_last_step", self.inner.get_last_step(session_id))
@@ -106,20 +130,29 @@ class InstrumentedStepStore:
     async def count_steps(self, session_id: str) -> int:
         return await self._timed("count_steps", self.inner.count_steps(session_id))
 
-    async def delete_steps_from(self, session_id: str, start_sequence: int) -> int:
+    async def delete_steps_from(
+        self, session_id: str, start_sequence: int, *, tenant: str | None = None
+    ) -> int:
         return await self._timed(
-            "delete_steps_from", self.inner.delete_steps_from(session_id, start_sequence)
+            "delete_steps_from",
+            self.inner.delete_steps_from(session_id, start_sequence, tenant=tenant),
         )
 
-    async def fork_session(self, session_id: str, up_to_sequence: int) -> Session:
+    async def fork_session(
+        self, session_id: str, up_to_sequence: int, *, tenant: str | None = None
+    ) -> Session:
         forked = await self._timed(
-            "fork_session", self.inner.fork_session(session_id, up_to_sequence)
+            "fork_session", self.inner.fork_session(session_id, up_to_sequence, tenant=tenant)
         )
         self._instruments.forks.add(1)
         return forked
 
-    async def context_summary(self, session_id: str) -> ContextSummary:
-        return await self._timed("context_summary", self.inner.context_summary(session_id))
+    async def context_summary(
+        self, session_id: str, *, tenant: str | None = None
+    ) -> ContextSummary:
+        return await self._timed(
+            "context_summary", self.inner.context_summary(session_id, tenant=tenant)
+        )
 
     async def create_run(self, run: Run) -> Run:
         return await self._timed("create_run", self.inner.create_run(run))
@@ -214,13 +247,20 @@ class InstrumentedStepStore:
     async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:
         return await self._timed("read_journal", self.inner.read_journal(run_id, after_seq))
 
-    async def get_run(self, run_id: str) -> Run:
-        return await self._timed("get_run", self.inner.get_run(run_id))
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        return await self._timed("get_run", self.inner.get_run(run_id, tenant=tenant))
 
     async def list_runs(
-        self, session_id: str, limit: int, after: tuple[datetime, str] | None = None
+        self,
+        session_id: str,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
     ) -> list[Run]:
-        return await self._timed("list_runs", self.inner.list_runs(session_id, limit, after))
+        return await self._timed(
+            "list_runs", self.inner.list_runs(session_id, limit, after, tenant=tenant)
+        )
 
     async def acquire_session(self, session_id: str, run_id: str) -> None:
         await self._timed("acquire_session", self.inner.acquire_session(session_id, run_id))

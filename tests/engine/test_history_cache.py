@@ -298,6 +298,15 @@ def test_the_cache_holds_whole_histories_only() -> None:
     assert cache.cached("a").mark is None
 
 
+def test_a_session_is_held_for_its_tenants_calls_only() -> None:
+    cache = HistoryCache(room_for(100))
+    cache.remember("a", history("a", 3), tenant="tenant-a")
+
+    assert cache.cached("a", tenant="tenant-b").steps == ()
+    assert len(cache.cached("a", tenant="tenant-a").steps) == 3
+    assert len(cache.cached("a").steps) == 3  # the engine's own: any tenant
+
+
 def test_the_least_recently_used_sessions_go_first_past_the_bound() -> None:
     cache = HistoryCache(room_for(10))
     cache.remember("a", history("a", 4))

@@ -13,6 +13,7 @@ from agio_grpc.client import AgioClient
 from agio_grpc.config import AgentConfig, LimitsConfig, Settings
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
+from tests.service.tenancy import tenant_interceptors, tenant_metadata
 
 AppFactory = Callable[..., Any]
 
@@ -76,3 +77,34 @@ async def backend_app(store_url: str, fake_model: FakeModelServer) -> AsyncItera
 async def backend_client(backend_app: AgioApp) -> AsyncIterator[AgioClient]:
     async with AgioClient(backend_app.address) as connected:
         yield connected
+
+
+@pytest.fixture
+async def tenant_app(store_url: str, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
+    """The service on the backend under test, each call in the tenant `tenant_metadata`
+    gave it (tests/service/tenancy.py)."""
+    settings = make_settings(store_url, fake_model.base_url)
+    started = await AgioApp.start(settings, interceptors=tenant_interceptors())
+    try:
+        yield started
+    finally:
+        await started.stop(grace=0)
+
+
+@pytest.fixture
+async def tenant_client(
+    tenant_app: AgioApp,
+) -> AsyncIterator[Callable[[str], AgioClient]]:
+    """Clients of `tenant_app`, one per tenant: `tenant_client("tenant-a")`."""
+    clients: dict[str, AgioClient] = {}
+
+    def client_of(tenant: str) -> AgioClient:
+        if tenant not in clients:
+            clients[tenant] = AgioClient(tenant_app.address, metadata=tenant_metadata(tenant))
+        return clients[tenant]
+
+    try:
+        yield client_of
+    finally:
+        for connected in clients.values():
+            await connected.close()

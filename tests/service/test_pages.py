@@ -11,6 +11,8 @@ import pytest
 from agio_grpc.client import AgioClient, decode_error
 from agio_grpc.config import AgentConfig, LimitsConfig, ServerConfig
 from agio_grpc.service.app import AgioApp
+from agio_grpc.service.errors import FieldViolation, ServiceError
+from agio_grpc.service.validation import PageTokens
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import session_service_pb2
 from tests.service.conftest import make_settings
@@ -131,3 +133,20 @@ async def test_every_replica_accepts_the_page_tokens_of_every_other(
     finally:
         await first.stop(grace=0)
         await second.stop(grace=0)
+
+
+def test_a_page_token_is_its_tenants_and_the_default_tenants_is_the_shared_keys() -> None:
+    pages = PageTokens(b"k" * 32)
+    query: dict[str, object] = {"rpc": "ListSessions"}
+    token = pages.for_tenant("tenant-a").encode(query, [1])
+
+    assert pages.for_tenant("tenant-a").decode(token, query) == [1]
+    for other in (pages.for_tenant("tenant-b"), pages.for_tenant("default"), pages):
+        with pytest.raises(ServiceError) as refused:
+            other.decode(token, query)
+        assert refused.value.violations == [
+            FieldViolation("page_token", "is not a valid page token")
+        ]
+    # Tokens issued before tenants existed are the default tenant's.
+    assert pages.for_tenant("default").decode(pages.encode(query, [2]), query) == [2]
+    assert pages.for_tenant("\ud800").encode(query, [3])  # any string names a tenant

@@ -1264,7 +1264,7 @@ def test_the_store_knows_every_field_of_the_domain_types() -> None:
     assert {f.name for f in dataclasses.fields(Run)} - {"usage"} <= set(runs.c.keys())
     assert {f.name for f in dataclasses.fields(Session)} == {
         "id", "parent_session_id", "fork_sequence", "create_time", "update_time",
-        "step_count", "active_run_id",
+        "step_count", "active_run_id", "tenant",
     }  # fmt: skip
 
 
