@@ -26,7 +26,7 @@ _SHARED_SERVER = [
 
 settings.register_profile(
     "fast",
-    max_examples=30,
+    max_examples=15,
     deadline=None,
     derandomize=True,
     database=None,

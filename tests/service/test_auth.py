@@ -337,6 +337,7 @@ async def test_no_mode_on_an_address_others_reach_refuses_to_start(tmp_path: Pat
     assert not (tmp_path / "agio.db").exists()  # refused before anything opened
 
 
+@pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_serve_refuses_in_one_line_naming_agio_auth(tmp_path: Path) -> None:
     code, stderr = await serve_output(tmp_path, {"AGIO_LISTEN_ADDRESS": "0.0.0.0:0"})
     assert code == 2

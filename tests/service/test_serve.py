@@ -49,6 +49,7 @@ async def spawn_serve(tmp_path: Path, settings: dict[str, str]) -> asyncio.subpr
     )
 
 
+@pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> None:
     process = await spawn_serve(
         tmp_path,
@@ -83,6 +84,7 @@ async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> Non
     assert "stopped" in rest
 
 
+@pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_serve_refuses_an_invalid_configuration(tmp_path: Path) -> None:
     env = dict(os.environ) | {"AGIO_LISTEN_ADDRESS": "nonsense"}
     process = await asyncio.create_subprocess_exec(

@@ -118,6 +118,7 @@ async def serve_output(tmp_path: Path, env: dict[str, str], *args: str) -> tuple
     return process.returncode, stderr.decode()
 
 
+@pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_serve_says_a_start_up_error_in_one_line_and_exits_2(tmp_path: Path) -> None:
     env = {"AGIO_TOOL_MODULES": '["no_such_module_of_tools"]'}
     code, stderr = await serve_output(tmp_path, env)

@@ -159,6 +159,7 @@ async def test_a_reload_with_files_that_fail_their_checks_keeps_the_current_cert
         assert await client.health() == "SERVING"
 
 
+@pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_sighup_to_serve_rotates_the_certificate_and_an_open_watch_goes_on(
     tmp_path: Path, fake_model: FakeModelServer, pki: Pki
 ) -> None:
@@ -296,6 +297,7 @@ def test_a_certificate_without_its_key_is_a_configuration_error() -> None:
     ]
 
 
+@pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_serve_with_a_missing_certificate_prints_one_line_and_exits_2(
     tmp_path: Path, pki: Pki
 ) -> None:
