@@ -54,6 +54,7 @@ PACED_MODEL = ["--port", "0", "--tokens", "200", "--tokens-per-second", "20"]
 FAILED_CHECK = re.compile(r"^(?:FAIL (\w+)|\s*--- FAIL: TestConformance/(\w+))", re.MULTILINE)
 TRANSPORTS = ("plaintext", "tls", "mutual_tls")
 
+
 @dataclass
 class Outcome:
     """What one bounded command did."""
