@@ -135,7 +135,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = handler_call_details.method
         if handler is None or not method.startswith("/agio.v1."):
             return handler
-        return _rewrapped(handler, self._authenticated(method))
+        return rewrap_handler(handler, self._authenticated(method))
 
     def _authenticated(self, method: str) -> Callable[[Behavior], Behavior]:
         def wrap(behavior: Behavior) -> Behavior:
@@ -168,7 +168,7 @@ async def _refuse(method: str, context: grpc.aio.ServicerContext, error: Excepti
     await abort_call(method, context, to_status(refusal))
 
 
-def _rewrapped(
+def rewrap_handler(
     handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior], Behavior]
 ) -> grpc.RpcMethodHandler:
     """`handler` with its behaviour wrapped, whatever its kind (a method of a kind the

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from agio_grpc.service.auth import rewrap_handler
 from agio_grpc.service.identity import Caller, calling_as
 
 TENANT_HEADER = "x-test-tenant"
@@ -49,19 +50,7 @@ class TenantHeaderInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         tenant = metadata.get(TENANT_HEADER)
         if handler is None or not isinstance(tenant, str):
             return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _as_tenant(tenant, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _as_tenant(tenant, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return rewrap_handler(handler, lambda behavior: _as_tenant(tenant, behavior))
 
 
 def tenant_interceptors() -> list[grpc.aio.ServerInterceptor]:

@@ -12,9 +12,9 @@ import pytest
 
 from agio_grpc.client import AgioClient, AgioError
 from agio_grpc.config import ServerConfig
-from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
+from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
 
@@ -26,12 +26,8 @@ async def one_slot(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator
         fake_model.base_url,
         server=ServerConfig(max_running_runs=1, admission_wait_s=0.2),
     )
-    app = await AgioApp.start(settings)
-    try:
-        async with AgioClient(app.address) as client:
-            yield client
-    finally:
-        await app.stop(grace=0)
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        yield client
 
 
 async def test_a_run_past_the_limit_is_refused_server_busy_before_its_deadline(

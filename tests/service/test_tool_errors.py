@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from agio_grpc.client import AgioClient
 from agio_grpc.config import AgentConfig, LimitsConfig, Settings, ToolOptionsConfig
-from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1 import resources_pb2
+from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
 TOOLS = ["current_time", "calculate", "echo", "explode"]
@@ -37,12 +37,8 @@ async def strict_client(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIte
     settings = make_settings(
         f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, agents=[agent]
     )
-    app = await AgioApp.start(settings)
-    try:
-        async with AgioClient(app.address) as client:
-            yield client
-    finally:
-        await app.stop(grace=0)
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        yield client
 
 
 async def test_a_stop_tools_failure_ends_the_run_tool_error(
