@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import asyncpg
 from sqlalchemy import make_url
 
-from agio_grpc.store.migrations import head_revision
+from agio_grpc.store.migrations import VERSION_TABLE, head_revision
 from agio_grpc.store.sql import open_store
 
 ENV_URL = "AGIO_TEST_POSTGRES_URL"
@@ -242,6 +242,7 @@ class TestDatabases:
         self.admin_url = admin_url
         self.template = f"agio_template_{uuid.uuid4().hex[:12]}"
         self._tables: frozenset[str] = frozenset()
+        self._head = head_revision()
         self._free: list[str] = []
 
     def prepare(self) -> None:
@@ -284,13 +285,9 @@ class TestDatabases:
         except (OSError, asyncpg.PostgresError):
             return False
         try:
-            revision = await connection.fetchval("SELECT version_num FROM alembic_version")
-            rows = await connection.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
-                "AND tablename <> 'alembic_version'"
-            )
-            tables = frozenset(row["tablename"] for row in rows)
-            if revision != head_revision() or tables != self._tables:
+            revision = await connection.fetchval(f'SELECT version_num FROM "{VERSION_TABLE}"')
+            tables = await _tables_of(connection)
+            if revision != self._head or tables != self._tables:
                 return False
             quoted = ", ".join(f'"{table}"' for table in sorted(tables))
             await connection.execute(f"TRUNCATE {quoted} RESTART IDENTITY CASCADE")
@@ -320,13 +317,9 @@ class TestDatabases:
         await store.close()
         connection = await asyncpg.connect(asyncpg_dsn(self.url_of(self.template)), timeout=10)
         try:
-            rows = await connection.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
-                "AND tablename <> 'alembic_version'"
-            )
+            self._tables = await _tables_of(connection)
         finally:
             await connection.close()
-        self._tables = frozenset(row["tablename"] for row in rows)
 
     async def _drop(self, name: str) -> None:
         # Not WITH (FORCE): that also tries to end an autovacuum worker on the database, which
@@ -348,6 +341,15 @@ class TestDatabases:
             await connection.execute(statement)
         finally:
             await connection.close()
+
+
+async def _tables_of(connection: asyncpg.Connection) -> frozenset[str]:
+    """The store's tables in a database, without Alembic's version table."""
+    rows = await connection.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> $1",
+        VERSION_TABLE,
+    )
+    return frozenset(row["tablename"] for row in rows)
 
 
 def start_postgres() -> tuple[str, ThrowawayCluster | None]:
