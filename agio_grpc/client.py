@@ -501,6 +501,18 @@ class AgioClient:
             if not token:
                 return whole
 
+    async def compact_session(
+        self, session_id: str, keep_recent_steps: int = 0, agent: str = ""
+    ) -> session_service_pb2.CompactSessionResponse:
+        """Summarize the session's older steps now (refused while a run holds it)."""
+        response: session_service_pb2.CompactSessionResponse = await self._unary(
+            self.sessions.CompactSession,
+            session_service_pb2.CompactSessionRequest(
+                session_id=session_id, keep_recent_steps=keep_recent_steps, agent=agent
+            ),
+        )
+        return response
+
     async def delete_session(self, session_id: str) -> int:
         response = await self._unary(
             self.sessions.DeleteSession,

@@ -75,6 +75,22 @@ class ToolOptionsConfig(_Strict):
     STOP_REASON_TOOL_ERROR (the step's other calls still run to their results)."""
 
 
+class CompactionConfig(_Strict):
+    """When and how an agent's long sessions are compacted (docs/compaction.md)."""
+
+    enabled: bool = True
+    """Summarize the oldest steps above the trigger, and once on a provider's
+    context_length_exceeded; false leaves only `limits.max_history_messages`."""
+    trigger_ratio: float = Field(0.8, gt=0, le=1)
+    """Compact when the estimated prompt passes this share of `context_window_tokens`."""
+    keep_recent_steps: int = Field(20, ge=0, le=100_000)
+    """Steps kept as they are after the summary (a tool call never split from its result)."""
+    model: str | None = Field(None, min_length=1)
+    """The model that writes summaries; unset: the agent's model."""
+    instructions: str | None = Field(None, min_length=1)
+    """The summary call's system prompt; unset: the built-in one."""
+
+
 class AgentConfig(_Strict):
     """A named agent: model, instructions, tools and limits."""
 
@@ -92,6 +108,10 @@ class AgentConfig(_Strict):
     max_tokens: int | None = Field(None, ge=1)
     """Completion token cap per model call."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    context_window_tokens: int | None = Field(None, ge=1_000, le=100_000_000)
+    """The model's context window in tokens; unset: from the model's family (gpt-4o 128,000,
+    claude 200,000, ...; engine/compaction.py), else 128,000."""
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
 
     @model_validator(mode="after")
     def _options_name_its_tools(self) -> AgentConfig:

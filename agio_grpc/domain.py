@@ -46,6 +46,9 @@ class Role(enum.StrEnum):
     USER = "user"
     ASSISTANT = "assistant"
     TOOL = "tool"
+    SUMMARY = "summary"
+    """Compaction's summary of earlier steps (`Step.summary_first_sequence`..
+    `summary_last_sequence`), sent to the model as a user message."""
 
 
 class StopReason(enum.StrEnum):
@@ -58,6 +61,7 @@ class StopReason(enum.StrEnum):
     MODEL_ERROR = "MODEL_ERROR"
     TOOL_ERROR = "TOOL_ERROR"
     CONTENT_FILTER = "CONTENT_FILTER"
+    CONTEXT_WINDOW = "CONTEXT_WINDOW"
     TOKEN_BUDGET = "TOKEN_BUDGET"
     MAX_TOKENS = "MAX_TOKENS"
     TOOL_STOP = "TOOL_STOP"
@@ -110,6 +114,9 @@ class BusyPolicy(enum.StrEnum):
     ROLLBACK = "ROLLBACK"
     """As INTERRUPT, then the interrupted run's steps are deleted before the new one starts."""
 
+
+SUMMARY_PREFIX: Final = "[Summary of the earlier conversation]\n"
+"""What a summary step's message starts with, so the model reads it as one."""
 
 _ROLE_VALUES: Final[dict[Role, str]] = {role: role.value for role in Role}
 
@@ -169,12 +176,19 @@ class Step:
     create_time: datetime | None = None
     trace_id: str = ""
     span_id: str = ""
+    summary_first_sequence: int = 0
+    """For a summary step: the first sequence it summarizes (0 on other steps)."""
+    summary_last_sequence: int = 0
+    """For a summary step: the last sequence it summarizes; its context goes on after it."""
 
     def to_message(self) -> dict[str, Any]:
-        """The OpenAI chat message this step is, with no other conversion."""
+        """The OpenAI chat message this step is, with no other conversion (a summary is a
+        user message saying what it is)."""
         # Called for every step of a session before every model call, so the role's value
         # comes from a dict rather than the (slower) enum `value` property.
         role = self.role
+        if role is Role.SUMMARY:
+            return {"role": "user", "content": SUMMARY_PREFIX + self.content}
         message: dict[str, Any] = {"role": _ROLE_VALUES[role], "content": self.content}
         if role is Role.TOOL:
             message["tool_call_id"] = self.tool_call_id
@@ -212,6 +226,7 @@ _COMPLETED_REASONS: Final = frozenset(
         StopReason.MAX_STEPS,
         StopReason.MAX_TOKENS,
         StopReason.CONTENT_FILTER,
+        StopReason.CONTEXT_WINDOW,
         StopReason.TOKEN_BUDGET,
         StopReason.TOOL_STOP,
     }
@@ -220,7 +235,8 @@ _COMPLETED_REASONS: Final = frozenset(
 
 def status_for(reason: StopReason) -> RunStatus:
     """The status a run stopped for `reason` is left in:
-    - COMPLETED, MAX_STEPS, MAX_TOKENS, CONTENT_FILTER, TOKEN_BUDGET, TOOL_STOP -> COMPLETED;
+    - COMPLETED, MAX_STEPS, MAX_TOKENS, CONTENT_FILTER, CONTEXT_WINDOW, TOKEN_BUDGET,
+      TOOL_STOP -> COMPLETED (a limit ends a run completed; its reason says which);
     - REQUIRES_ACTION -> REQUIRES_ACTION (the pending client calls stay open);
     - CANCELLED and TIMEOUT -> CANCELLED (cut off, not finished: the signal says which);
     - INTERRUPTED -> INTERRUPTED;

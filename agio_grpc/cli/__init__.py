@@ -8,6 +8,7 @@
     submit RUN CALL_ID=OUTPUT|CALL_ID=@FILE...   answer a run's client tool calls
     fork SESSION [--at N]                  copy steps up to #N into a new session
     sessions list [--limit N] [--page-token T] | show SESSION | delete SESSION
+    sessions compact SESSION [--keep N] [--agent A]   summarize older steps now
     runs list [--session S] [--limit N] [--page-token T] | show RUN
          | cancel RUN [--reason TEXT] | watch RUN [--after SEQ]
     watch RUN [--after SEQ]                `runs watch`
@@ -171,9 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("session_id", metavar="SESSION")
     fork.add_argument("--at", type=int, default=0, metavar="N", help="last step copied (0: all)")
 
-    sessions = top.add_parser("sessions", help="list, show or delete sessions").add_subparsers(
-        dest="action", required=True, metavar="ACTION"
-    )
+    sessions = top.add_parser(
+        "sessions", help="list, show, compact or delete sessions"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
     listed = command(sessions, "list", commands.list_sessions, "sessions, newest first")
     _add_paging(listed)
     shown = command(sessions, "show", commands.show_session, "a session and its steps")
@@ -185,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
         "delete a session with its steps and runs (no confirmation)",
     )
     deleted.add_argument("session_id", metavar="SESSION")
+    compacted = command(
+        sessions,
+        "compact",
+        commands.compact_session,
+        "summarize a session's older steps now (they stay in the log)",
+    )
+    compacted.add_argument("session_id", metavar="SESSION")
+    compacted.add_argument(
+        "--keep", type=int, default=0, help="steps kept after the summary (default: the agent's)"
+    )
+    compacted.add_argument("--agent", default="", help="whose settings apply (default agent)")
 
     runs = top.add_parser("runs", help="list, show, cancel or watch runs").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -203,6 +203,11 @@ async def delete_session(client: AgioClient, args: argparse.Namespace, out: Prin
     return 0
 
 
+async def compact_session(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    out.compacted(await client.compact_session(args.session_id, args.keep, args.agent))
+    return 0
+
+
 async def fork(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
     out.forked(await client.fork_session(args.session_id, args.at))
     return 0

@@ -40,6 +40,7 @@ class Printer(Protocol):
     def steps(self, steps: Sequence[resources_pb2.Step]) -> None: ...
     def deleted(self, session_id: str, deleted_steps: int) -> None: ...
     def forked(self, session: resources_pb2.Session) -> None: ...
+    def compacted(self, response: session_service_pb2.CompactSessionResponse) -> None: ...
     def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None: ...
 
 
@@ -91,6 +92,9 @@ class JsonPrinter:
     def forked(self, session: resources_pb2.Session) -> None:
         self._write(to_dict(session_service_pb2.ForkSessionResponse(session=session)))
 
+    def compacted(self, response: session_service_pb2.CompactSessionResponse) -> None:
+        self._write(to_dict(response))
+
     def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None:
         self._write(to_dict(agent_service_pb2.ListAgentsResponse(agents=agents)))
 
@@ -122,6 +126,9 @@ def _step_line(step: resources_pb2.Step) -> list[str]:
     if step.role == resources_pb2.ROLE_TOOL:
         flag = " (error)" if step.is_error else ""
         return [f"{head} {step.name}{flag}: {step.content}"]
+    if step.role == resources_pb2.ROLE_SUMMARY:
+        covers = f"#{step.summary_first_sequence}-#{step.summary_last_sequence}"
+        return [f"{head} (of {covers}) {step.content}"]
     lines = [f"{head} {step.content}"] if step.content else []
     return lines + [f"{head} -> {call.name}({call.arguments})" for call in step.tool_calls]
 
@@ -242,6 +249,17 @@ class HumanPrinter:
             file=sys.stderr,
         )
         print(session.id)  # the last line of stdout: for `chat --session`
+
+    def compacted(self, response: session_service_pb2.CompactSessionResponse) -> None:
+        if not response.HasField("summary"):
+            print(f"nothing to compact (about {response.tokens_before} tokens)")
+            return
+        summary = response.summary
+        print(
+            f"summarized #{summary.summary_first_sequence}-#{summary.summary_last_sequence} "
+            f"as #{summary.sequence}: about {response.tokens_before} -> "
+            f"{response.tokens_after} tokens"
+        )
 
     def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None:
         for agent in agents:

@@ -43,6 +43,28 @@ class Limits:
     TOOL_ERROR for a tool result), so that every step fits in a gRPC message."""
 
 
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """How an agent's runs keep the context under the model's window (engine/compaction.py)."""
+
+    context_window_tokens: int = 128_000
+    """The model's context window, in tokens."""
+    enabled: bool = True
+    """Whether the oldest steps are summarized above the trigger (and on an overflow)."""
+    trigger_ratio: float = 0.8
+    """Compact when the estimated prompt passes this share of the window."""
+    keep_recent_steps: int = 20
+    """Steps kept as they are after the summary (the cut never splits a tool call)."""
+    model: str | None = None
+    """The model that writes summaries; None: the run's model."""
+    instructions: str | None = None
+    """The summary call's system prompt; None: the built-in one."""
+
+    @property
+    def trigger_tokens(self) -> int:
+        return int(self.context_window_tokens * self.trigger_ratio)
+
+
 @dataclass(slots=True)
 class AgentSpec:
     """A named agent from the server config."""
@@ -61,6 +83,7 @@ class AgentSpec:
     stop_on_error_tools: list[str] = field(default_factory=list)
     """The agent's tools whose error result ends the run with TOOL_ERROR (`on_error: stop`);
     an error of any other tool is a result the model sees and acts on."""
+    compaction: Compaction = field(default_factory=Compaction)
 
     def __post_init__(self) -> None:
         strangers = [name for name in self.stop_on_error_tools if name not in self.tools]
@@ -159,6 +182,7 @@ class RunSettings:
     client_tools: list[ClientTool] = field(default_factory=list)
     stop_on_error_tools: list[str] = field(default_factory=list)
     """The offered tools whose error result ends the run (`AgentSpec.stop_on_error_tools`)."""
+    compaction: Compaction = field(default_factory=Compaction)
 
     def to_options(self) -> dict[str, Any]:
         """JSON-ready data for `Run.options`."""
@@ -219,6 +243,7 @@ def resolve_settings(
         max_tokens=overrides.max_tokens or agent.max_tokens,
         client_tools=list(client_tools),
         stop_on_error_tools=[name for name in agent.stop_on_error_tools if name in tools],
+        compaction=agent.compaction,
     )
 
 

@@ -1,14 +1,16 @@
 """Build the message list the model receives from a session's stored steps.
 
-`build_context` = system prompt + `Step.to_message()` of each step, repaired so it is always
-valid to send to an OpenAI-compatible endpoint:
+`build_context` = system prompt + the latest summary step, if compaction made one
+(engine/compaction.py), + `Step.to_message()` of each step after the range it covers (all of
+them without a summary), repaired so it is always valid to send to an OpenAI-compatible
+endpoint:
 - every assistant tool call is followed by exactly one result, in tool-call order; a call
   with no stored result (cancelled, crashed) gets a synthetic error result;
 - a tool result that answers no call of the assistant step before it is dropped;
 - `max_history_messages` drops the oldest messages, cutting only where a user message or a
   final assistant message (one without tool calls) begins, so a call is never separated
-  from its results; the system prompt is always kept. When the latest exchange alone is
-  longer than the cap, it is kept whole (validity wins over the cap).
+  from its results; the system prompt and the summary are always kept. When the latest
+  exchange alone is longer than the cap, it is kept whole (validity wins over the cap).
 Pure functions over steps: never reads the store, never mutates a step.
 """
 
@@ -34,13 +36,31 @@ def context_steps(
     instructions: str, steps: Sequence[Step], max_history_messages: int | None = None
 ) -> list[Step]:
     """`build_context` as steps: the system prompt and synthetic results have sequence 0."""
-    history, starts = _repaired(steps)
+    summary = latest_summary(steps)
+    history, starts = _repaired(steps if summary is None else after_summary(steps, summary))
     del history[: _first_kept(len(history), starts, max_history_messages)]
+    if summary is not None:
+        history.insert(0, summary)
     if not instructions:
         return history
     session_id = steps[0].session_id if steps else ""
     history.insert(0, Step(session_id, "", Role.SYSTEM, content=instructions, id=""))
     return history
+
+
+def latest_summary(history: Sequence[Step]) -> Step | None:
+    """The newest summary step of a history (its context starts from it)."""
+    for step in reversed(history):
+        if step.role is Role.SUMMARY:
+            return step
+    return None
+
+
+def after_summary(history: Sequence[Step], summary: Step | None) -> list[Step]:
+    """The steps the context goes on with after `summary`: those after its range, except
+    summary steps."""
+    covered = summary.summary_last_sequence if summary is not None else 0
+    return [s for s in history if s.sequence > covered and s.role is not Role.SUMMARY]
 
 
 def _repaired(steps: Sequence[Step]) -> tuple[list[Step], list[int]]:
@@ -111,9 +131,12 @@ def _first_kept(length: int, starts: list[int], max_messages: int | None) -> int
 
 
 def open_tool_calls(steps: Sequence[Step]) -> tuple[Step | None, list[ToolCall]]:
-    """The last assistant step and its tool calls that no later tool step answers."""
+    """The last assistant step and its tool calls that no later tool step answers (summary
+    steps, which stand for earlier steps, are passed over)."""
     for index in range(len(steps) - 1, -1, -1):
         step = steps[index]
+        if step.role is Role.SUMMARY:
+            continue
         if step.role is Role.ASSISTANT:
             answered = {
                 later.tool_call_id for later in steps[index + 1 :] if later.role is Role.TOOL

@@ -70,3 +70,11 @@ class ServerBusyError(EngineError):
         self.running = running
         self.limit = limit
         self.waiting = waiting
+
+
+class CompactionFailedError(EngineError):
+    """CompactSession's summary call failed; `retryable` says whether trying later may work."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(f"the summary call failed: {message}")
+        self.retryable = retryable

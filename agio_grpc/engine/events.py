@@ -129,8 +129,31 @@ class ErrorNotice:
     type: Literal["error"] = "error"
 
 
+@dataclass(frozen=True, slots=True)
+class ContextCompacted:
+    """Older steps were summarized (engine/compaction.py): the summary step `step_id`, stored
+    at `sequence`, stands for `first_sequence`..`last_sequence` in the context from now on.
+    `trigger` is `threshold`, `overflow` or `request`; the token counts are estimates."""
+
+    step_id: str
+    sequence: int
+    first_sequence: int
+    last_sequence: int
+    tokens_before: int
+    tokens_after: int
+    trigger: str
+    type: Literal["context_compacted"] = "context_compacted"
+
+
 Event = (
-    RunStarted | StepStarted | StepDelta | StepCompleted | RunCompleted | RunFailed | ErrorNotice
+    RunStarted
+    | StepStarted
+    | StepDelta
+    | StepCompleted
+    | RunCompleted
+    | RunFailed
+    | ErrorNotice
+    | ContextCompacted
 )
 """Every kind of run event."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from agio_grpc.domain import Role
 from agio_grpc.engine.events import (
+    ContextCompacted,
     ErrorNotice,
     Event,
     RunCompleted,
@@ -60,6 +61,17 @@ def record_of(sequenced: SequencedEvent) -> JournalRecord:
                 "retryable": event.retryable,
             }
             return JournalRecord(seq, time, event.type, data=data)
+        case ContextCompacted():
+            data = {
+                "step_id": event.step_id,
+                "sequence": event.sequence,
+                "first_sequence": event.first_sequence,
+                "last_sequence": event.last_sequence,
+                "tokens_before": event.tokens_before,
+                "tokens_after": event.tokens_after,
+                "trigger": event.trigger,
+            }
+            return JournalRecord(seq, time, event.type, data=data)
         case StepDelta():
             raise ValueError("deltas are not journaled")
 
@@ -94,5 +106,15 @@ def _event(record: JournalRecord) -> Event:
                 str(data["message"]),
                 str(data["source"]),
                 retryable=bool(data.get("retryable", False)),
+            )
+        case "context_compacted":
+            return ContextCompacted(
+                step_id=str(data["step_id"]),
+                sequence=int(data["sequence"]),
+                first_sequence=int(data["first_sequence"]),
+                last_sequence=int(data["last_sequence"]),
+                tokens_before=int(data["tokens_before"]),
+                tokens_after=int(data["tokens_after"]),
+                trigger=str(data["trigger"]),
             )
     raise ValueError(f"journal record {record.seq} of kind {record.kind!r} is not an event")

@@ -56,7 +56,13 @@ from agio_grpc.domain import (
     unfinished_reason,
 )
 from agio_grpc.engine.agents import RunSettings
-from agio_grpc.engine.channel import RunChannel
+from agio_grpc.engine.channel import Announce, RunChannel
+from agio_grpc.engine.compaction import (
+    MAX_COMPACTIONS_PER_CALL,
+    Compacting,
+    Trigger,
+    context_window_signal,
+)
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
@@ -227,32 +233,27 @@ class RunLoop:
     # -- model ------------------------------------------------------------------------------
 
     async def _model_step(self) -> tuple[Step, ModelReply]:
-        """Call the model with the history, stream its deltas, store the assistant step."""
+        """Call the model with the history (compacted first when it nears the window),
+        stream its deltas, store the assistant step. A context the provider finds too long
+        is compacted once and the call made again."""
+        await self._compact("threshold")
         call = await self._model_call()
         self.channel.publish(StepStarted(step_id=call.step_id, role=Role.ASSISTANT))
         self.model_calls += 1
         try:
             called = await call.reply(self._model_listener(call.step_id))
         except ModelError as error:
-            # What failed and how hard it was tried: the last HTTP error status, the code of
-            # an error the model sent in its stream, the retries (each only when there is one).
-            context: dict[str, object] = {}
-            if error.status_code is not None:
-                context["status_code"] = error.status_code
-            if error.error_code is not None:
-                context["error_code"] = error.error_code
-            if error.retries:
-                context["retries"] = error.retries
-            raise _Stop(
-                StopSignal(
-                    StopReason.MODEL_ERROR,
-                    error.message,
-                    "model",
-                    context=context,
-                    retryable=error.retryable,
-                    resume_from_sequence=self._next_sequence() if error.retryable else 0,
-                )
-            ) from None
+            if not error.context_exceeded:
+                raise _Stop(self._model_error_signal(error)) from None
+            if not await self._compact("overflow"):
+                raise _Stop(context_window_signal(error.message)) from None
+            call = await self._model_call(call.step_id)
+            try:
+                called = await call.reply(self._model_listener(call.step_id))
+            except ModelError as again:
+                if again.context_exceeded:
+                    raise _Stop(context_window_signal(again.message)) from None
+                raise _Stop(self._model_error_signal(again)) from None
         reply = called.reply
         step = Step(
             session_id=self.run_row.session_id,
@@ -271,15 +272,72 @@ class RunLoop:
         (stored,) = await self._store_steps([step])
         return stored, reply
 
-    async def _model_call(self) -> ModelCall:
+    def _model_error_signal(self, error: ModelError) -> StopSignal:
+        # What failed and how hard it was tried: the last HTTP error status, the code of an
+        # error the model sent in its stream, the retries (each only when there is one).
+        context: dict[str, object] = {}
+        if error.status_code is not None:
+            context["status_code"] = error.status_code
+        if error.error_code is not None:
+            context["error_code"] = error.error_code
+        if error.retries:
+            context["retries"] = error.retries
+        return StopSignal(
+            StopReason.MODEL_ERROR,
+            error.message,
+            "model",
+            context=context,
+            retryable=error.retryable,
+            resume_from_sequence=self._next_sequence() if error.retryable else 0,
+        )
+
+    async def _model_call(self, step_id: str = "") -> ModelCall:
         request = model_request(self.settings, self.services.registry, self.history, self.trace)
         if self.services.hooks.before_model_call:
             await self._call_hooks(
                 self.services.hooks.before_model_call, self._snapshot(), request.messages
             )
         return ModelCall(
-            self.services.model, self.trace, request, new_id("step"), self._next_sequence()
+            self.services.model,
+            self.trace,
+            request,
+            step_id or new_id("step"),
+            self._next_sequence(),
         )
+
+    async def _compact(self, trigger: Trigger) -> bool:
+        """Summarize the oldest steps (engine/compaction.py) when `trigger` calls for it and
+        a cut is possible: store the summary step with its `context_compacted` event.
+        Returns whether it did. A summary call that fails is reported as a COMPACTION_FAILED
+        notice and the run goes on without it (MODEL_ERROR on an overflow)."""
+        compacted = False
+        for again in [False] + [True] * (MAX_COMPACTIONS_PER_CALL - 1):
+            compacting = Compacting.planned(
+                self.settings, self.services.registry, self.history, trigger, again=again
+            )
+            if compacting is None or not await self._summarize(compacting):
+                break
+            compacted = True
+        return compacted
+
+    async def _summarize(self, compacting: Compacting) -> bool:
+        """Store the summary `compacting` plans; False when its call failed (threshold)."""
+        trigger = compacting.trigger
+        step = Step(self.run_row.session_id, self.run_row.id, Role.SUMMARY)
+        self.channel.publish(StepStarted(step_id=step.id, role=Role.SUMMARY))
+        try:
+            summary = await compacting.summarize(
+                self.services.model, self.trace, step, self._next_sequence()
+            )
+        except ModelError as error:
+            if trigger == "overflow":
+                raise _Stop(self._model_error_signal(error)) from None
+            self.channel.publish(ErrorNotice("COMPACTION_FAILED", error.message, "model"))
+            return False
+        self.run_row.usage.add(summary.step.metrics)
+        await self._store_steps([summary.step], announce=summary.announce)
+        self.trace.compacted(trigger, summary.tokens_before, summary.tokens_after)
+        return True
 
     def _model_listener(self, step_id: str) -> Callable[[ModelEvent], None]:
         def on_event(event: ModelEvent) -> None:
@@ -467,10 +525,10 @@ class RunLoop:
 
     # -- storage and events -----------------------------------------------------------------
 
-    async def _store_steps(self, steps: list[Step]) -> list[Step]:
+    async def _store_steps(self, steps: list[Step], announce: Announce = completed) -> list[Step]:
         """Store steps atomically, then publish them and call the after_step hooks."""
         with self.control.protected():
-            stored = await self._append(steps)
+            stored = await self._append(steps, announce)
         for step in stored if self.services.hooks.after_step else ():
             # A copy, as the run is: the stored step is also the history later model calls
             # (and later runs, engine/history.py) are built from.
@@ -479,10 +537,11 @@ class RunLoop:
             )
         return stored
 
-    async def _append(self, steps: list[Step]) -> list[Step]:
-        """Store the run's steps with their `step_completed` events, then publish those."""
+    async def _append(self, steps: list[Step], announce: Announce = completed) -> list[Step]:
+        """Store the run's steps with the events `announce` makes of them (their
+        `step_completed`s), then publish those."""
         stored = await self.services.store.append_steps(
-            steps, held_by=self.run_row.id, journal=self.channel.journal_for(completed)
+            steps, held_by=self.run_row.id, journal=self.channel.journal_for(announce)
         )
         self._record_stored(stored)
         self.channel.publish_journaled()

@@ -57,6 +57,7 @@ import email.utils
 import io
 import json
 import random
+import re
 import time
 import urllib.request
 import uuid
@@ -64,7 +65,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 from urllib.parse import urlparse
 
 import aiohttp
@@ -207,6 +208,22 @@ class ModelError(Exception):
         self.status_code = status_code
         self.error_code = error_code
         self.retries = retries
+
+    @property
+    def context_exceeded(self) -> bool:
+        """Whether the provider refused the request as longer than the model's context
+        window: OpenAI's `context_length_exceeded` code, or the messages vLLM, llama.cpp and
+        Anthropic-compatible servers send for it."""
+        if self.error_code == "context_length_exceeded":
+            return True
+        return self.status_code in (400, 413, 422) and bool(_CONTEXT_EXCEEDED.search(self.message))
+
+
+_CONTEXT_EXCEEDED: Final = re.compile(
+    r"maximum context length|context length|context window|prompt is too long"
+    r"|exceeds? the (?:model'?s? )?context",
+    re.IGNORECASE,
+)
 
 
 class ModelDriver(Protocol):
@@ -890,7 +907,7 @@ async def _status_failure(response: aiohttp.ClientResponse) -> _Final | _Transie
         return _Transient(
             message, status_code=status, retry_after_s=_retry_after_s(response.headers)
         )
-    return _Final(message, status_code=status)
+    return _Final(message, status_code=status, error_code=_error_code(body))
 
 
 async def _read_up_to(body: aiohttp.StreamReader, limit: int) -> bytes:
@@ -917,6 +934,17 @@ def _error_message(body: bytes) -> str:
     if isinstance(message, str) and message:
         return clean_text(message)
     return json.dumps(parsed)[:_ERROR_TEXT_LIMIT]
+
+
+def _error_code(body: bytes) -> str | None:
+    """The `error.code` of an OpenAI-style error body, when it has a string one."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return clean_text(code)[:_ERROR_TEXT_LIMIT] if isinstance(code, str) and code else None
 
 
 def _describe_transport_error(error: BaseException) -> str:

@@ -199,7 +199,8 @@ class Segments:
 
 def retry_plan(history: list[Step], sequence: int) -> RunPlan:
     """Where a retry run starts, given the steps that remain (see `Runtime.retry`)."""
-    last = history[-1]
+    # A summary step stands for earlier steps: the turn to go on from is the last other one.
+    last = next((step for step in reversed(history) if step.role is not Role.SUMMARY), history[-1])
     if last.role is Role.ASSISTANT and not last.tool_calls:
         raise InvalidInputError(
             "sequence",

@@ -83,6 +83,11 @@ class RunTrace(SpanIds, Protocol):
         """The messages for the next model call were built in `seconds`."""
         ...
 
+    def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
+        """A compaction stored its summary step (engine/compaction.py; the summary call was
+        traced by `model_call`): what set it off, the prompt estimates before and after."""
+        ...
+
     def end(self, run: Run) -> None:
         """The segment ended with `run.stop_signal`. Idempotent; no call after it."""
         ...
@@ -96,6 +101,12 @@ class RunTracer(Protocol):
 
         `operation` names what started it: `run`, `submit_tool_outputs` or `retry`.
         """
+        ...
+
+    def outside_run(self, run: Run, settings: RunSettings) -> RunTrace:
+        """A trace for model calls made for a session outside any run (CompactSession):
+        its calls are children of the caller's current span, which it never ends; `run`
+        names the session, agent and tenant (its id is not a stored run's)."""
         ...
 
 
@@ -131,12 +142,18 @@ class _NoRunTrace(_NoSpan):
     def context_built(self, seconds: float, message_count: int) -> None:
         pass
 
+    def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
+        pass
+
     def end(self, run: Run) -> None:
         pass
 
 
 class _NoTracer:
     def start_run(self, run: Run, settings: RunSettings, operation: str) -> RunTrace:
+        return NO_RUN_TRACE
+
+    def outside_run(self, run: Run, settings: RunSettings) -> RunTrace:
         return NO_RUN_TRACE
 
 

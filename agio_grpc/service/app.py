@@ -25,11 +25,13 @@ import grpc
 
 from agio_grpc.config import Settings
 from agio_grpc.engine import BUILTIN_TOOLS
-from agio_grpc.engine.agents import AgentSpec, Limits
+from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
+from agio_grpc.engine.compaction import default_context_window
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.model import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
+from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (
@@ -108,6 +110,12 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             temperature=agent.temperature,
             max_tokens=agent.max_tokens,
             stop_on_error_tools=agent.stop_on_error_tools(),
+            compaction=Compaction(
+                context_window_tokens=(
+                    agent.context_window_tokens or default_context_window(agent.model)
+                ),
+                **agent.compaction.model_dump(),
+            ),
         )
         for agent in settings.agents
     }
@@ -226,7 +234,13 @@ class AgioApp:
                         ),
                         (
                             session_service_pb2_grpc.add_SessionServiceServicer_to_server,
-                            SessionServicer(store, runtime, pages, page_bytes),
+                            SessionServicer(
+                                store,
+                                runtime,
+                                SessionCompactor(store, model, registry, tracer, runtime.agent),
+                                pages,
+                                page_bytes,
+                            ),
                         ),
                     ],
                     interceptors=[*chain, *interceptors],

@@ -91,6 +91,8 @@ def step_to_proto(step: domain.Step) -> pb.Step:
         create_time=timestamp(step.create_time),
         trace_id=step.trace_id,
         span_id=step.span_id,
+        summary_first_sequence=step.summary_first_sequence,
+        summary_last_sequence=step.summary_last_sequence,
     )
 
 
@@ -202,6 +204,18 @@ def event_to_proto(sequenced: events.SequencedEvent) -> events_pb2.StepEvent:
                     message=event.message,
                     source=event.source,
                     retryable=event.retryable,
+                )
+            )
+        case events.ContextCompacted():
+            message.context_compacted.CopyFrom(
+                events_pb2.ContextCompactedEvent(
+                    step_id=event.step_id,
+                    sequence=event.sequence,
+                    first_sequence=event.first_sequence,
+                    last_sequence=event.last_sequence,
+                    tokens_before=event.tokens_before,
+                    tokens_after=event.tokens_after,
+                    trigger=event.trigger,
                 )
             )
     return message

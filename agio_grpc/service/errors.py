@@ -20,6 +20,7 @@ from grpc_status import rpc_status
 
 from agio_grpc.engine.errors import (
     AgentNotFoundError,
+    CompactionFailedError,
     EngineError,
     InvalidInputError,
     RunStateError,
@@ -293,6 +294,11 @@ def from_engine_error(error: EngineError) -> ServiceError:
         )
     if isinstance(error, RuntimeClosedError):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", str(error))
+    if isinstance(error, CompactionFailedError):
+        code = (
+            grpc.StatusCode.UNAVAILABLE if error.retryable else grpc.StatusCode.FAILED_PRECONDITION
+        )
+        return ServiceError(code, "COMPACTION_FAILED", str(error))
     if isinstance(error, ServerBusyError):
         return ServiceError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

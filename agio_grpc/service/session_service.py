@@ -13,6 +13,7 @@ import grpc
 
 from agio_grpc import domain
 from agio_grpc.engine.context import open_tool_calls
+from agio_grpc.engine.session_compaction import SessionCompaction
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, invalid_argument
 from agio_grpc.service.identity import current_caller
@@ -57,6 +58,19 @@ class ContextSource(Protocol):
         ...
 
 
+class Compactor(Protocol):
+    """Compacts a session between runs (the engine's `SessionCompactor`)."""
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        agent: str = "",
+        keep_recent_steps: int | None = None,
+        tenant: str | None = None,
+    ) -> SessionCompaction: ...
+
+
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     """Serves SessionService from a StepStore."""
 
@@ -64,6 +78,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self,
         store: StepStore,
         context: ContextSource,
+        compactor: Compactor,
         pages: PageTokens | None = None,
         page_bytes: int = DEFAULT_PAGE_BYTES,
     ) -> None:
@@ -71,6 +86,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         `page_bytes` bounds each page of steps or messages, whatever its page size."""
         self._store = store
         self._context = context
+        self._compactor = compactor
         self._pages = pages or PageTokens()
         self._page_bytes = page_bytes
 
@@ -246,6 +262,26 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         token = pages.encode(query, [end]) if end < len(steps) else ""
         return pb.GetContextResponse(
             messages=page, summary=convert.summary_to_proto(summary), next_page_token=token
+        )
+
+    async def CompactSession(
+        self, request: pb.CompactSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CompactSessionResponse:
+        raise_if_any(
+            check_id("session_id", request.session_id),
+            check_id("agent", request.agent, required=False),
+            check_non_negative("keep_recent_steps", request.keep_recent_steps),
+        )
+        done = await self._compactor.compact(
+            request.session_id,
+            agent=request.agent,
+            keep_recent_steps=request.keep_recent_steps or None,
+            tenant=_tenant(),
+        )
+        return pb.CompactSessionResponse(
+            summary=convert.step_to_proto(done.summary) if done.summary is not None else None,
+            tokens_before=done.tokens_before,
+            tokens_after=done.tokens_after,
         )
 
 

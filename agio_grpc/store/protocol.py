@@ -285,6 +285,14 @@ class StepStore(Protocol):
         """How many steps the session holds."""
         ...
 
+    async def append_to_idle_session(
+        self, step: Step, *, after: HistoryMark | None, tenant: str | None = None
+    ) -> Step:
+        """Store `step` at the end of its session, in one transaction, only while no run holds
+        the session and its log still ends at `after` (None: no step). Raises NotFoundError,
+        SessionBusyError and HistoryChangedError (nothing written then)."""
+        ...
+
     async def delete_steps_from(
         self, session_id: str, start_sequence: int, *, tenant: str | None = None
     ) -> int:

@@ -74,6 +74,7 @@ def stored_copy(step: Step, *, sequence: int, create_time: datetime) -> Step:
 
 
 METRIC_FIELDS: Final = tuple(field.name for field in dataclasses.fields(StepMetrics))
+SUMMARY_FIELDS: Final = ("summary_first_sequence", "summary_last_sequence")
 
 
 def tool_calls_json(calls: Sequence[ToolCall]) -> str:
@@ -101,6 +102,8 @@ def step_row(step: Step) -> dict[str, Any]:
         "create_time": step.create_time,
         "trace_id": step.trace_id,
         "span_id": step.span_id,
+        "summary_first_sequence": step.summary_first_sequence,
+        "summary_last_sequence": step.summary_last_sequence,
     }
     metrics = step.metrics
     # Flat fields: `dataclasses.asdict`'s deep copy cost more than the rest of the row.
@@ -108,8 +111,9 @@ def step_row(step: Step) -> dict[str, Any]:
     return row
 
 
-# What `steps_from_rows` reads, in the order it unpacks them; the metrics last, in
-# `StepMetrics` field order. Not `session_id`: every reader already knows it.
+# What `steps_from_rows` reads, in the order it unpacks them; the metrics in `StepMetrics`
+# field order, then a summary's range (last, so that journal records written before it
+# existed still read). Not `session_id`: every reader already knows it.
 STEP_READ_COLUMNS: Final = tuple(
     step_table.c[name]
     for name in (
@@ -127,10 +131,14 @@ STEP_READ_COLUMNS: Final = tuple(
         "trace_id",
         "span_id",
         *METRIC_FIELDS,
+        *SUMMARY_FIELDS,
     )
 )
-HISTORY_READ_COLUMNS: Final = STEP_READ_COLUMNS[:10]
-"""The message columns: `STEP_READ_COLUMNS` up to `is_error`."""
+HISTORY_READ_COLUMNS: Final = (
+    *STEP_READ_COLUMNS[:10],
+    *(step_table.c[name] for name in SUMMARY_FIELDS),
+)
+"""The message columns: `STEP_READ_COLUMNS` up to `is_error`, and a summary's range."""
 _ROLE_OF: Final = {role.value: role for role in Role}
 _NO_TOOL_CALLS: Final = "[]"
 
@@ -173,6 +181,8 @@ def steps_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step
         provider,
         tool_exec_time_ms,
         retries,
+        summary_first_sequence,
+        summary_last_sequence,
     ) in rows:
         # Positional in `Step` field order; tests/store round-trip every field.
         append(
@@ -204,6 +214,8 @@ def steps_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step
                 utc_from_database(create_time),
                 trace_id,
                 span_id,
+                summary_first_sequence,
+                summary_last_sequence,
             )
         )
     return steps
@@ -232,6 +244,11 @@ def history_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[St
             HISTORY_METRICS,
             step_id,
             sequence,
+            None,
+            "",
+            "",
+            summary_first_sequence,
+            summary_last_sequence,
         )
         # Positional in `Step` field order (keywords cost ~40% more); tests/store compare
         # every field with what get_steps reads.
@@ -246,6 +263,8 @@ def history_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[St
             tool_call_id,
             name,
             is_error,
+            summary_first_sequence,
+            summary_last_sequence,
         ) in rows
     ]
 
@@ -513,11 +532,18 @@ def step_json(step: Step) -> list[Any]:
         step.trace_id,
         step.span_id,
         *[getattr(metrics, name) for name in METRIC_FIELDS],
+        step.summary_first_sequence,
+        step.summary_last_sequence,
     ]
 
 
+_STEP_JSON_LENGTH: Final = 1 + len(STEP_READ_COLUMNS)
+
+
 def step_from_json(data: Sequence[Any]) -> Step:
-    (step,) = steps_from_rows(data[0], [data[1:]])
+    # Records journaled before summary steps existed end before their range: 0, 0.
+    row = [*data[1:], *[0] * (_STEP_JSON_LENGTH - len(data))]
+    (step,) = steps_from_rows(data[0], [row])
     return step
 
 

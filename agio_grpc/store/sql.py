@@ -372,6 +372,22 @@ class SqlStepStore:
         # Sequences are exactly 1..N, so the counter is the count.
         return await self._read(lambda conn: _require_session(conn, session_id))
 
+    async def append_to_idle_session(
+        self, step: Step, *, after: HistoryMark | None, tenant: str | None = None
+    ) -> Step:
+        session_id = step.session_id
+
+        def work(conn: Connection) -> Step:
+            if tenant is not None:  # before the take: another's busy session is missing too
+                _require_session(conn, session_id, tenant=tenant)
+            holder = _take_for_edit(conn, session_id, self._lease)
+            _check_last_step(conn, session_id, after)
+            (stored,) = _append(conn, session_id, [step], holder)
+            _RELEASE_SESSION.execute(conn, {"session_id": session_id, "run_id": holder})
+            return stored
+
+        return await self._write(work)
+
     async def delete_steps_from(
         self, session_id: str, start_sequence: int, *, tenant: str | None = None
     ) -> int:

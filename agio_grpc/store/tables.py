@@ -126,6 +126,9 @@ steps = Table(
     Column("create_time", UTCDateTime, nullable=False),
     Column("trace_id", String, nullable=False, server_default=""),
     Column("span_id", String, nullable=False, server_default=""),
+    # A summary step's range (revision 0008; 0 on every other step).
+    Column("summary_first_sequence", INT64, nullable=False, server_default="0"),
+    Column("summary_last_sequence", INT64, nullable=False, server_default="0"),
     UniqueConstraint("session_id", "sequence", name=STEP_SEQUENCE_CONSTRAINT),
     CheckConstraint("sequence >= 1", name="ck_steps_sequence_positive"),
 )

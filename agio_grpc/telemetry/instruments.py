@@ -35,6 +35,8 @@ class Instruments:
     retries: Counter
     model_retries: Counter
     forks: Counter
+    compactions: Counter
+    compaction_tokens: Histogram
 
     @classmethod
     def create(cls, provider: MeterProvider) -> Instruments:
@@ -93,5 +95,16 @@ class Instruments:
             ),
             forks=meter.create_counter(
                 agio.METRIC_FORKS, unit="{session}", description="Sessions forked"
+            ),
+            compactions=meter.create_counter(
+                agio.METRIC_COMPACTIONS,
+                unit="{compaction}",
+                description="Context compactions stored, by trigger",
+            ),
+            compaction_tokens=meter.create_histogram(
+                agio.METRIC_COMPACTION_TOKENS,
+                unit="{token}",
+                description="Estimated prompt tokens before and after a compaction",
+                explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
             ),
         )

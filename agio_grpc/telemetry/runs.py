@@ -82,7 +82,7 @@ class OtelRunTrace:
         self.parent = trace.set_span_in_context(span)
         # The loop's log lines name the run's tenant, whatever task it runs in.
         self.active = with_log_tenant(run.tenant, self.parent)
-        self._ended = False
+        self.ended = False
         self._first_step = True
 
     def _common(self) -> dict[str, AttributeValue]:
@@ -143,7 +143,7 @@ class OtelRunTrace:
             yield traced
 
     def step_stored(self, step_id: str, sequence: int) -> None:
-        if self._ended:
+        if self.ended:
             return
         if self._first_step:
             self._first_step = False
@@ -151,7 +151,7 @@ class OtelRunTrace:
         self.span.add_event("step_stored", {agio.STEP_ID: step_id, agio.STEP_SEQUENCE: sequence})
 
     def history_loaded(self, kept_steps: int, read_steps: int) -> None:
-        if not self._ended:
+        if not self.ended:
             self.span.set_attributes(
                 {agio.HISTORY_KEPT_STEPS: kept_steps, agio.HISTORY_READ_STEPS: read_steps}
             )
@@ -161,10 +161,22 @@ class OtelRunTrace:
             seconds, {gen_ai.GEN_AI_AGENT_NAME: self.agent}
         )
 
+    def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
+        self.tracer.compacted(trigger, tokens_before, tokens_after, agent=self.agent)
+        if self.span.is_recording():
+            self.span.add_event(
+                "context_compacted",
+                {
+                    agio.COMPACTION_TRIGGER: trigger,
+                    agio.COMPACTION_TOKENS_BEFORE: tokens_before,
+                    agio.COMPACTION_TOKENS_AFTER: tokens_after,
+                },
+            )
+
     def end(self, run: Run) -> None:
-        if self._ended:
+        if self.ended:
             return
-        self._ended = True
+        self.ended = True
         self.tracer.run_ended(self, run)
 
 
@@ -227,6 +239,23 @@ class OtelRunTracer:
         if operation == "retry":
             self.instruments.retries.add(1, {gen_ai.GEN_AI_AGENT_NAME: run.agent})
         return OtelRunTrace(self, span, run, settings)
+
+    def outside_run(self, run: Run, settings: RunSettings) -> OtelRunTrace:
+        # The caller's span stands in for a run's: marked ended, so nothing here ends it.
+        outside = OtelRunTrace(self, trace.get_current_span(), run, settings)
+        outside.ended = True
+        return outside
+
+    def compacted(self, trigger: str, tokens_before: int, tokens_after: int, *, agent: str) -> None:
+        """Record a compaction's metrics (a run's, or CompactSession's)."""
+        common = {agio.COMPACTION_TRIGGER: trigger, gen_ai.GEN_AI_AGENT_NAME: agent}
+        self.instruments.compactions.add(1, common)
+        self.instruments.compaction_tokens.record(
+            tokens_before, {**common, agio.COMPACTION_STAGE: "before"}
+        )
+        self.instruments.compaction_tokens.record(
+            tokens_after, {**common, agio.COMPACTION_STAGE: "after"}
+        )
 
     def run_ended(self, trace_: OtelRunTrace, run: Run) -> None:
         span = trace_.span

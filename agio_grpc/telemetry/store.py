@@ -130,6 +130,16 @@ class InstrumentedStepStore:
     async def count_steps(self, session_id: str) -> int:
         return await self._timed("count_steps", self.inner.count_steps(session_id))
 
+    async def append_to_idle_session(
+        self, step: Step, *, after: HistoryMark | None, tenant: str | None = None
+    ) -> Step:
+        stored = await self._timed(
+            "append_to_idle_session",
+            self.inner.append_to_idle_session(step, after=after, tenant=tenant),
+        )
+        self._written([stored])
+        return stored
+
     async def delete_steps_from(
         self, session_id: str, start_sequence: int, *, tenant: str | None = None
     ) -> int:

@@ -113,3 +113,19 @@ def error(status: int, message: str | None = None) -> dict[str, Any]:
             "code": code,
         }
     }
+
+
+def context_length_exceeded(window: int, prompt_tokens: int) -> dict[str, Any]:
+    """OpenAI's refusal of a prompt longer than the model's context window."""
+    return {
+        "error": {
+            "message": (
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"messages resulted in {prompt_tokens} tokens. Please reduce the length of "
+                "the messages."
+            ),
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }

@@ -33,6 +33,9 @@ BENCHMARK_TOOL_CALL = ToolCallSpec(CALCULATOR_TOOL, '{"expression": "2 + 2"}')
 _ARITHMETIC_RUN = re.compile(r"[\d.()+\-*/ ]+")
 _BINARY_OPERATION = re.compile(r"\d\s*[-+*/]\s*[\d(]")
 _TIME_WORD = re.compile(r"\btime\b", re.IGNORECASE)
+_SUMMARY_REQUEST = re.compile(r"\bsummar(?:y|ize|ise)\b", re.IGNORECASE)
+SUMMARY_WORDS = 12
+"""How many words of the conversation the fake model's summary quotes."""
 _USE_TOOL = re.compile(r"\buse the ([A-Za-z0-9_-]+) tool\b", re.IGNORECASE)
 
 
@@ -49,7 +52,13 @@ def default_responder(body: dict[str, Any]) -> Turn:
     4. Else, if the text says "use the NAME tool" and the request offers NAME
        (a client tool, say): call it with `{}`.
     5. Else reply `"You said: <text>"`, one word per chunk.
+
+    Before all these: a request whose system prompt asks for a summary (compaction's)
+    gets a short one, `"Summary: "` and the first words of the conversation it was given.
     """
+    if _SUMMARY_REQUEST.search(system_text(body)):
+        words = last_user_text(body).split()
+        return Turn.text("Summary: " + " ".join(words[:SUMMARY_WORDS]))
     tool_results = trailing_tool_results(body)
     if tool_results:
         return Turn.words(f"The result is {', '.join(tool_results)}.")
@@ -99,6 +108,12 @@ def trailing_tool_results(body: dict[str, Any]) -> list[str]:
             break
         results.append(message_text(message))
     return results[::-1]
+
+
+def system_text(body: dict[str, Any]) -> str:
+    """The text of the first message when it is a system message, or `""`."""
+    first = messages(body)[:1]
+    return message_text(first[0]) if first and first[0].get("role") == "system" else ""
 
 
 def last_user_text(body: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from agio_grpc.testing import payloads
-from agio_grpc.testing.chat_request import DEFAULT_MODEL, wants_stream
+from agio_grpc.testing.chat_request import DEFAULT_MODEL, estimate_prompt_tokens, wants_stream
 from agio_grpc.testing.http11 import (
     LAST_CHUNK,
     HttpError,
@@ -64,12 +64,16 @@ class FakeModelServer:
         *,
         default: Responder = default_responder,
         models: Sequence[str] = (DEFAULT_MODEL,),
+        context_window: int | None = None,
     ) -> None:
         """Configure the server; nothing listens until `start`.
 
         `port=0` picks a free port. `default` answers requests when no turn is
         queued. `models` are the ids `GET /v1/models` lists (any model name is
-        accepted in requests, and echoed back).
+        accepted in requests, and echoed back). With `context_window`, a request whose
+        prompt is estimated (`estimate_prompt_tokens`: its words) over it is refused as
+        OpenAI refuses one: HTTP 400 with code `context_length_exceeded`, consuming no
+        queued turn.
         """
         self.requests: list[dict[str, Any]] = []
         """Every chat.completions request body received (parsed JSON), in arrival order."""
@@ -79,6 +83,8 @@ class FakeModelServer:
         self._port = port
         self._default = default
         self._models = list(models)
+        self.context_window = context_window
+        """The prompt size over which requests are refused (None: no limit); settable."""
         self._turns: deque[Turn] = deque()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -232,6 +238,13 @@ class FakeModelServer:
             return request.keep_alive
 
         self._record(body, request.headers)
+        if self.context_window is not None:
+            prompt = estimate_prompt_tokens(body)
+            if prompt > self.context_window:
+                answer = payloads.context_length_exceeded(self.context_window, prompt)
+                writer.write(json_response(400, answer, keep_alive=request.keep_alive))
+                await writer.drain()
+                return request.keep_alive
         turn = self._next_turn(body)
         if turn.hang:
             await _wait_for_disconnect(reader)

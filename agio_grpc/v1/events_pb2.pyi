@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StepEvent(_message.Message):
-    __slots__ = ("run_id", "session_id", "seq", "time", "run_started", "step_started", "step_delta", "step_completed", "run_completed", "run_failed", "error")
+    __slots__ = ("run_id", "session_id", "seq", "time", "run_started", "step_started", "step_delta", "step_completed", "run_completed", "run_failed", "error", "context_compacted")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class StepEvent(_message.Message):
     RUN_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     RUN_FAILED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_COMPACTED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     session_id: str
     seq: int
@@ -35,7 +36,26 @@ class StepEvent(_message.Message):
     run_completed: RunCompletedEvent
     run_failed: RunFailedEvent
     error: ErrorEvent
-    def __init__(self, run_id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_started: _Optional[_Union[RunStartedEvent, _Mapping]] = ..., step_started: _Optional[_Union[StepStartedEvent, _Mapping]] = ..., step_delta: _Optional[_Union[StepDeltaEvent, _Mapping]] = ..., step_completed: _Optional[_Union[StepCompletedEvent, _Mapping]] = ..., run_completed: _Optional[_Union[RunCompletedEvent, _Mapping]] = ..., run_failed: _Optional[_Union[RunFailedEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ...) -> None: ...
+    context_compacted: ContextCompactedEvent
+    def __init__(self, run_id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_started: _Optional[_Union[RunStartedEvent, _Mapping]] = ..., step_started: _Optional[_Union[StepStartedEvent, _Mapping]] = ..., step_delta: _Optional[_Union[StepDeltaEvent, _Mapping]] = ..., step_completed: _Optional[_Union[StepCompletedEvent, _Mapping]] = ..., run_completed: _Optional[_Union[RunCompletedEvent, _Mapping]] = ..., run_failed: _Optional[_Union[RunFailedEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., context_compacted: _Optional[_Union[ContextCompactedEvent, _Mapping]] = ...) -> None: ...
+
+class ContextCompactedEvent(_message.Message):
+    __slots__ = ("step_id", "sequence", "first_sequence", "last_sequence", "tokens_before", "tokens_after", "trigger")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    step_id: str
+    sequence: int
+    first_sequence: int
+    last_sequence: int
+    tokens_before: int
+    tokens_after: int
+    trigger: str
+    def __init__(self, step_id: _Optional[str] = ..., sequence: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ..., trigger: _Optional[str] = ...) -> None: ...
 
 class RunStartedEvent(_message.Message):
     __slots__ = ("run",)

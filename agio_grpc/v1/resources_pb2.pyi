@@ -19,6 +19,7 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_USER: _ClassVar[Role]
     ROLE_ASSISTANT: _ClassVar[Role]
     ROLE_TOOL: _ClassVar[Role]
+    ROLE_SUMMARY: _ClassVar[Role]
 
 class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +37,7 @@ class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STOP_REASON_REQUIRES_ACTION: _ClassVar[StopReason]
     STOP_REASON_MAX_STEPS: _ClassVar[StopReason]
     STOP_REASON_COMPLETED: _ClassVar[StopReason]
+    STOP_REASON_CONTEXT_WINDOW: _ClassVar[StopReason]
 
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +54,7 @@ ROLE_SYSTEM: Role
 ROLE_USER: Role
 ROLE_ASSISTANT: Role
 ROLE_TOOL: Role
+ROLE_SUMMARY: Role
 STOP_REASON_UNSPECIFIED: StopReason
 STOP_REASON_INTERNAL_ERROR: StopReason
 STOP_REASON_INTERRUPTED: StopReason
@@ -66,6 +69,7 @@ STOP_REASON_TOOL_STOP: StopReason
 STOP_REASON_REQUIRES_ACTION: StopReason
 STOP_REASON_MAX_STEPS: StopReason
 STOP_REASON_COMPLETED: StopReason
+STOP_REASON_CONTEXT_WINDOW: StopReason
 RUN_STATUS_UNSPECIFIED: RunStatus
 RUN_STATUS_RUNNING: RunStatus
 RUN_STATUS_COMPLETED: RunStatus
@@ -122,7 +126,7 @@ class StepMetrics(_message.Message):
     def __init__(self, duration_ms: _Optional[int] = ..., first_token_latency_ms: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., model_name: _Optional[str] = ..., provider: _Optional[str] = ..., tool_exec_time_ms: _Optional[int] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time", "trace_id", "span_id")
+    __slots__ = ("id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time", "trace_id", "span_id", "summary_first_sequence", "summary_last_sequence")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +142,8 @@ class Step(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     run_id: str
@@ -153,7 +159,9 @@ class Step(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     trace_id: str
     span_id: str
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., run_id: _Optional[str] = ..., sequence: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., is_error: _Optional[bool] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
+    summary_first_sequence: int
+    summary_last_sequence: int
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., run_id: _Optional[str] = ..., sequence: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., is_error: _Optional[bool] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ..., summary_first_sequence: _Optional[int] = ..., summary_last_sequence: _Optional[int] = ...) -> None: ...
 
 class StopSignal(_message.Message):
     __slots__ = ("reason", "message", "source", "context", "retryable", "resume_from_sequence")

@@ -133,3 +133,23 @@ class GetContextResponse(_message.Message):
     summary: _resources_pb2.ContextSummary
     next_page_token: str
     def __init__(self, messages: _Optional[_Iterable[_Union[_resources_pb2.Step, _Mapping]]] = ..., summary: _Optional[_Union[_resources_pb2.ContextSummary, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CompactSessionRequest(_message.Message):
+    __slots__ = ("session_id", "keep_recent_steps", "agent")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_RECENT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    keep_recent_steps: int
+    agent: str
+    def __init__(self, session_id: _Optional[str] = ..., keep_recent_steps: _Optional[int] = ..., agent: _Optional[str] = ...) -> None: ...
+
+class CompactSessionResponse(_message.Message):
+    __slots__ = ("summary", "tokens_before", "tokens_after")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    summary: _resources_pb2.Step
+    tokens_before: int
+    tokens_after: int
+    def __init__(self, summary: _Optional[_Union[_resources_pb2.Step, _Mapping]] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ...) -> None: ...

@@ -76,6 +76,11 @@ class SessionServiceStub:
                 request_serializer=agio_dot_v1_dot_session__service__pb2.GetContextRequest.SerializeToString,
                 response_deserializer=agio_dot_v1_dot_session__service__pb2.GetContextResponse.FromString,
                 _registered_method=True)
+        self.CompactSession = channel.unary_unary(
+                '/agio.v1.SessionService/CompactSession',
+                request_serializer=agio_dot_v1_dot_session__service__pb2.CompactSessionRequest.SerializeToString,
+                response_deserializer=agio_dot_v1_dot_session__service__pb2.CompactSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -138,6 +143,14 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactSession(self, request, context):
+        """CompactSession summarizes a session's older steps now, between runs (refused while a
+        run holds the session). The steps stay in the log; the context starts from the summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +193,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.GetContext,
                     request_deserializer=agio_dot_v1_dot_session__service__pb2.GetContextRequest.FromString,
                     response_serializer=agio_dot_v1_dot_session__service__pb2.GetContextResponse.SerializeToString,
+            ),
+            'CompactSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactSession,
+                    request_deserializer=agio_dot_v1_dot_session__service__pb2.CompactSessionRequest.FromString,
+                    response_serializer=agio_dot_v1_dot_session__service__pb2.CompactSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +417,33 @@ class SessionService:
             '/agio.v1.SessionService/GetContext',
             agio_dot_v1_dot_session__service__pb2.GetContextRequest.SerializeToString,
             agio_dot_v1_dot_session__service__pb2.GetContextResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agio.v1.SessionService/CompactSession',
+            agio_dot_v1_dot_session__service__pb2.CompactSessionRequest.SerializeToString,
+            agio_dot_v1_dot_session__service__pb2.CompactSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

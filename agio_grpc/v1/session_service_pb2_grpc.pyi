@@ -50,6 +50,10 @@ class SessionServiceStub:
     """ForkSession copies a session's steps up to `sequence` into a new session."""
     GetContext: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.GetContextRequest, _session_service_pb2.GetContextResponse]
     """GetContext returns the messages the model would receive next."""
+    CompactSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.CompactSessionRequest, _session_service_pb2.CompactSessionResponse]
+    """CompactSession summarizes a session's older steps now, between runs (refused while a
+    run holds the session). The steps stay in the log; the context starts from the summary.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -72,6 +76,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """ForkSession copies a session's steps up to `sequence` into a new session."""
     GetContext: _aio.UnaryUnaryMultiCallable[_session_service_pb2.GetContextRequest, _session_service_pb2.GetContextResponse]  # type: ignore[assignment]
     """GetContext returns the messages the model would receive next."""
+    CompactSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.CompactSessionRequest, _session_service_pb2.CompactSessionResponse]  # type: ignore[assignment]
+    """CompactSession summarizes a session's older steps now, between runs (refused while a
+    run holds the session). The steps stay in the log; the context starts from the summary.
+    """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """SessionService reads and edits sessions and their step logs."""
@@ -139,5 +147,15 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_service_pb2.GetContextResponse, _abc.Awaitable[_session_service_pb2.GetContextResponse]]:
         """GetContext returns the messages the model would receive next."""
+
+    @_abc_1.abstractmethod
+    def CompactSession(
+        self,
+        request: _session_service_pb2.CompactSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_service_pb2.CompactSessionResponse, _abc.Awaitable[_session_service_pb2.CompactSessionResponse]]:
+        """CompactSession summarizes a session's older steps now, between runs (refused while a
+        run holds the session). The steps stay in the log; the context starts from the summary.
+        """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

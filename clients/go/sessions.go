@@ -69,6 +69,19 @@ func (c *Client) ForkSession(ctx context.Context, sessionID string, sequence int
 	return resp.GetSession(), nil
 }
 
+// CompactSession summarizes a session's older steps now, keeping keepRecentSteps after the
+// summary (0: the agent's setting); refused while a run holds the session. The response's
+// summary is nil when nothing was old enough to summarize.
+func (c *Client) CompactSession(ctx context.Context, sessionID string, keepRecentSteps int32, agent string) (*agiov1.CompactSessionResponse, error) {
+	resp, err := c.Sessions.CompactSession(ctx, &agiov1.CompactSessionRequest{
+		SessionId: sessionID, KeepRecentSteps: keepRecentSteps, Agent: agent,
+	})
+	if err != nil {
+		return nil, DecodeError(err)
+	}
+	return resp, nil
+}
+
 // GetContext returns the messages the model would receive next, and their summary: every
 // page, joined (a page token is refused once the session changed: INVALID_ARGUMENT).
 func (c *Client) GetContext(ctx context.Context, sessionID, agent string) (*agiov1.GetContextResponse, error) {

@@ -96,3 +96,21 @@ async def test_fork_prints_the_new_session_last(cli: Cli, client: AgioClient) ->
     as_json = json.loads((await cli("fork", session_id, "--json")).out)["session"]
     assert (as_json["parent_session_id"], as_json["fork_sequence"]) == (session_id, 4)
     assert as_json["step_count"] == 4
+
+
+async def test_sessions_compact_summarizes_older_steps(cli: Cli, client: AgioClient) -> None:
+    session_id = await new_session(client)
+    await client.run_to_end("And 3 + 4?", session_id=session_id)
+    result = await cli("sessions", "compact", session_id, "--keep", "2")
+    assert result.code == 0, result.err
+    assert result.out.startswith("summarized #1-#")
+    shown = await cli("sessions", "show", session_id)
+    assert "summary   (of #1-#" in shown.out
+
+    as_json = json.loads((await cli("sessions", "compact", session_id, "--json")).out)
+    assert "summary" not in as_json  # nothing older than the 20 steps kept by default
+    assert int(as_json["tokens_before"]) == int(as_json["tokens_after"]) > 0
+
+    refused = await cli("sessions", "compact", session_id, "--keep", "-1")
+    assert refused.code == 1
+    assert "INVALID_ARGUMENT" in refused.err

@@ -301,7 +301,7 @@ async def test_a_client_error_from_the_model_fails_the_run_not_retryable(
     assert signal.reason is StopReason.MODEL_ERROR
     assert not signal.retryable
     assert signal.message == "HTTP 404: The model `nope` does not exist"
-    assert signal.context == {"status_code": 404}
+    assert signal.context == {"status_code": 404, "error_code": "not_found"}
     assert isinstance(outcome.events[-1].event, RunFailed)
 
 

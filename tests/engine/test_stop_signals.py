@@ -14,6 +14,7 @@ DESIGN_ORDER = [
     "MODEL_ERROR",
     "TOOL_ERROR",
     "CONTENT_FILTER",
+    "CONTEXT_WINDOW",  # DESIGN.md section 9: next to TOKEN_BUDGET
     "TOKEN_BUDGET",
     "MAX_TOKENS",
     "TOOL_STOP",
@@ -58,6 +59,7 @@ def test_no_signal_picks_none() -> None:
     [
         (StopReason.COMPLETED, RunStatus.COMPLETED),
         (StopReason.MAX_STEPS, RunStatus.COMPLETED),
+        (StopReason.CONTEXT_WINDOW, RunStatus.COMPLETED),
         (StopReason.MAX_TOKENS, RunStatus.COMPLETED),
         (StopReason.CONTENT_FILTER, RunStatus.COMPLETED),
         (StopReason.TOKEN_BUDGET, RunStatus.COMPLETED),

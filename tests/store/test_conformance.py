@@ -335,6 +335,14 @@ async def test_every_read_returns_steps_exactly_as_appended(store: SqlStepStore)
             trace_id="t2",
             span_id="s2",
         ),
+        Step(
+            session.id,
+            "run_b",
+            Role.SUMMARY,
+            content="they looked something up",
+            summary_first_sequence=2,
+            summary_last_sequence=4,
+        ),
     ]
     first = await store.append_steps(drafts[:2])
     second = [await store.append_step(step) for step in drafts[2:]]
@@ -342,7 +350,7 @@ async def test_every_read_returns_steps_exactly_as_appended(store: SqlStepStore)
 
     assert await store.get_steps(session.id) == appended
     assert await store.get_steps(session.id, 2, 3) == appended[1:3]
-    assert [await store.get_step(session.id, n) for n in (1, 2, 3, 4)] == appended
+    assert [await store.get_step(session.id, n) for n in (1, 2, 3, 4, 5)] == appended
     assert await store.get_last_step(session.id) == appended[-1]
     for step in await store.get_steps(session.id):
         assert step.create_time is not None
@@ -1258,7 +1266,7 @@ def test_the_store_knows_every_field_of_the_domain_types() -> None:
     assert {f.name for f in dataclasses.fields(Step)} == {
         "id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content",
         "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time",
-        "trace_id", "span_id",
+        "trace_id", "span_id", "summary_first_sequence", "summary_last_sequence",
     }  # fmt: skip
     assert {f.name for f in dataclasses.fields(StepMetrics)} <= set(steps.c.keys())
     assert {f.name for f in dataclasses.fields(Run)} - {"usage"} <= set(runs.c.keys())

@@ -19,7 +19,11 @@ import {
   type Session,
   type Step,
 } from "./gen/agio/v1/resources_pb.js";
-import { SessionService, type GetContextResponse } from "./gen/agio/v1/session_service_pb.js";
+import {
+  SessionService,
+  type CompactSessionResponse,
+  type GetContextResponse,
+} from "./gen/agio/v1/session_service_pb.js";
 import { Health, HealthCheckResponse_ServingStatus } from "./gen/grpc/health/v1/health_pb.js";
 import { AgioError, decodeError } from "./errors.js";
 import { traceContextInterceptor } from "./tracing.js";
@@ -314,6 +318,21 @@ export class AgioClient {
         this.sessions.forkSession({ sessionId, sequence }, this.callOptions()),
       )
     ).session;
+  }
+
+  /**
+   * Summarizes a session's older steps now, keeping `keepRecentSteps` after the summary (0:
+   * the agent's setting); refused while a run holds the session. The response's `summary` is
+   * unset when nothing was old enough to summarize.
+   */
+  async compactSession(
+    sessionId: string,
+    keepRecentSteps = 0,
+    agent = "",
+  ): Promise<CompactSessionResponse> {
+    return await this.unary(() =>
+      this.sessions.compactSession({ sessionId, keepRecentSteps, agent }, this.callOptions()),
+    );
   }
 
   /**

@@ -46,6 +46,7 @@ type StepEvent struct {
 	//	*StepEvent_RunCompleted
 	//	*StepEvent_RunFailed
 	//	*StepEvent_Error
+	//	*StepEvent_ContextCompacted
 	Event         isStepEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -179,6 +180,15 @@ func (x *StepEvent) GetError() *ErrorEvent {
 	return nil
 }
 
+func (x *StepEvent) GetContextCompacted() *ContextCompactedEvent {
+	if x != nil {
+		if x, ok := x.Event.(*StepEvent_ContextCompacted); ok {
+			return x.ContextCompacted
+		}
+	}
+	return nil
+}
+
 type isStepEvent_Event interface {
 	isStepEvent_Event()
 }
@@ -218,6 +228,11 @@ type StepEvent_Error struct {
 	Error *ErrorEvent `protobuf:"bytes,16,opt,name=error,proto3,oneof"`
 }
 
+type StepEvent_ContextCompacted struct {
+	// Older steps were summarized: the context now starts with a summary step.
+	ContextCompacted *ContextCompactedEvent `protobuf:"bytes,17,opt,name=context_compacted,json=contextCompacted,proto3,oneof"`
+}
+
 func (*StepEvent_RunStarted) isStepEvent_Event() {}
 
 func (*StepEvent_StepStarted) isStepEvent_Event() {}
@@ -232,6 +247,110 @@ func (*StepEvent_RunFailed) isStepEvent_Event() {}
 
 func (*StepEvent_Error) isStepEvent_Event() {}
 
+func (*StepEvent_ContextCompacted) isStepEvent_Event() {}
+
+// ContextCompactedEvent reports a compaction: the summary step stored (its
+// `step_completed` comes first) and what it saved.
+type ContextCompactedEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The summary step.
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The summary step's sequence.
+	Sequence int64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The first sequence the summary covers.
+	FirstSequence int64 `protobuf:"varint,3,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// The last sequence the summary covers.
+	LastSequence int64 `protobuf:"varint,4,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
+	// The estimated prompt tokens before compaction.
+	TokensBefore int64 `protobuf:"varint,5,opt,name=tokens_before,json=tokensBefore,proto3" json:"tokens_before,omitempty"`
+	// The estimated prompt tokens after compaction.
+	TokensAfter int64 `protobuf:"varint,6,opt,name=tokens_after,json=tokensAfter,proto3" json:"tokens_after,omitempty"`
+	// What set it off: `threshold` (the context passed the trigger ratio), `overflow` (the
+	// provider refused the context as too long) or `request` (CompactSession).
+	Trigger       string `protobuf:"bytes,7,opt,name=trigger,proto3" json:"trigger,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContextCompactedEvent) Reset() {
+	*x = ContextCompactedEvent{}
+	mi := &file_agio_v1_events_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextCompactedEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextCompactedEvent) ProtoMessage() {}
+
+func (x *ContextCompactedEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_events_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextCompactedEvent.ProtoReflect.Descriptor instead.
+func (*ContextCompactedEvent) Descriptor() ([]byte, []int) {
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ContextCompactedEvent) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ContextCompactedEvent) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *ContextCompactedEvent) GetFirstSequence() int64 {
+	if x != nil {
+		return x.FirstSequence
+	}
+	return 0
+}
+
+func (x *ContextCompactedEvent) GetLastSequence() int64 {
+	if x != nil {
+		return x.LastSequence
+	}
+	return 0
+}
+
+func (x *ContextCompactedEvent) GetTokensBefore() int64 {
+	if x != nil {
+		return x.TokensBefore
+	}
+	return 0
+}
+
+func (x *ContextCompactedEvent) GetTokensAfter() int64 {
+	if x != nil {
+		return x.TokensAfter
+	}
+	return 0
+}
+
+func (x *ContextCompactedEvent) GetTrigger() string {
+	if x != nil {
+		return x.Trigger
+	}
+	return ""
+}
+
 // RunStartedEvent announces a run.
 type RunStartedEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -243,7 +362,7 @@ type RunStartedEvent struct {
 
 func (x *RunStartedEvent) Reset() {
 	*x = RunStartedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[1]
+	mi := &file_agio_v1_events_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -255,7 +374,7 @@ func (x *RunStartedEvent) String() string {
 func (*RunStartedEvent) ProtoMessage() {}
 
 func (x *RunStartedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[1]
+	mi := &file_agio_v1_events_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -268,7 +387,7 @@ func (x *RunStartedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStartedEvent.ProtoReflect.Descriptor instead.
 func (*RunStartedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{1}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RunStartedEvent) GetRun() *Run {
@@ -297,7 +416,7 @@ type StepStartedEvent struct {
 
 func (x *StepStartedEvent) Reset() {
 	*x = StepStartedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[2]
+	mi := &file_agio_v1_events_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +428,7 @@ func (x *StepStartedEvent) String() string {
 func (*StepStartedEvent) ProtoMessage() {}
 
 func (x *StepStartedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[2]
+	mi := &file_agio_v1_events_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +441,7 @@ func (x *StepStartedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepStartedEvent.ProtoReflect.Descriptor instead.
 func (*StepStartedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{2}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *StepStartedEvent) GetStepId() string {
@@ -377,7 +496,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_agio_v1_events_proto_msgTypes[3]
+	mi := &file_agio_v1_events_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +508,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[3]
+	mi := &file_agio_v1_events_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +521,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{3}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -453,7 +572,7 @@ type StepDeltaEvent struct {
 
 func (x *StepDeltaEvent) Reset() {
 	*x = StepDeltaEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[4]
+	mi := &file_agio_v1_events_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +584,7 @@ func (x *StepDeltaEvent) String() string {
 func (*StepDeltaEvent) ProtoMessage() {}
 
 func (x *StepDeltaEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[4]
+	mi := &file_agio_v1_events_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +597,7 @@ func (x *StepDeltaEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDeltaEvent.ProtoReflect.Descriptor instead.
 func (*StepDeltaEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StepDeltaEvent) GetStepId() string {
@@ -527,7 +646,7 @@ type StepCompletedEvent struct {
 
 func (x *StepCompletedEvent) Reset() {
 	*x = StepCompletedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[5]
+	mi := &file_agio_v1_events_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +658,7 @@ func (x *StepCompletedEvent) String() string {
 func (*StepCompletedEvent) ProtoMessage() {}
 
 func (x *StepCompletedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[5]
+	mi := &file_agio_v1_events_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +671,7 @@ func (x *StepCompletedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCompletedEvent.ProtoReflect.Descriptor instead.
 func (*StepCompletedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{5}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StepCompletedEvent) GetStep() *Step {
@@ -573,7 +692,7 @@ type RunCompletedEvent struct {
 
 func (x *RunCompletedEvent) Reset() {
 	*x = RunCompletedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[6]
+	mi := &file_agio_v1_events_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +704,7 @@ func (x *RunCompletedEvent) String() string {
 func (*RunCompletedEvent) ProtoMessage() {}
 
 func (x *RunCompletedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[6]
+	mi := &file_agio_v1_events_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +717,7 @@ func (x *RunCompletedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCompletedEvent.ProtoReflect.Descriptor instead.
 func (*RunCompletedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{6}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunCompletedEvent) GetRun() *Run {
@@ -619,7 +738,7 @@ type RunFailedEvent struct {
 
 func (x *RunFailedEvent) Reset() {
 	*x = RunFailedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[7]
+	mi := &file_agio_v1_events_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +750,7 @@ func (x *RunFailedEvent) String() string {
 func (*RunFailedEvent) ProtoMessage() {}
 
 func (x *RunFailedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[7]
+	mi := &file_agio_v1_events_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +763,7 @@ func (x *RunFailedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFailedEvent.ProtoReflect.Descriptor instead.
 func (*RunFailedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{7}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunFailedEvent) GetRun() *Run {
@@ -671,7 +790,7 @@ type ErrorEvent struct {
 
 func (x *ErrorEvent) Reset() {
 	*x = ErrorEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[8]
+	mi := &file_agio_v1_events_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +802,7 @@ func (x *ErrorEvent) String() string {
 func (*ErrorEvent) ProtoMessage() {}
 
 func (x *ErrorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[8]
+	mi := &file_agio_v1_events_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +815,7 @@ func (x *ErrorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorEvent.ProtoReflect.Descriptor instead.
 func (*ErrorEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ErrorEvent) GetReason() string {
@@ -731,7 +850,7 @@ var File_agio_v1_events_proto protoreflect.FileDescriptor
 
 const file_agio_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x14agio/v1/events.proto\x12\aagio.v1\x1a\x17agio/v1/resources.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x04\n" +
+	"\x14agio/v1/events.proto\x12\aagio.v1\x1a\x17agio/v1/resources.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x05\n" +
 	"\tStepEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
@@ -748,8 +867,17 @@ const file_agio_v1_events_proto_rawDesc = "" +
 	"\rrun_completed\x18\x0e \x01(\v2\x1a.agio.v1.RunCompletedEventH\x00R\frunCompleted\x128\n" +
 	"\n" +
 	"run_failed\x18\x0f \x01(\v2\x17.agio.v1.RunFailedEventH\x00R\trunFailed\x12+\n" +
-	"\x05error\x18\x10 \x01(\v2\x13.agio.v1.ErrorEventH\x00R\x05errorB\a\n" +
-	"\x05event\"1\n" +
+	"\x05error\x18\x10 \x01(\v2\x13.agio.v1.ErrorEventH\x00R\x05error\x12M\n" +
+	"\x11context_compacted\x18\x11 \x01(\v2\x1e.agio.v1.ContextCompactedEventH\x00R\x10contextCompactedB\a\n" +
+	"\x05event\"\xfa\x01\n" +
+	"\x15ContextCompactedEvent\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x03R\bsequence\x12%\n" +
+	"\x0efirst_sequence\x18\x03 \x01(\x03R\rfirstSequence\x12#\n" +
+	"\rlast_sequence\x18\x04 \x01(\x03R\flastSequence\x12#\n" +
+	"\rtokens_before\x18\x05 \x01(\x03R\ftokensBefore\x12!\n" +
+	"\ftokens_after\x18\x06 \x01(\x03R\vtokensAfter\x12\x18\n" +
+	"\atrigger\x18\a \x01(\tR\atrigger\"1\n" +
 	"\x0fRunStartedEvent\x12\x1e\n" +
 	"\x03run\x18\x01 \x01(\v2\f.agio.v1.RunR\x03run\"\xa0\x01\n" +
 	"\x10StepStartedEvent\x12\x17\n" +
@@ -797,42 +925,44 @@ func file_agio_v1_events_proto_rawDescGZIP() []byte {
 	return file_agio_v1_events_proto_rawDescData
 }
 
-var file_agio_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_agio_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_agio_v1_events_proto_goTypes = []any{
 	(*StepEvent)(nil),             // 0: agio.v1.StepEvent
-	(*RunStartedEvent)(nil),       // 1: agio.v1.RunStartedEvent
-	(*StepStartedEvent)(nil),      // 2: agio.v1.StepStartedEvent
-	(*ToolCallDelta)(nil),         // 3: agio.v1.ToolCallDelta
-	(*StepDeltaEvent)(nil),        // 4: agio.v1.StepDeltaEvent
-	(*StepCompletedEvent)(nil),    // 5: agio.v1.StepCompletedEvent
-	(*RunCompletedEvent)(nil),     // 6: agio.v1.RunCompletedEvent
-	(*RunFailedEvent)(nil),        // 7: agio.v1.RunFailedEvent
-	(*ErrorEvent)(nil),            // 8: agio.v1.ErrorEvent
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*Run)(nil),                   // 10: agio.v1.Run
-	(Role)(0),                     // 11: agio.v1.Role
-	(*Step)(nil),                  // 12: agio.v1.Step
+	(*ContextCompactedEvent)(nil), // 1: agio.v1.ContextCompactedEvent
+	(*RunStartedEvent)(nil),       // 2: agio.v1.RunStartedEvent
+	(*StepStartedEvent)(nil),      // 3: agio.v1.StepStartedEvent
+	(*ToolCallDelta)(nil),         // 4: agio.v1.ToolCallDelta
+	(*StepDeltaEvent)(nil),        // 5: agio.v1.StepDeltaEvent
+	(*StepCompletedEvent)(nil),    // 6: agio.v1.StepCompletedEvent
+	(*RunCompletedEvent)(nil),     // 7: agio.v1.RunCompletedEvent
+	(*RunFailedEvent)(nil),        // 8: agio.v1.RunFailedEvent
+	(*ErrorEvent)(nil),            // 9: agio.v1.ErrorEvent
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*Run)(nil),                   // 11: agio.v1.Run
+	(Role)(0),                     // 12: agio.v1.Role
+	(*Step)(nil),                  // 13: agio.v1.Step
 }
 var file_agio_v1_events_proto_depIdxs = []int32{
-	9,  // 0: agio.v1.StepEvent.time:type_name -> google.protobuf.Timestamp
-	1,  // 1: agio.v1.StepEvent.run_started:type_name -> agio.v1.RunStartedEvent
-	2,  // 2: agio.v1.StepEvent.step_started:type_name -> agio.v1.StepStartedEvent
-	4,  // 3: agio.v1.StepEvent.step_delta:type_name -> agio.v1.StepDeltaEvent
-	5,  // 4: agio.v1.StepEvent.step_completed:type_name -> agio.v1.StepCompletedEvent
-	6,  // 5: agio.v1.StepEvent.run_completed:type_name -> agio.v1.RunCompletedEvent
-	7,  // 6: agio.v1.StepEvent.run_failed:type_name -> agio.v1.RunFailedEvent
-	8,  // 7: agio.v1.StepEvent.error:type_name -> agio.v1.ErrorEvent
-	10, // 8: agio.v1.RunStartedEvent.run:type_name -> agio.v1.Run
-	11, // 9: agio.v1.StepStartedEvent.role:type_name -> agio.v1.Role
-	3,  // 10: agio.v1.StepDeltaEvent.tool_calls:type_name -> agio.v1.ToolCallDelta
-	12, // 11: agio.v1.StepCompletedEvent.step:type_name -> agio.v1.Step
-	10, // 12: agio.v1.RunCompletedEvent.run:type_name -> agio.v1.Run
-	10, // 13: agio.v1.RunFailedEvent.run:type_name -> agio.v1.Run
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	10, // 0: agio.v1.StepEvent.time:type_name -> google.protobuf.Timestamp
+	2,  // 1: agio.v1.StepEvent.run_started:type_name -> agio.v1.RunStartedEvent
+	3,  // 2: agio.v1.StepEvent.step_started:type_name -> agio.v1.StepStartedEvent
+	5,  // 3: agio.v1.StepEvent.step_delta:type_name -> agio.v1.StepDeltaEvent
+	6,  // 4: agio.v1.StepEvent.step_completed:type_name -> agio.v1.StepCompletedEvent
+	7,  // 5: agio.v1.StepEvent.run_completed:type_name -> agio.v1.RunCompletedEvent
+	8,  // 6: agio.v1.StepEvent.run_failed:type_name -> agio.v1.RunFailedEvent
+	9,  // 7: agio.v1.StepEvent.error:type_name -> agio.v1.ErrorEvent
+	1,  // 8: agio.v1.StepEvent.context_compacted:type_name -> agio.v1.ContextCompactedEvent
+	11, // 9: agio.v1.RunStartedEvent.run:type_name -> agio.v1.Run
+	12, // 10: agio.v1.StepStartedEvent.role:type_name -> agio.v1.Role
+	4,  // 11: agio.v1.StepDeltaEvent.tool_calls:type_name -> agio.v1.ToolCallDelta
+	13, // 12: agio.v1.StepCompletedEvent.step:type_name -> agio.v1.Step
+	11, // 13: agio.v1.RunCompletedEvent.run:type_name -> agio.v1.Run
+	11, // 14: agio.v1.RunFailedEvent.run:type_name -> agio.v1.Run
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_events_proto_init() }
@@ -849,6 +979,7 @@ func file_agio_v1_events_proto_init() {
 		(*StepEvent_RunCompleted)(nil),
 		(*StepEvent_RunFailed)(nil),
 		(*StepEvent_Error)(nil),
+		(*StepEvent_ContextCompacted)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -856,7 +987,7 @@ func file_agio_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agio_v1_events_proto_rawDesc), len(file_agio_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

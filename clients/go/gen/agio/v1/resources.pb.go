@@ -37,6 +37,10 @@ const (
 	Role_ROLE_ASSISTANT Role = 3
 	// The result of one tool call.
 	Role_ROLE_TOOL Role = 4
+	// A summary of earlier steps made by compaction (the step role DESIGN.md calls
+	// STEP_ROLE_SUMMARY): `summary_first_sequence`..`summary_last_sequence` are the steps it
+	// stands for in the context. Sent to the model as a user message.
+	Role_ROLE_SUMMARY Role = 5
 )
 
 // Enum value maps for Role.
@@ -47,6 +51,7 @@ var (
 		2: "ROLE_USER",
 		3: "ROLE_ASSISTANT",
 		4: "ROLE_TOOL",
+		5: "ROLE_SUMMARY",
 	}
 	Role_value = map[string]int32{
 		"ROLE_UNSPECIFIED": 0,
@@ -54,6 +59,7 @@ var (
 		"ROLE_USER":        2,
 		"ROLE_ASSISTANT":   3,
 		"ROLE_TOOL":        4,
+		"ROLE_SUMMARY":     5,
 	}
 )
 
@@ -117,6 +123,9 @@ const (
 	StopReason_STOP_REASON_MAX_STEPS StopReason = 12
 	// The model gave a final answer.
 	StopReason_STOP_REASON_COMPLETED StopReason = 13
+	// The context does not fit the model's context window, even compacted. Its priority is
+	// just above TOKEN_BUDGET's (between CONTENT_FILTER and TOKEN_BUDGET).
+	StopReason_STOP_REASON_CONTEXT_WINDOW StopReason = 14
 )
 
 // Enum value maps for StopReason.
@@ -136,6 +145,7 @@ var (
 		11: "STOP_REASON_REQUIRES_ACTION",
 		12: "STOP_REASON_MAX_STEPS",
 		13: "STOP_REASON_COMPLETED",
+		14: "STOP_REASON_CONTEXT_WINDOW",
 	}
 	StopReason_value = map[string]int32{
 		"STOP_REASON_UNSPECIFIED":     0,
@@ -152,6 +162,7 @@ var (
 		"STOP_REASON_REQUIRES_ACTION": 11,
 		"STOP_REASON_MAX_STEPS":       12,
 		"STOP_REASON_COMPLETED":       13,
+		"STOP_REASON_CONTEXT_WINDOW":  14,
 	}
 )
 
@@ -551,9 +562,14 @@ type Step struct {
 	// The trace id of the span that produced the step (hex), when traced.
 	TraceId string `protobuf:"bytes,14,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
 	// The span id of the span that produced the step (hex), when traced.
-	SpanId        string `protobuf:"bytes,15,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SpanId string `protobuf:"bytes,15,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
+	// For a summary step: the first sequence of the steps it summarizes.
+	SummaryFirstSequence int64 `protobuf:"varint,16,opt,name=summary_first_sequence,json=summaryFirstSequence,proto3" json:"summary_first_sequence,omitempty"`
+	// For a summary step: the last sequence of the steps it summarizes; the context goes on
+	// with the steps after it.
+	SummaryLastSequence int64 `protobuf:"varint,17,opt,name=summary_last_sequence,json=summaryLastSequence,proto3" json:"summary_last_sequence,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -689,6 +705,20 @@ func (x *Step) GetSpanId() string {
 		return x.SpanId
 	}
 	return ""
+}
+
+func (x *Step) GetSummaryFirstSequence() int64 {
+	if x != nil {
+		return x.SummaryFirstSequence
+	}
+	return 0
+}
+
+func (x *Step) GetSummaryLastSequence() int64 {
+	if x != nil {
+		return x.SummaryLastSequence
+	}
+	return 0
 }
 
 // StopSignal says why a run stopped, who stopped it and whether it can be retried.
@@ -1318,7 +1348,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\bprovider\x18\t \x01(\tR\bprovider\x12)\n" +
 	"\x11tool_exec_time_ms\x18\n" +
 	" \x01(\x03R\x0etoolExecTimeMs\x12\x18\n" +
-	"\aretries\x18\v \x01(\x05R\aretries\"\xf6\x03\n" +
+	"\aretries\x18\v \x01(\x05R\aretries\"\xe0\x04\n" +
 	"\x04Step\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -1339,7 +1369,9 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\vcreate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12\x19\n" +
 	"\btrace_id\x18\x0e \x01(\tR\atraceId\x12\x17\n" +
-	"\aspan_id\x18\x0f \x01(\tR\x06spanId\"\xee\x01\n" +
+	"\aspan_id\x18\x0f \x01(\tR\x06spanId\x124\n" +
+	"\x16summary_first_sequence\x18\x10 \x01(\x03R\x14summaryFirstSequence\x122\n" +
+	"\x15summary_last_sequence\x18\x11 \x01(\x03R\x13summaryLastSequence\"\xee\x01\n" +
 	"\n" +
 	"StopSignal\x12+\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x13.agio.v1.StopReasonR\x06reason\x12\x18\n" +
@@ -1404,13 +1436,14 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\"\n" +
 	"\finstructions\x18\x03 \x01(\tR\finstructions\x12-\n" +
-	"\x05tools\x18\x04 \x03(\v2\x17.agio.v1.ToolDefinitionR\x05tools*_\n" +
+	"\x05tools\x18\x04 \x03(\v2\x17.agio.v1.ToolDefinitionR\x05tools*q\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\x9f\x03\n" +
+	"\tROLE_TOOL\x10\x04\x12\x10\n" +
+	"\fROLE_SUMMARY\x10\x05*\xbf\x03\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
@@ -1427,7 +1460,8 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x12\x1f\n" +
 	"\x1bSTOP_REASON_REQUIRES_ACTION\x10\v\x12\x19\n" +
 	"\x15STOP_REASON_MAX_STEPS\x10\f\x12\x19\n" +
-	"\x15STOP_REASON_COMPLETED\x10\r*\xdd\x01\n" +
+	"\x15STOP_REASON_COMPLETED\x10\r\x12\x1e\n" +
+	"\x1aSTOP_REASON_CONTEXT_WINDOW\x10\x0e*\xdd\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_RUNNING\x10\x01\x12\x18\n" +

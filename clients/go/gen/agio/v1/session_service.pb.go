@@ -893,6 +893,135 @@ func (x *GetContextResponse) GetNextPageToken() string {
 	return ""
 }
 
+// CompactSessionRequest names the session to compact.
+type CompactSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Steps to keep after the summary, as they are (0: the agent's compaction setting). The
+	// cut never splits a tool call from its results.
+	KeepRecentSteps int32 `protobuf:"varint,2,opt,name=keep_recent_steps,json=keepRecentSteps,proto3" json:"keep_recent_steps,omitempty"`
+	// The agent whose model, window and compaction settings apply; empty means the default.
+	Agent         string `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactSessionRequest) Reset() {
+	*x = CompactSessionRequest{}
+	mi := &file_agio_v1_session_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactSessionRequest) ProtoMessage() {}
+
+func (x *CompactSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_session_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactSessionRequest.ProtoReflect.Descriptor instead.
+func (*CompactSessionRequest) Descriptor() ([]byte, []int) {
+	return file_agio_v1_session_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CompactSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CompactSessionRequest) GetKeepRecentSteps() int32 {
+	if x != nil {
+		return x.KeepRecentSteps
+	}
+	return 0
+}
+
+func (x *CompactSessionRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+// CompactSessionResponse holds the summary step made, if any.
+type CompactSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The summary step; unset when there was nothing old enough to summarize.
+	Summary *Step `protobuf:"bytes,1,opt,name=summary,proto3" json:"summary,omitempty"`
+	// The estimated prompt tokens of the context before.
+	TokensBefore int64 `protobuf:"varint,2,opt,name=tokens_before,json=tokensBefore,proto3" json:"tokens_before,omitempty"`
+	// The estimated prompt tokens of the context after.
+	TokensAfter   int64 `protobuf:"varint,3,opt,name=tokens_after,json=tokensAfter,proto3" json:"tokens_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactSessionResponse) Reset() {
+	*x = CompactSessionResponse{}
+	mi := &file_agio_v1_session_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactSessionResponse) ProtoMessage() {}
+
+func (x *CompactSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_session_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactSessionResponse.ProtoReflect.Descriptor instead.
+func (*CompactSessionResponse) Descriptor() ([]byte, []int) {
+	return file_agio_v1_session_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CompactSessionResponse) GetSummary() *Step {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+func (x *CompactSessionResponse) GetTokensBefore() int64 {
+	if x != nil {
+		return x.TokensBefore
+	}
+	return 0
+}
+
+func (x *CompactSessionResponse) GetTokensAfter() int64 {
+	if x != nil {
+		return x.TokensAfter
+	}
+	return 0
+}
+
 var File_agio_v1_session_service_proto protoreflect.FileDescriptor
 
 const file_agio_v1_session_service_proto_rawDesc = "" +
@@ -954,7 +1083,16 @@ const file_agio_v1_session_service_proto_rawDesc = "" +
 	"\x12GetContextResponse\x12)\n" +
 	"\bmessages\x18\x01 \x03(\v2\r.agio.v1.StepR\bmessages\x121\n" +
 	"\asummary\x18\x02 \x01(\v2\x17.agio.v1.ContextSummaryR\asummary\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\xd1\x04\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"x\n" +
+	"\x15CompactSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12*\n" +
+	"\x11keep_recent_steps\x18\x02 \x01(\x05R\x0fkeepRecentSteps\x12\x14\n" +
+	"\x05agent\x18\x03 \x01(\tR\x05agent\"\x89\x01\n" +
+	"\x16CompactSessionResponse\x12'\n" +
+	"\asummary\x18\x01 \x01(\v2\r.agio.v1.StepR\asummary\x12#\n" +
+	"\rtokens_before\x18\x02 \x01(\x03R\ftokensBefore\x12!\n" +
+	"\ftokens_after\x18\x03 \x01(\x03R\vtokensAfter2\xa4\x05\n" +
 	"\x0eSessionService\x12E\n" +
 	"\n" +
 	"GetSession\x12\x1a.agio.v1.GetSessionRequest\x1a\x1b.agio.v1.GetSessionResponse\x12K\n" +
@@ -965,7 +1103,8 @@ const file_agio_v1_session_service_proto_rawDesc = "" +
 	"\vDeleteSteps\x12\x1b.agio.v1.DeleteStepsRequest\x1a\x1c.agio.v1.DeleteStepsResponse\x12H\n" +
 	"\vForkSession\x12\x1b.agio.v1.ForkSessionRequest\x1a\x1c.agio.v1.ForkSessionResponse\x12E\n" +
 	"\n" +
-	"GetContext\x12\x1a.agio.v1.GetContextRequest\x1a\x1b.agio.v1.GetContextResponseB\x9d\x01\n" +
+	"GetContext\x12\x1a.agio.v1.GetContextRequest\x1a\x1b.agio.v1.GetContextResponse\x12Q\n" +
+	"\x0eCompactSession\x12\x1e.agio.v1.CompactSessionRequest\x1a\x1f.agio.v1.CompactSessionResponseB\x9d\x01\n" +
 	"\vcom.agio.v1B\x13SessionServiceProtoP\x01Z<github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1;agiov1\xa2\x02\x03AXX\xaa\x02\aAgio.V1\xca\x02\aAgio\\V1\xe2\x02\x13Agio\\V1\\GPBMetadata\xea\x02\bAgio::V1b\x06proto3"
 
 var (
@@ -980,57 +1119,62 @@ func file_agio_v1_session_service_proto_rawDescGZIP() []byte {
 	return file_agio_v1_session_service_proto_rawDescData
 }
 
-var file_agio_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_agio_v1_session_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_agio_v1_session_service_proto_goTypes = []any{
-	(*GetSessionRequest)(nil),     // 0: agio.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),    // 1: agio.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),   // 2: agio.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 3: agio.v1.ListSessionsResponse
-	(*DeleteSessionRequest)(nil),  // 4: agio.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil), // 5: agio.v1.DeleteSessionResponse
-	(*ListStepsRequest)(nil),      // 6: agio.v1.ListStepsRequest
-	(*ListStepsResponse)(nil),     // 7: agio.v1.ListStepsResponse
-	(*GetStepRequest)(nil),        // 8: agio.v1.GetStepRequest
-	(*GetStepResponse)(nil),       // 9: agio.v1.GetStepResponse
-	(*DeleteStepsRequest)(nil),    // 10: agio.v1.DeleteStepsRequest
-	(*DeleteStepsResponse)(nil),   // 11: agio.v1.DeleteStepsResponse
-	(*ForkSessionRequest)(nil),    // 12: agio.v1.ForkSessionRequest
-	(*ForkSessionResponse)(nil),   // 13: agio.v1.ForkSessionResponse
-	(*GetContextRequest)(nil),     // 14: agio.v1.GetContextRequest
-	(*GetContextResponse)(nil),    // 15: agio.v1.GetContextResponse
-	(*Session)(nil),               // 16: agio.v1.Session
-	(*Step)(nil),                  // 17: agio.v1.Step
-	(*ContextSummary)(nil),        // 18: agio.v1.ContextSummary
+	(*GetSessionRequest)(nil),      // 0: agio.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),     // 1: agio.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),    // 2: agio.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),   // 3: agio.v1.ListSessionsResponse
+	(*DeleteSessionRequest)(nil),   // 4: agio.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),  // 5: agio.v1.DeleteSessionResponse
+	(*ListStepsRequest)(nil),       // 6: agio.v1.ListStepsRequest
+	(*ListStepsResponse)(nil),      // 7: agio.v1.ListStepsResponse
+	(*GetStepRequest)(nil),         // 8: agio.v1.GetStepRequest
+	(*GetStepResponse)(nil),        // 9: agio.v1.GetStepResponse
+	(*DeleteStepsRequest)(nil),     // 10: agio.v1.DeleteStepsRequest
+	(*DeleteStepsResponse)(nil),    // 11: agio.v1.DeleteStepsResponse
+	(*ForkSessionRequest)(nil),     // 12: agio.v1.ForkSessionRequest
+	(*ForkSessionResponse)(nil),    // 13: agio.v1.ForkSessionResponse
+	(*GetContextRequest)(nil),      // 14: agio.v1.GetContextRequest
+	(*GetContextResponse)(nil),     // 15: agio.v1.GetContextResponse
+	(*CompactSessionRequest)(nil),  // 16: agio.v1.CompactSessionRequest
+	(*CompactSessionResponse)(nil), // 17: agio.v1.CompactSessionResponse
+	(*Session)(nil),                // 18: agio.v1.Session
+	(*Step)(nil),                   // 19: agio.v1.Step
+	(*ContextSummary)(nil),         // 20: agio.v1.ContextSummary
 }
 var file_agio_v1_session_service_proto_depIdxs = []int32{
-	16, // 0: agio.v1.GetSessionResponse.session:type_name -> agio.v1.Session
-	16, // 1: agio.v1.ListSessionsResponse.sessions:type_name -> agio.v1.Session
-	17, // 2: agio.v1.ListStepsResponse.steps:type_name -> agio.v1.Step
-	17, // 3: agio.v1.GetStepResponse.step:type_name -> agio.v1.Step
-	16, // 4: agio.v1.ForkSessionResponse.session:type_name -> agio.v1.Session
-	17, // 5: agio.v1.GetContextResponse.messages:type_name -> agio.v1.Step
-	18, // 6: agio.v1.GetContextResponse.summary:type_name -> agio.v1.ContextSummary
-	0,  // 7: agio.v1.SessionService.GetSession:input_type -> agio.v1.GetSessionRequest
-	2,  // 8: agio.v1.SessionService.ListSessions:input_type -> agio.v1.ListSessionsRequest
-	4,  // 9: agio.v1.SessionService.DeleteSession:input_type -> agio.v1.DeleteSessionRequest
-	6,  // 10: agio.v1.SessionService.ListSteps:input_type -> agio.v1.ListStepsRequest
-	8,  // 11: agio.v1.SessionService.GetStep:input_type -> agio.v1.GetStepRequest
-	10, // 12: agio.v1.SessionService.DeleteSteps:input_type -> agio.v1.DeleteStepsRequest
-	12, // 13: agio.v1.SessionService.ForkSession:input_type -> agio.v1.ForkSessionRequest
-	14, // 14: agio.v1.SessionService.GetContext:input_type -> agio.v1.GetContextRequest
-	1,  // 15: agio.v1.SessionService.GetSession:output_type -> agio.v1.GetSessionResponse
-	3,  // 16: agio.v1.SessionService.ListSessions:output_type -> agio.v1.ListSessionsResponse
-	5,  // 17: agio.v1.SessionService.DeleteSession:output_type -> agio.v1.DeleteSessionResponse
-	7,  // 18: agio.v1.SessionService.ListSteps:output_type -> agio.v1.ListStepsResponse
-	9,  // 19: agio.v1.SessionService.GetStep:output_type -> agio.v1.GetStepResponse
-	11, // 20: agio.v1.SessionService.DeleteSteps:output_type -> agio.v1.DeleteStepsResponse
-	13, // 21: agio.v1.SessionService.ForkSession:output_type -> agio.v1.ForkSessionResponse
-	15, // 22: agio.v1.SessionService.GetContext:output_type -> agio.v1.GetContextResponse
-	15, // [15:23] is the sub-list for method output_type
-	7,  // [7:15] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	18, // 0: agio.v1.GetSessionResponse.session:type_name -> agio.v1.Session
+	18, // 1: agio.v1.ListSessionsResponse.sessions:type_name -> agio.v1.Session
+	19, // 2: agio.v1.ListStepsResponse.steps:type_name -> agio.v1.Step
+	19, // 3: agio.v1.GetStepResponse.step:type_name -> agio.v1.Step
+	18, // 4: agio.v1.ForkSessionResponse.session:type_name -> agio.v1.Session
+	19, // 5: agio.v1.GetContextResponse.messages:type_name -> agio.v1.Step
+	20, // 6: agio.v1.GetContextResponse.summary:type_name -> agio.v1.ContextSummary
+	19, // 7: agio.v1.CompactSessionResponse.summary:type_name -> agio.v1.Step
+	0,  // 8: agio.v1.SessionService.GetSession:input_type -> agio.v1.GetSessionRequest
+	2,  // 9: agio.v1.SessionService.ListSessions:input_type -> agio.v1.ListSessionsRequest
+	4,  // 10: agio.v1.SessionService.DeleteSession:input_type -> agio.v1.DeleteSessionRequest
+	6,  // 11: agio.v1.SessionService.ListSteps:input_type -> agio.v1.ListStepsRequest
+	8,  // 12: agio.v1.SessionService.GetStep:input_type -> agio.v1.GetStepRequest
+	10, // 13: agio.v1.SessionService.DeleteSteps:input_type -> agio.v1.DeleteStepsRequest
+	12, // 14: agio.v1.SessionService.ForkSession:input_type -> agio.v1.ForkSessionRequest
+	14, // 15: agio.v1.SessionService.GetContext:input_type -> agio.v1.GetContextRequest
+	16, // 16: agio.v1.SessionService.CompactSession:input_type -> agio.v1.CompactSessionRequest
+	1,  // 17: agio.v1.SessionService.GetSession:output_type -> agio.v1.GetSessionResponse
+	3,  // 18: agio.v1.SessionService.ListSessions:output_type -> agio.v1.ListSessionsResponse
+	5,  // 19: agio.v1.SessionService.DeleteSession:output_type -> agio.v1.DeleteSessionResponse
+	7,  // 20: agio.v1.SessionService.ListSteps:output_type -> agio.v1.ListStepsResponse
+	9,  // 21: agio.v1.SessionService.GetStep:output_type -> agio.v1.GetStepResponse
+	11, // 22: agio.v1.SessionService.DeleteSteps:output_type -> agio.v1.DeleteStepsResponse
+	13, // 23: agio.v1.SessionService.ForkSession:output_type -> agio.v1.ForkSessionResponse
+	15, // 24: agio.v1.SessionService.GetContext:output_type -> agio.v1.GetContextResponse
+	17, // 25: agio.v1.SessionService.CompactSession:output_type -> agio.v1.CompactSessionResponse
+	17, // [17:26] is the sub-list for method output_type
+	8,  // [8:17] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_session_service_proto_init() }
@@ -1045,7 +1189,7 @@ func file_agio_v1_session_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agio_v1_session_service_proto_rawDesc), len(file_agio_v1_session_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,14 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SessionService_GetSession_FullMethodName    = "/agio.v1.SessionService/GetSession"
-	SessionService_ListSessions_FullMethodName  = "/agio.v1.SessionService/ListSessions"
-	SessionService_DeleteSession_FullMethodName = "/agio.v1.SessionService/DeleteSession"
-	SessionService_ListSteps_FullMethodName     = "/agio.v1.SessionService/ListSteps"
-	SessionService_GetStep_FullMethodName       = "/agio.v1.SessionService/GetStep"
-	SessionService_DeleteSteps_FullMethodName   = "/agio.v1.SessionService/DeleteSteps"
-	SessionService_ForkSession_FullMethodName   = "/agio.v1.SessionService/ForkSession"
-	SessionService_GetContext_FullMethodName    = "/agio.v1.SessionService/GetContext"
+	SessionService_GetSession_FullMethodName     = "/agio.v1.SessionService/GetSession"
+	SessionService_ListSessions_FullMethodName   = "/agio.v1.SessionService/ListSessions"
+	SessionService_DeleteSession_FullMethodName  = "/agio.v1.SessionService/DeleteSession"
+	SessionService_ListSteps_FullMethodName      = "/agio.v1.SessionService/ListSteps"
+	SessionService_GetStep_FullMethodName        = "/agio.v1.SessionService/GetStep"
+	SessionService_DeleteSteps_FullMethodName    = "/agio.v1.SessionService/DeleteSteps"
+	SessionService_ForkSession_FullMethodName    = "/agio.v1.SessionService/ForkSession"
+	SessionService_GetContext_FullMethodName     = "/agio.v1.SessionService/GetContext"
+	SessionService_CompactSession_FullMethodName = "/agio.v1.SessionService/CompactSession"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -51,6 +52,9 @@ type SessionServiceClient interface {
 	ForkSession(ctx context.Context, in *ForkSessionRequest, opts ...grpc.CallOption) (*ForkSessionResponse, error)
 	// GetContext returns the messages the model would receive next.
 	GetContext(ctx context.Context, in *GetContextRequest, opts ...grpc.CallOption) (*GetContextResponse, error)
+	// CompactSession summarizes a session's older steps now, between runs (refused while a
+	// run holds the session). The steps stay in the log; the context starts from the summary.
+	CompactSession(ctx context.Context, in *CompactSessionRequest, opts ...grpc.CallOption) (*CompactSessionResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -141,6 +145,16 @@ func (c *sessionServiceClient) GetContext(ctx context.Context, in *GetContextReq
 	return out, nil
 }
 
+func (c *sessionServiceClient) CompactSession(ctx context.Context, in *CompactSessionRequest, opts ...grpc.CallOption) (*CompactSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompactSessionResponse)
+	err := c.cc.Invoke(ctx, SessionService_CompactSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -163,6 +177,9 @@ type SessionServiceServer interface {
 	ForkSession(context.Context, *ForkSessionRequest) (*ForkSessionResponse, error)
 	// GetContext returns the messages the model would receive next.
 	GetContext(context.Context, *GetContextRequest) (*GetContextResponse, error)
+	// CompactSession summarizes a session's older steps now, between runs (refused while a
+	// run holds the session). The steps stay in the log; the context starts from the summary.
+	CompactSession(context.Context, *CompactSessionRequest) (*CompactSessionResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -196,6 +213,9 @@ func (UnimplementedSessionServiceServer) ForkSession(context.Context, *ForkSessi
 }
 func (UnimplementedSessionServiceServer) GetContext(context.Context, *GetContextRequest) (*GetContextResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetContext not implemented")
+}
+func (UnimplementedSessionServiceServer) CompactSession(context.Context, *CompactSessionRequest) (*CompactSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CompactSession not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -362,6 +382,24 @@ func _SessionService_GetContext_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_CompactSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompactSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).CompactSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_CompactSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).CompactSession(ctx, req.(*CompactSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -400,6 +438,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetContext",
 			Handler:    _SessionService_GetContext_Handler,
+		},
+		{
+			MethodName: "CompactSession",
+			Handler:    _SessionService_CompactSession_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/events.proto.
  */
 export const file_agio_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChRhZ2lvL3YxL2V2ZW50cy5wcm90bxIHYWdpby52MSLDAwoJU3RlcEV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEgsKA3NlcRgDIAEoAxIoCgR0aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtydW5fc3RhcnRlZBgKIAEoCzIYLmFnaW8udjEuUnVuU3RhcnRlZEV2ZW50SAASMQoMc3RlcF9zdGFydGVkGAsgASgLMhkuYWdpby52MS5TdGVwU3RhcnRlZEV2ZW50SAASLQoKc3RlcF9kZWx0YRgMIAEoCzIXLmFnaW8udjEuU3RlcERlbHRhRXZlbnRIABI1Cg5zdGVwX2NvbXBsZXRlZBgNIAEoCzIbLmFnaW8udjEuU3RlcENvbXBsZXRlZEV2ZW50SAASMwoNcnVuX2NvbXBsZXRlZBgOIAEoCzIaLmFnaW8udjEuUnVuQ29tcGxldGVkRXZlbnRIABItCgpydW5fZmFpbGVkGA8gASgLMhcuYWdpby52MS5SdW5GYWlsZWRFdmVudEgAEiQKBWVycm9yGBAgASgLMhMuYWdpby52MS5FcnJvckV2ZW50SABCBwoFZXZlbnQiLAoPUnVuU3RhcnRlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuInYKEFN0ZXBTdGFydGVkRXZlbnQSDwoHc3RlcF9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAxIbCgRyb2xlGAMgASgOMg0uYWdpby52MS5Sb2xlEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIMCgRuYW1lGAUgASgJIksKDVRvb2xDYWxsRGVsdGESDQoFaW5kZXgYASABKAUSCgoCaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIRCglhcmd1bWVudHMYBCABKAkiiwEKDlN0ZXBEZWx0YUV2ZW50Eg8KB3N0ZXBfaWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMSDwoHY29udGVudBgDIAEoCRIZChFyZWFzb25pbmdfY29udGVudBgEIAEoCRIqCgp0b29sX2NhbGxzGAUgAygLMhYuYWdpby52MS5Ub29sQ2FsbERlbHRhIjEKElN0ZXBDb21wbGV0ZWRFdmVudBIbCgRzdGVwGAEgASgLMg0uYWdpby52MS5TdGVwIi4KEVJ1bkNvbXBsZXRlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIisKDlJ1bkZhaWxlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIlAKCkVycm9yRXZlbnQSDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEhEKCXJldHJ5YWJsZRgEIAEoCEKVAQoLY29tLmFnaW8udjFCC0V2ZW50c1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_agio_v1_resources, file_google_protobuf_timestamp]);
+  fileDesc("ChRhZ2lvL3YxL2V2ZW50cy5wcm90bxIHYWdpby52MSKABAoJU3RlcEV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEgsKA3NlcRgDIAEoAxIoCgR0aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtydW5fc3RhcnRlZBgKIAEoCzIYLmFnaW8udjEuUnVuU3RhcnRlZEV2ZW50SAASMQoMc3RlcF9zdGFydGVkGAsgASgLMhkuYWdpby52MS5TdGVwU3RhcnRlZEV2ZW50SAASLQoKc3RlcF9kZWx0YRgMIAEoCzIXLmFnaW8udjEuU3RlcERlbHRhRXZlbnRIABI1Cg5zdGVwX2NvbXBsZXRlZBgNIAEoCzIbLmFnaW8udjEuU3RlcENvbXBsZXRlZEV2ZW50SAASMwoNcnVuX2NvbXBsZXRlZBgOIAEoCzIaLmFnaW8udjEuUnVuQ29tcGxldGVkRXZlbnRIABItCgpydW5fZmFpbGVkGA8gASgLMhcuYWdpby52MS5SdW5GYWlsZWRFdmVudEgAEiQKBWVycm9yGBAgASgLMhMuYWdpby52MS5FcnJvckV2ZW50SAASOwoRY29udGV4dF9jb21wYWN0ZWQYESABKAsyHi5hZ2lvLnYxLkNvbnRleHRDb21wYWN0ZWRFdmVudEgAQgcKBWV2ZW50IqcBChVDb250ZXh0Q29tcGFjdGVkRXZlbnQSDwoHc3RlcF9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAxIWCg5maXJzdF9zZXF1ZW5jZRgDIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAQgASgDEhUKDXRva2Vuc19iZWZvcmUYBSABKAMSFAoMdG9rZW5zX2FmdGVyGAYgASgDEg8KB3RyaWdnZXIYByABKAkiLAoPUnVuU3RhcnRlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuInYKEFN0ZXBTdGFydGVkRXZlbnQSDwoHc3RlcF9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAxIbCgRyb2xlGAMgASgOMg0uYWdpby52MS5Sb2xlEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIMCgRuYW1lGAUgASgJIksKDVRvb2xDYWxsRGVsdGESDQoFaW5kZXgYASABKAUSCgoCaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIRCglhcmd1bWVudHMYBCABKAkiiwEKDlN0ZXBEZWx0YUV2ZW50Eg8KB3N0ZXBfaWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMSDwoHY29udGVudBgDIAEoCRIZChFyZWFzb25pbmdfY29udGVudBgEIAEoCRIqCgp0b29sX2NhbGxzGAUgAygLMhYuYWdpby52MS5Ub29sQ2FsbERlbHRhIjEKElN0ZXBDb21wbGV0ZWRFdmVudBIbCgRzdGVwGAEgASgLMg0uYWdpby52MS5TdGVwIi4KEVJ1bkNvbXBsZXRlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIisKDlJ1bkZhaWxlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIlAKCkVycm9yRXZlbnQSDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEhEKCXJldHJ5YWJsZRgEIAEoCEKVAQoLY29tLmFnaW8udjFCC0V2ZW50c1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_agio_v1_resources, file_google_protobuf_timestamp]);
 
 /**
  * StepEvent is one streamed event of a run. Every run stream ends with exactly one
@@ -113,6 +113,14 @@ export type StepEvent = Message<"agio.v1.StepEvent"> & {
      */
     value: ErrorEvent;
     case: "error";
+  } | {
+    /**
+     * Older steps were summarized: the context now starts with a summary step.
+     *
+     * @generated from field: agio.v1.ContextCompactedEvent context_compacted = 17;
+     */
+    value: ContextCompactedEvent;
+    case: "contextCompacted";
   } | { case: undefined; value?: undefined };
 };
 
@@ -122,6 +130,71 @@ export type StepEvent = Message<"agio.v1.StepEvent"> & {
  */
 export const StepEventSchema: GenMessage<StepEvent> = /*@__PURE__*/
   messageDesc(file_agio_v1_events, 0);
+
+/**
+ * ContextCompactedEvent reports a compaction: the summary step stored (its
+ * `step_completed` comes first) and what it saved.
+ *
+ * @generated from message agio.v1.ContextCompactedEvent
+ */
+export type ContextCompactedEvent = Message<"agio.v1.ContextCompactedEvent"> & {
+  /**
+   * The summary step.
+   *
+   * @generated from field: string step_id = 1;
+   */
+  stepId: string;
+
+  /**
+   * The summary step's sequence.
+   *
+   * @generated from field: int64 sequence = 2;
+   */
+  sequence: bigint;
+
+  /**
+   * The first sequence the summary covers.
+   *
+   * @generated from field: int64 first_sequence = 3;
+   */
+  firstSequence: bigint;
+
+  /**
+   * The last sequence the summary covers.
+   *
+   * @generated from field: int64 last_sequence = 4;
+   */
+  lastSequence: bigint;
+
+  /**
+   * The estimated prompt tokens before compaction.
+   *
+   * @generated from field: int64 tokens_before = 5;
+   */
+  tokensBefore: bigint;
+
+  /**
+   * The estimated prompt tokens after compaction.
+   *
+   * @generated from field: int64 tokens_after = 6;
+   */
+  tokensAfter: bigint;
+
+  /**
+   * What set it off: `threshold` (the context passed the trigger ratio), `overflow` (the
+   * provider refused the context as too long) or `request` (CompactSession).
+   *
+   * @generated from field: string trigger = 7;
+   */
+  trigger: string;
+};
+
+/**
+ * Describes the message agio.v1.ContextCompactedEvent.
+ * Use `create(ContextCompactedEventSchema)` to create a new message.
+ */
+export const ContextCompactedEventSchema: GenMessage<ContextCompactedEvent> = /*@__PURE__*/
+  messageDesc(file_agio_v1_events, 1);
 
 /**
  * RunStartedEvent announces a run.
@@ -142,7 +215,7 @@ export type RunStartedEvent = Message<"agio.v1.RunStartedEvent"> & {
  * Use `create(RunStartedEventSchema)` to create a new message.
  */
 export const RunStartedEventSchema: GenMessage<RunStartedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 1);
+  messageDesc(file_agio_v1_events, 2);
 
 /**
  * StepStartedEvent announces a step before its content streams.
@@ -191,7 +264,7 @@ export type StepStartedEvent = Message<"agio.v1.StepStartedEvent"> & {
  * Use `create(StepStartedEventSchema)` to create a new message.
  */
 export const StepStartedEventSchema: GenMessage<StepStartedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 2);
+  messageDesc(file_agio_v1_events, 3);
 
 /**
  * ToolCallDelta is a fragment of a tool call being streamed.
@@ -233,7 +306,7 @@ export type ToolCallDelta = Message<"agio.v1.ToolCallDelta"> & {
  * Use `create(ToolCallDeltaSchema)` to create a new message.
  */
 export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 3);
+  messageDesc(file_agio_v1_events, 4);
 
 /**
  * StepDeltaEvent carries fragments of the step in progress; consecutive fragments may be
@@ -283,7 +356,7 @@ export type StepDeltaEvent = Message<"agio.v1.StepDeltaEvent"> & {
  * Use `create(StepDeltaEventSchema)` to create a new message.
  */
 export const StepDeltaEventSchema: GenMessage<StepDeltaEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 4);
+  messageDesc(file_agio_v1_events, 5);
 
 /**
  * StepCompletedEvent carries a step after it was durably stored.
@@ -304,7 +377,7 @@ export type StepCompletedEvent = Message<"agio.v1.StepCompletedEvent"> & {
  * Use `create(StepCompletedEventSchema)` to create a new message.
  */
 export const StepCompletedEventSchema: GenMessage<StepCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 5);
+  messageDesc(file_agio_v1_events, 6);
 
 /**
  * RunCompletedEvent ends a run that stopped without error.
@@ -325,7 +398,7 @@ export type RunCompletedEvent = Message<"agio.v1.RunCompletedEvent"> & {
  * Use `create(RunCompletedEventSchema)` to create a new message.
  */
 export const RunCompletedEventSchema: GenMessage<RunCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 6);
+  messageDesc(file_agio_v1_events, 7);
 
 /**
  * RunFailedEvent ends a run that stopped with an error.
@@ -346,7 +419,7 @@ export type RunFailedEvent = Message<"agio.v1.RunFailedEvent"> & {
  * Use `create(RunFailedEventSchema)` to create a new message.
  */
 export const RunFailedEventSchema: GenMessage<RunFailedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 7);
+  messageDesc(file_agio_v1_events, 8);
 
 /**
  * ErrorEvent reports a non-fatal problem while the run goes on.
@@ -388,5 +461,5 @@ export type ErrorEvent = Message<"agio.v1.ErrorEvent"> & {
  * Use `create(ErrorEventSchema)` to create a new message.
  */
 export const ErrorEventSchema: GenMessage<ErrorEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 8);
+  messageDesc(file_agio_v1_events, 9);
 

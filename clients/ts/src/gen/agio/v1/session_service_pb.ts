@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/session_service.proto.
  */
 export const file_agio_v1_session_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch1hZ2lvL3YxL3Nlc3Npb25fc2VydmljZS5wcm90bxIHYWdpby52MSInChFHZXRTZXNzaW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIjcKEkdldFNlc3Npb25SZXNwb25zZRIhCgdzZXNzaW9uGAEgASgLMhAuYWdpby52MS5TZXNzaW9uIjwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiUwoUTGlzdFNlc3Npb25zUmVzcG9uc2USIgoIc2Vzc2lvbnMYASADKAsyEC5hZ2lvLnYxLlNlc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIioKFERlbGV0ZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiLgoVRGVsZXRlU2Vzc2lvblJlc3BvbnNlEhUKDWRlbGV0ZWRfc3RlcHMYASABKAMiewoQTGlzdFN0ZXBzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhYKDnN0YXJ0X3NlcXVlbmNlGAIgASgDEhQKDGVuZF9zZXF1ZW5jZRgDIAEoAxIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCSJKChFMaXN0U3RlcHNSZXNwb25zZRIcCgVzdGVwcxgBIAMoCzINLmFnaW8udjEuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiNgoOR2V0U3RlcFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAyIuCg9HZXRTdGVwUmVzcG9uc2USGwoEc3RlcBgBIAEoCzINLmFnaW8udjEuU3RlcCJAChJEZWxldGVTdGVwc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIWCg5zdGFydF9zZXF1ZW5jZRgCIAEoAyIsChNEZWxldGVTdGVwc1Jlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiOgoSRm9ya1Nlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMiOAoTRm9ya1Nlc3Npb25SZXNwb25zZRIhCgdzZXNzaW9uGAEgASgLMhAuYWdpby52MS5TZXNzaW9uIl0KEUdldENvbnRleHRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkieAoSR2V0Q29udGV4dFJlc3BvbnNlEh8KCG1lc3NhZ2VzGAEgAygLMg0uYWdpby52MS5TdGVwEigKB3N1bW1hcnkYAiABKAsyFy5hZ2lvLnYxLkNvbnRleHRTdW1tYXJ5EhcKD25leHRfcGFnZV90b2tlbhgDIAEoCTLRBAoOU2Vzc2lvblNlcnZpY2USRQoKR2V0U2Vzc2lvbhIaLmFnaW8udjEuR2V0U2Vzc2lvblJlcXVlc3QaGy5hZ2lvLnYxLkdldFNlc3Npb25SZXNwb25zZRJLCgxMaXN0U2Vzc2lvbnMSHC5hZ2lvLnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaHS5hZ2lvLnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlEk4KDURlbGV0ZVNlc3Npb24SHS5hZ2lvLnYxLkRlbGV0ZVNlc3Npb25SZXF1ZXN0Gh4uYWdpby52MS5EZWxldGVTZXNzaW9uUmVzcG9uc2USQgoJTGlzdFN0ZXBzEhkuYWdpby52MS5MaXN0U3RlcHNSZXF1ZXN0GhouYWdpby52MS5MaXN0U3RlcHNSZXNwb25zZRI8CgdHZXRTdGVwEhcuYWdpby52MS5HZXRTdGVwUmVxdWVzdBoYLmFnaW8udjEuR2V0U3RlcFJlc3BvbnNlEkgKC0RlbGV0ZVN0ZXBzEhsuYWdpby52MS5EZWxldGVTdGVwc1JlcXVlc3QaHC5hZ2lvLnYxLkRlbGV0ZVN0ZXBzUmVzcG9uc2USSAoLRm9ya1Nlc3Npb24SGy5hZ2lvLnYxLkZvcmtTZXNzaW9uUmVxdWVzdBocLmFnaW8udjEuRm9ya1Nlc3Npb25SZXNwb25zZRJFCgpHZXRDb250ZXh0EhouYWdpby52MS5HZXRDb250ZXh0UmVxdWVzdBobLmFnaW8udjEuR2V0Q29udGV4dFJlc3BvbnNlQp0BCgtjb20uYWdpby52MUITU2Vzc2lvblNlcnZpY2VQcm90b1ABWjxnaXRodWIuY29tL2FnaW8tZ3JwYy9hZ2lvLWdycGMvY2xpZW50cy9nby9nZW4vYWdpby92MTthZ2lvdjGiAgNBWFiqAgdBZ2lvLlYxygIHQWdpb1xWMeICE0FnaW9cVjFcR1BCTWV0YWRhdGHqAghBZ2lvOjpWMWIGcHJvdG8z", [file_agio_v1_resources]);
+  fileDesc("Ch1hZ2lvL3YxL3Nlc3Npb25fc2VydmljZS5wcm90bxIHYWdpby52MSInChFHZXRTZXNzaW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIjcKEkdldFNlc3Npb25SZXNwb25zZRIhCgdzZXNzaW9uGAEgASgLMhAuYWdpby52MS5TZXNzaW9uIjwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiUwoUTGlzdFNlc3Npb25zUmVzcG9uc2USIgoIc2Vzc2lvbnMYASADKAsyEC5hZ2lvLnYxLlNlc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIioKFERlbGV0ZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiLgoVRGVsZXRlU2Vzc2lvblJlc3BvbnNlEhUKDWRlbGV0ZWRfc3RlcHMYASABKAMiewoQTGlzdFN0ZXBzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhYKDnN0YXJ0X3NlcXVlbmNlGAIgASgDEhQKDGVuZF9zZXF1ZW5jZRgDIAEoAxIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCSJKChFMaXN0U3RlcHNSZXNwb25zZRIcCgVzdGVwcxgBIAMoCzINLmFnaW8udjEuU3RlcBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiNgoOR2V0U3RlcFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAyIuCg9HZXRTdGVwUmVzcG9uc2USGwoEc3RlcBgBIAEoCzINLmFnaW8udjEuU3RlcCJAChJEZWxldGVTdGVwc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIWCg5zdGFydF9zZXF1ZW5jZRgCIAEoAyIsChNEZWxldGVTdGVwc1Jlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiOgoSRm9ya1Nlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMiOAoTRm9ya1Nlc3Npb25SZXNwb25zZRIhCgdzZXNzaW9uGAEgASgLMhAuYWdpby52MS5TZXNzaW9uIl0KEUdldENvbnRleHRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkieAoSR2V0Q29udGV4dFJlc3BvbnNlEh8KCG1lc3NhZ2VzGAEgAygLMg0uYWdpby52MS5TdGVwEigKB3N1bW1hcnkYAiABKAsyFy5hZ2lvLnYxLkNvbnRleHRTdW1tYXJ5EhcKD25leHRfcGFnZV90b2tlbhgDIAEoCSJVChVDb21wYWN0U2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIZChFrZWVwX3JlY2VudF9zdGVwcxgCIAEoBRINCgVhZ2VudBgDIAEoCSJlChZDb21wYWN0U2Vzc2lvblJlc3BvbnNlEh4KB3N1bW1hcnkYASABKAsyDS5hZ2lvLnYxLlN0ZXASFQoNdG9rZW5zX2JlZm9yZRgCIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYAyABKAMypAUKDlNlc3Npb25TZXJ2aWNlEkUKCkdldFNlc3Npb24SGi5hZ2lvLnYxLkdldFNlc3Npb25SZXF1ZXN0GhsuYWdpby52MS5HZXRTZXNzaW9uUmVzcG9uc2USSwoMTGlzdFNlc3Npb25zEhwuYWdpby52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0Gh0uYWdpby52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZRJOCg1EZWxldGVTZXNzaW9uEh0uYWdpby52MS5EZWxldGVTZXNzaW9uUmVxdWVzdBoeLmFnaW8udjEuRGVsZXRlU2Vzc2lvblJlc3BvbnNlEkIKCUxpc3RTdGVwcxIZLmFnaW8udjEuTGlzdFN0ZXBzUmVxdWVzdBoaLmFnaW8udjEuTGlzdFN0ZXBzUmVzcG9uc2USPAoHR2V0U3RlcBIXLmFnaW8udjEuR2V0U3RlcFJlcXVlc3QaGC5hZ2lvLnYxLkdldFN0ZXBSZXNwb25zZRJICgtEZWxldGVTdGVwcxIbLmFnaW8udjEuRGVsZXRlU3RlcHNSZXF1ZXN0GhwuYWdpby52MS5EZWxldGVTdGVwc1Jlc3BvbnNlEkgKC0ZvcmtTZXNzaW9uEhsuYWdpby52MS5Gb3JrU2Vzc2lvblJlcXVlc3QaHC5hZ2lvLnYxLkZvcmtTZXNzaW9uUmVzcG9uc2USRQoKR2V0Q29udGV4dBIaLmFnaW8udjEuR2V0Q29udGV4dFJlcXVlc3QaGy5hZ2lvLnYxLkdldENvbnRleHRSZXNwb25zZRJRCg5Db21wYWN0U2Vzc2lvbhIeLmFnaW8udjEuQ29tcGFjdFNlc3Npb25SZXF1ZXN0Gh8uYWdpby52MS5Db21wYWN0U2Vzc2lvblJlc3BvbnNlQp0BCgtjb20uYWdpby52MUITU2Vzc2lvblNlcnZpY2VQcm90b1ABWjxnaXRodWIuY29tL2FnaW8tZ3JwYy9hZ2lvLWdycGMvY2xpZW50cy9nby9nZW4vYWdpby92MTthZ2lvdjGiAgNBWFiqAgdBZ2lvLlYxygIHQWdpb1xWMeICE0FnaW9cVjFcR1BCTWV0YWRhdGHqAghBZ2lvOjpWMWIGcHJvdG8z", [file_agio_v1_resources]);
 
 /**
  * GetSessionRequest names a session.
@@ -457,6 +457,77 @@ export const GetContextResponseSchema: GenMessage<GetContextResponse> = /*@__PUR
   messageDesc(file_agio_v1_session_service, 15);
 
 /**
+ * CompactSessionRequest names the session to compact.
+ *
+ * @generated from message agio.v1.CompactSessionRequest
+ */
+export type CompactSessionRequest = Message<"agio.v1.CompactSessionRequest"> & {
+  /**
+   * The session.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * Steps to keep after the summary, as they are (0: the agent's compaction setting). The
+   * cut never splits a tool call from its results.
+   *
+   * @generated from field: int32 keep_recent_steps = 2;
+   */
+  keepRecentSteps: number;
+
+  /**
+   * The agent whose model, window and compaction settings apply; empty means the default.
+   *
+   * @generated from field: string agent = 3;
+   */
+  agent: string;
+};
+
+/**
+ * Describes the message agio.v1.CompactSessionRequest.
+ * Use `create(CompactSessionRequestSchema)` to create a new message.
+ */
+export const CompactSessionRequestSchema: GenMessage<CompactSessionRequest> = /*@__PURE__*/
+  messageDesc(file_agio_v1_session_service, 16);
+
+/**
+ * CompactSessionResponse holds the summary step made, if any.
+ *
+ * @generated from message agio.v1.CompactSessionResponse
+ */
+export type CompactSessionResponse = Message<"agio.v1.CompactSessionResponse"> & {
+  /**
+   * The summary step; unset when there was nothing old enough to summarize.
+   *
+   * @generated from field: agio.v1.Step summary = 1;
+   */
+  summary?: Step | undefined;
+
+  /**
+   * The estimated prompt tokens of the context before.
+   *
+   * @generated from field: int64 tokens_before = 2;
+   */
+  tokensBefore: bigint;
+
+  /**
+   * The estimated prompt tokens of the context after.
+   *
+   * @generated from field: int64 tokens_after = 3;
+   */
+  tokensAfter: bigint;
+};
+
+/**
+ * Describes the message agio.v1.CompactSessionResponse.
+ * Use `create(CompactSessionResponseSchema)` to create a new message.
+ */
+export const CompactSessionResponseSchema: GenMessage<CompactSessionResponse> = /*@__PURE__*/
+  messageDesc(file_agio_v1_session_service, 17);
+
+/**
  * SessionService reads and edits sessions and their step logs.
  *
  * @generated from service agio.v1.SessionService
@@ -541,6 +612,17 @@ export const SessionService: GenService<{
     methodKind: "unary";
     input: typeof GetContextRequestSchema;
     output: typeof GetContextResponseSchema;
+  },
+  /**
+   * CompactSession summarizes a session's older steps now, between runs (refused while a
+   * run holds the session). The steps stay in the log; the context starts from the summary.
+   *
+   * @generated from rpc agio.v1.SessionService.CompactSession
+   */
+  compactSession: {
+    methodKind: "unary";
+    input: typeof CompactSessionRequestSchema;
+    output: typeof CompactSessionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agio_v1_session_service, 0);

@@ -1,0 +1,369 @@
+"""Context-window accounting and compaction: long sessions keep running under the window.
+
+**Estimate.** Before a model call the prompt is estimated: the prompt tokens the model
+reported for the run's last call, plus an estimate of what was added since (the reply and
+the steps after it); without such a report (a new run, a history read from the store), an
+estimate of the whole context. The estimate of a text is character based
+(`estimate_text_tokens`): an ASCII text is a token per 4 characters, any other text a token
+per character (CJK scripts run near one token a character; accented Latin text is
+overestimated, on the safe side), plus 4 tokens a message and the tools' JSON a token per 4
+characters.
+
+**Plan.** Above `trigger_ratio` of the window, the oldest steps of the context are
+summarized. The context is the latest summary step (if any) followed by the steps after
+the range it covers; the cut falls where a user step or an assistant step begins (a tool
+result stays with its call), leaves at least `keep_recent_steps` steps after it (on an
+overflow, only the latest turn), and never inside the turn in progress.
+
+**Summary.** One model call (traced as its own `chat` span) summarizes the earlier summary
+and the covered steps, rendered as a transcript (`render_transcript`). The summary is a step
+of role SUMMARY stored at the end of the log with the range it covers
+(`summary_first_sequence`..`summary_last_sequence`); the covered steps stay in the log, so
+ListSteps shows everything, and a fork or retry before the summary step rebuilds the
+context from the originals (engine/context.py reads the latest summary only).
+
+Pure planning and one model call; never touches the store or the event channel (the loop
+and the session service do), never imports grpc.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from agio_grpc.domain import Role, Run, Step, StepMetrics, StopReason, StopSignal
+from agio_grpc.engine.agents import Compaction, RunSettings
+from agio_grpc.engine.context import after_summary, context_steps, latest_summary
+from agio_grpc.engine.events import ContextCompacted, Event, StepCompleted
+from agio_grpc.engine.model import ModelDriver, ModelEvent, ModelRequest
+from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.tracing import RunTrace
+
+Trigger = Literal["threshold", "overflow", "request"]
+"""What set a compaction off: the estimate passed the trigger ratio, the provider refused
+the context as too long, or CompactSession."""
+
+MESSAGE_OVERHEAD_TOKENS: Final = 4
+"""Tokens a message costs besides its text (role, separators), as OpenAI counts them."""
+STEP_TRANSCRIPT_CHARS: Final = 8_000
+"""The most characters of one step a summary request quotes (the rest is marked as cut)."""
+SUMMARY_MAX_TOKENS: Final = 2_048
+"""The completion cap of a summary call."""
+MAX_COMPACTIONS_PER_CALL: Final = 64
+"""The most summaries made before one model call (a backlog larger than half the window is
+summarized a part at a time)."""
+
+DEFAULT_SUMMARY_INSTRUCTIONS: Final = (
+    "You compact the conversation of an AI agent so that it can go on working from your "
+    "summary instead of the messages. Write a concise summary of the conversation you are "
+    "given: the user's goals and requests, facts and decisions established, tool results "
+    "that still matter (with their key values), and the work still open. Write it as notes "
+    "for the agent, in the conversation's language. Do not add anything new."
+)
+
+DEFAULT_CONTEXT_WINDOW: Final = 128_000
+"""The window of a model this table does not know."""
+
+# Known model families by name prefix (the longest matching prefix wins).
+_WINDOWS: Final[dict[str, int]] = {
+    "gpt-3.5-turbo": 16_385,
+    "gpt-4": 8_192,
+    "gpt-4-32k": 32_768,
+    "gpt-4-turbo": 128_000,
+    "gpt-4o": 128_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-5": 400_000,
+    "o1": 200_000,
+    "o3": 200_000,
+    "o4": 200_000,
+    "claude": 200_000,
+    "gemini-1.5": 1_048_576,
+    "gemini-2": 1_048_576,
+    "llama-3": 131_072,
+    "llama3": 131_072,
+    "mistral-large": 131_072,
+    "qwen2.5": 131_072,
+    "deepseek": 128_000,
+}
+
+
+def default_context_window(model: str) -> int:
+    """The context window of `model`'s family (by name prefix, provider prefix such as
+    `openai/` ignored), else DEFAULT_CONTEXT_WINDOW."""
+    name = model.rpartition("/")[2].lower()
+    matches = [prefix for prefix in _WINDOWS if name.startswith(prefix)]
+    return _WINDOWS[max(matches, key=len)] if matches else DEFAULT_CONTEXT_WINDOW
+
+
+def estimate_text_tokens(text: str) -> int:
+    """A text's tokens, estimated from its characters (see the module docstring)."""
+    if text.isascii():
+        return math.ceil(len(text) / 4)
+    return len(text)
+
+
+def estimate_step_tokens(step: Step) -> int:
+    """The tokens of a step's message: its text, its tool calls, the message overhead."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(step.content)
+    for call in step.tool_calls:
+        tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + call.arguments)
+    return tokens
+
+
+def estimate_prompt_tokens(context: Sequence[Step], tools: Sequence[dict[str, Any]]) -> int:
+    """The prompt tokens of a model call on `context` (engine/context.py `context_steps`)
+    offering `tools`: the prompt tokens reported for the last assistant step's call plus the
+    estimate of that reply and what follows it, when there is such a report; else the
+    estimate of everything. A report from before the context's summary was made counts
+    the steps it replaced, so it is not used."""
+    summary = next((step for step in context if step.role is Role.SUMMARY), None)
+    reported_after = summary.sequence if summary is not None else 0
+    for index in range(len(context) - 1, -1, -1):
+        step = context[index]
+        if step.sequence <= reported_after:
+            break
+        if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
+            since = context[index:]
+            return step.metrics.input_tokens + sum(map(estimate_step_tokens, since))
+    tools_tokens = estimate_text_tokens(json.dumps(tools)) if tools else 0
+    return tools_tokens + sum(map(estimate_step_tokens, context))
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPlan:
+    """What a compaction summarizes: the earlier summary (if any) and the covered steps."""
+
+    previous: Step | None
+    covered: list[Step]
+    first_sequence: int
+    last_sequence: int
+
+
+def plan_compaction(
+    history: Sequence[Step], keep_recent_steps: int, budget_tokens: int | None = None
+) -> CompactionPlan | None:
+    """The oldest steps of the context to summarize, keeping at least `keep_recent_steps`
+    after the cut and always the latest turn; None when no cut is possible. With
+    `budget_tokens`, no more than fit one summary request of that size (at least one turn):
+    a longer backlog is summarized a part at a time, each summary taking in the one before."""
+    previous = latest_summary(history)
+    steps = after_summary(history, previous)
+    at_most = len(steps) - max(0, keep_recent_steps)
+    if budget_tokens is not None:
+        used = estimate_text_tokens(_cut(previous.content)) if previous is not None else 0
+        for index, step in enumerate(steps):
+            used += _transcript_tokens(step)
+            if used > budget_tokens:
+                at_most = min(at_most, max(index, 1))
+                break
+    cut = _last_cut(steps, at_most)
+    if cut <= 0 and budget_tokens is not None and at_most >= 1:
+        cut = _first_cut(steps, len(steps) - max(0, keep_recent_steps))
+    if cut <= 0:
+        return None
+    covered = steps[:cut]
+    first = previous.summary_first_sequence if previous is not None else covered[0].sequence
+    return CompactionPlan(previous, covered, first, covered[-1].sequence)
+
+
+def _last_cut(steps: Sequence[Step], at_most: int) -> int:
+    """The last index <= `at_most` (and before the last step) where a turn begins (a user
+    or assistant step) with every tool call before it answered before it; 0 when none."""
+    best = 0
+    open_calls: set[str] = set()
+    for index, step in enumerate(steps):
+        if index > at_most or index == len(steps) - 1:
+            break
+        if index > 0 and step.role in (Role.USER, Role.ASSISTANT) and not open_calls:
+            best = index
+        if step.role is Role.ASSISTANT:
+            open_calls = {call.id for call in step.tool_calls}
+        elif step.role is Role.TOOL:
+            open_calls.discard(step.tool_call_id)
+    return best
+
+
+def _first_cut(steps: Sequence[Step], at_most: int) -> int:
+    """The first index a cut may fall at (as `_last_cut`), if <= `at_most`; else 0."""
+    open_calls: set[str] = set()
+    for index, step in enumerate(steps[: len(steps) - 1]):
+        if index > at_most:
+            break
+        if index > 0 and step.role in (Role.USER, Role.ASSISTANT) and not open_calls:
+            return index
+        if step.role is Role.ASSISTANT:
+            open_calls = {call.id for call in step.tool_calls}
+        elif step.role is Role.TOOL:
+            open_calls.discard(step.tool_call_id)
+    return 0
+
+
+def _transcript_tokens(step: Step) -> int:
+    """A step's share of a summary request (its texts cut as `render_transcript` cuts)."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(_cut(step.content))
+    for call in step.tool_calls:
+        tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + _cut(call.arguments))
+    return tokens
+
+
+def render_transcript(plan: CompactionPlan) -> str:
+    """The summary request's user message: the earlier summary, then the covered steps."""
+    parts: list[str] = []
+    if plan.previous is not None:
+        parts.append(f"Summary of the conversation before:\n{_cut(plan.previous.content)}\n")
+    parts.append("Conversation to summarize:")
+    for step in plan.covered:
+        match step.role:
+            case Role.ASSISTANT:
+                if step.content:
+                    parts.append(f"[assistant] {_cut(step.content)}")
+                for call in step.tool_calls:
+                    parts.append(f"[assistant calls {call.name}] {_cut(call.arguments)}")
+            case Role.TOOL:
+                failed = " (error)" if step.is_error else ""
+                parts.append(f"[result of {step.name or 'tool'}{failed}] {_cut(step.content)}")
+            case _:
+                parts.append(f"[{step.role.value}] {_cut(step.content)}")
+    return "\n".join(parts)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= STEP_TRANSCRIPT_CHARS:
+        return text
+    cut = len(text) - STEP_TRANSCRIPT_CHARS
+    return f"{text[:STEP_TRANSCRIPT_CHARS]} [... {cut} more characters cut]"
+
+
+def summary_request(plan: CompactionPlan, policy: Compaction, model: str) -> ModelRequest:
+    """The model request that summarizes `plan` (no tools)."""
+    return ModelRequest(
+        model=policy.model or model,
+        messages=[
+            {"role": "system", "content": policy.instructions or DEFAULT_SUMMARY_INSTRUCTIONS},
+            {"role": "user", "content": render_transcript(plan)},
+        ],
+        tools=[],
+        temperature=None,
+        max_tokens=SUMMARY_MAX_TOKENS,
+    )
+
+
+def context_window_signal(message: str) -> StopSignal:
+    """The stop of a run whose context the model refuses as too long even compacted (or
+    with compaction off)."""
+    return StopSignal(
+        StopReason.CONTEXT_WINDOW,
+        f"the context does not fit the model's context window: {message}",
+        "model",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary step ready to store, with the estimates around it."""
+
+    step: Step
+    tokens_before: int
+    tokens_after: int
+    trigger: Trigger
+
+    def announce(self, _: Run | None, steps: Sequence[Step]) -> list[Event]:
+        """The events of its write (a `channel.Announce`): its `step_completed`, then
+        `context_compacted`."""
+        (stored,) = steps
+        return [
+            StepCompleted(stored),
+            ContextCompacted(
+                step_id=stored.id,
+                sequence=stored.sequence,
+                first_sequence=stored.summary_first_sequence,
+                last_sequence=stored.summary_last_sequence,
+                tokens_before=self.tokens_before,
+                tokens_after=self.tokens_after,
+                trigger=self.trigger,
+            ),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Compacting:
+    """A compaction decided on a history: what to summarize, and how."""
+
+    plan: CompactionPlan
+    settings: RunSettings
+    history: Sequence[Step]
+    tools: list[dict[str, Any]]
+    trigger: Trigger
+    tokens_before: int
+
+    @classmethod
+    def planned(
+        cls,
+        settings: RunSettings,
+        registry: ToolRegistry,
+        history: Sequence[Step],
+        trigger: Trigger,
+        keep_recent_steps: int | None = None,
+        *,
+        again: bool = False,
+    ) -> Compacting | None:
+        """The compaction `trigger` calls for on `history`, if any: a threshold only above
+        the trigger ratio, an overflow keeping only the latest turn, a request keeping
+        `keep_recent_steps` (default: the policy's); `again` (a backlog summarized a part at
+        a time) only above the trigger ratio whatever the trigger. None when compaction is
+        off or no cut is possible."""
+        policy = settings.compaction
+        if not policy.enabled and trigger != "request":
+            return None
+        tools = registry.definitions(settings.tools) + [
+            tool.to_openai() for tool in settings.client_tools
+        ]
+        context = context_steps(
+            settings.instructions, history, settings.limits.max_history_messages
+        )
+        before = estimate_prompt_tokens(context, tools)
+        if (trigger == "threshold" or again) and before <= policy.trigger_tokens:
+            return None
+        keep = 0 if trigger == "overflow" else policy.keep_recent_steps
+        if keep_recent_steps is not None:
+            keep = keep_recent_steps
+        plan = plan_compaction(history, keep, policy.context_window_tokens // 2)
+        if plan is None:
+            return None
+        return cls(plan, settings, history, tools, trigger, before)
+
+    async def summarize(
+        self, driver: ModelDriver, trace: RunTrace, step: Step, sequence: int
+    ) -> Summary:
+        """`step` (role SUMMARY, its ids set) made the summary of the plan: its content,
+        range and the summary call's metrics. The call is traced under `trace` as producing
+        the step at `sequence`; raises what the model driver raises (ModelError)."""
+        settings = self.settings
+        request = summary_request(self.plan, settings.compaction, settings.model)
+
+        def ignore(_: ModelEvent) -> None:
+            return None
+
+        with trace.model_call(request, step.id, sequence) as span:
+            reply = await driver.complete(request, ignore)
+            span.replied(reply)
+        step.content = reply.content.strip() or "(the summary came back empty)"
+        step.metrics = reply.metrics if reply.metrics is not None else StepMetrics()
+        step.summary_first_sequence = self.plan.first_sequence
+        step.summary_last_sequence = self.plan.last_sequence
+        step.trace_id, step.span_id = span.trace_id, span.span_id
+        step.sequence = sequence  # as it will be stored: the context after it reads it
+        after = context_steps(
+            settings.instructions, [*self.history, step], settings.limits.max_history_messages
+        )
+        step.sequence = 0
+        # The summary's own report counts what it replaced; the estimate after is textual.
+        tokens_after = self.tools_tokens + sum(map(estimate_step_tokens, after))
+        return Summary(step, self.tokens_before, tokens_after, self.trigger)
+
+    @property
+    def tools_tokens(self) -> int:
+        return estimate_text_tokens(json.dumps(self.tools)) if self.tools else 0

@@ -1,0 +1,98 @@
+"""`SessionCompactor`: CompactSession, a compaction between runs (engine/compaction.py).
+
+Reads the session's history, plans the cut with the agent's settings (or the caller's
+`keep_recent_steps`), has the summary written by one model call, and stores the summary
+step only while no run holds the session and its log still ends where it was read: a run
+that started, or steps appended, meanwhile refuse the write (SessionBusyError,
+HistoryChangedError) and nothing is stored. Never imports grpc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agio_grpc.domain import Role, Run, Step
+from agio_grpc.engine.agents import AgentSpec, RunOverrides, resolve_settings
+from agio_grpc.engine.compaction import Compacting, estimate_prompt_tokens
+from agio_grpc.engine.context import context_steps, open_tool_calls
+from agio_grpc.engine.errors import CompactionFailedError
+from agio_grpc.engine.history import mark_of
+from agio_grpc.engine.model import ModelDriver, ModelError
+from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.tracing import RunTracer
+from agio_grpc.store.errors import RunRequiresActionError, SessionBusyError
+from agio_grpc.store.protocol import StepStore
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCompaction:
+    """What CompactSession did: the summary step stored (None: nothing to summarize), and
+    the estimated prompt tokens of the context before and after."""
+
+    summary: Step | None
+    tokens_before: int
+    tokens_after: int
+
+
+class SessionCompactor:
+    """Compacts sessions on request."""
+
+    def __init__(
+        self,
+        store: StepStore,
+        model: ModelDriver,
+        registry: ToolRegistry,
+        tracer: RunTracer,
+        agent: Callable[[str], AgentSpec],
+    ) -> None:
+        self._store = store
+        self._model = model
+        self._registry = registry
+        self._tracer = tracer
+        self._agent = agent
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        agent: str = "",
+        keep_recent_steps: int | None = None,
+        tenant: str | None = None,
+    ) -> SessionCompaction:
+        """Summarize the session's older steps now. Raises AgentNotFoundError, NotFoundError,
+        SessionBusyError, RunRequiresActionError (the log ends with tool calls waiting for
+        their outputs), HistoryChangedError, CompactionFailedError (the summary call
+        failed)."""
+        spec = self._agent(agent)
+        settings = resolve_settings(spec, RunOverrides(), [])
+        session = await self._store.get_session(session_id, tenant=tenant)
+        if session.active_run_id:  # refused before the summary call, not only at the write
+            raise SessionBusyError(session_id, session.active_run_id)
+        history = await self._store.get_history(session_id)
+        waiting, calls = open_tool_calls(history)
+        if waiting is not None and calls:  # a summary now would refuse its tool outputs
+            raise RunRequiresActionError(session_id, waiting.run_id)
+        compacting = Compacting.planned(
+            settings, self._registry, history, "request", keep_recent_steps
+        )
+        if compacting is None:
+            context = context_steps(
+                settings.instructions, history, settings.limits.max_history_messages
+            )
+            tools = self._registry.definitions(settings.tools)
+            tokens = estimate_prompt_tokens(context, tools)
+            return SessionCompaction(None, tokens, tokens)
+        run = Run(session_id=session_id, agent=spec.name, tenant=session.tenant)
+        trace = self._tracer.outside_run(run, settings)
+        step = Step(session_id, "", Role.SUMMARY)
+        sequence = (history[-1].sequence if history else 0) + 1
+        try:
+            summary = await compacting.summarize(self._model, trace, step, sequence)
+        except ModelError as error:
+            raise CompactionFailedError(error.message, retryable=error.retryable) from None
+        stored = await self._store.append_to_idle_session(
+            summary.step, after=mark_of(history), tenant=tenant
+        )
+        trace.compacted("request", summary.tokens_before, summary.tokens_after)
+        return SessionCompaction(stored, summary.tokens_before, summary.tokens_after)

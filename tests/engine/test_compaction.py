@@ -1,0 +1,348 @@
+"""Compaction on both backends: the trigger, the cut, the summary step and its event, what
+the next model request holds, fork and retry around a summary, recovery from the provider's
+context_length_exceeded, the stop when nothing fits, CompactSession, and a long session.
+
+The real runtime on a real store, the openai client talking HTTP to the fake model, whose
+`context_window` refuses prompts over it exactly as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from agio_grpc.domain import SUMMARY_PREFIX, Role, Step, StopReason, ToolCall
+from agio_grpc.engine import AgentSpec, OpenAIModelDriver, Runtime, RuntimeOptions
+from agio_grpc.engine.agents import Compaction, Limits
+from agio_grpc.engine.compaction import plan_compaction
+from agio_grpc.engine.context import context_steps
+from agio_grpc.engine.errors import CompactionFailedError
+from agio_grpc.engine.events import ContextCompacted
+from agio_grpc.engine.session_compaction import SessionCompactor
+from agio_grpc.engine.tracing import NO_TRACER
+from agio_grpc.store.errors import RunRequiresActionError, SessionBusyError
+from agio_grpc.store.sql import SqlStepStore
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from agio_grpc.testing.chat_request import estimate_prompt_tokens
+from tests.engine.harness import FAST_RETRIES, INSTRUCTIONS, LOOKUP, Gate, Harness, make_registry
+from tests.engine.test_runtime import segment_task_done, without_deltas
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa "
+
+
+def compacting_agent(window: int, keep: int = 2, ratio: float = 0.5) -> AgentSpec:
+    return AgentSpec(
+        name="assistant",
+        model="fake-model",
+        instructions=INSTRUCTIONS,
+        tools=["calculate"],
+        limits=Limits(max_steps=20),
+        compaction=Compaction(
+            context_window_tokens=window, trigger_ratio=ratio, keep_recent_steps=keep
+        ),
+    )
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeModelServer]:
+    async with FakeModelServer() as server:
+        yield server
+
+
+async def running(store: SqlStepStore, fake: FakeModelServer, agent: AgentSpec) -> Harness:
+    driver = OpenAIModelDriver(base_url=fake.base_url, api_key="k", retry=FAST_RETRIES)
+    runtime = Runtime(
+        store,
+        {"assistant": agent},
+        "assistant",
+        make_registry(Gate()),
+        driver,
+        options=RuntimeOptions(history_cache_bytes=0),
+    )
+    return Harness(runtime, store, fake, Gate(), driver)
+
+
+@pytest.fixture
+async def small(store: SqlStepStore, fake: FakeModelServer) -> AsyncIterator[Harness]:
+    """A window of 1,000 tokens, compacting above half of it, keeping 2 steps."""
+    built = await running(store, fake, compacting_agent(1_000))
+    try:
+        yield built
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+
+def chat_messages(fake: FakeModelServer) -> list[list[dict[str, object]]]:
+    """The messages of each agent request the fake model got (summary requests left out)."""
+    return [
+        body["messages"]
+        for body in fake.requests
+        if "compact the conversation" not in str(body["messages"][0]["content"])
+    ]
+
+
+async def test_the_trigger_fires_at_the_ratio_and_the_next_request_is_summary_plus_recent(
+    small: Harness,
+) -> None:
+    first = await small.run(WORDS * 10)  # ~140 tokens estimated, ~280 with the reply
+    assert not first.of(ContextCompacted)
+    session = first.session_id
+    second = await small.run(WORDS * 3, session_id=session)  # ~340: under the trigger of 500
+    assert not second.of(ContextCompacted)
+    third = await small.run(WORDS * 10, session_id=session)  # past 500: compacts first
+
+    (compacted,) = third.of(ContextCompacted)
+    assert compacted.trigger == "threshold"
+    assert compacted.tokens_before > 500 > compacted.tokens_after
+    (summary,) = third.steps_of(Role.SUMMARY)
+    assert (compacted.step_id, compacted.sequence) == (summary.id, summary.sequence)
+    # Keeping 2 steps (4, 5) of 1..5: the cut falls before 4, an assistant step.
+    assert (summary.summary_first_sequence, summary.summary_last_sequence) == (1, 3)
+    assert (compacted.first_sequence, compacted.last_sequence) == (1, 3)
+    assert summary.content.startswith("Summary: ")
+    assert summary.metrics.model_name  # the summary call's own metrics
+    # The log keeps everything; the summary is stored after the steps it covers.
+    log = await small.history(session)
+    assert [s.role for s in log] == [
+        Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT, Role.USER, Role.SUMMARY,
+        Role.ASSISTANT,
+    ]  # fmt: skip
+    # The model then got: system, the summary, the kept steps (4, 5) only.
+    last = chat_messages(small.model)[-1]
+    assert [m["role"] for m in last] == ["system", "user", "assistant", "user"]
+    assert str(last[1]["content"]).startswith(SUMMARY_PREFIX)
+    assert last[3]["content"] == WORDS * 10
+    # GetContext shows exactly that, and the reply after it.
+    context = await small.runtime.next_context(session)
+    assert [s.sequence for s in context] == [0, 6, 4, 5, 7]
+
+
+async def test_the_compaction_event_replays_from_the_journal_as_it_was_streamed(
+    small: Harness,
+) -> None:
+    first = await small.run(WORDS * 20)
+    outcome = await small.run(WORDS * 20, session_id=first.session_id)
+    assert outcome.of(ContextCompacted)
+    await segment_task_done(small, outcome.run_id)
+    replay = [e async for e in small.runtime.watch(outcome.run_id)]
+    assert replay == without_deltas(outcome.events)
+    kinds = [e.event.type for e in replay]
+    at = kinds.index("context_compacted")
+    assert kinds[at - 1] == "step_completed"  # the summary step, then its event
+
+
+async def test_a_cut_never_splits_a_tool_call_from_its_result(
+    store: SqlStepStore, fake: FakeModelServer
+) -> None:
+    built = await running(store, fake, compacting_agent(1_000, keep=1))
+    try:
+        first = await built.run("What is 12 * 7? " + WORDS * 20)  # user, call, result, reply
+        session = first.session_id
+        outcome = await built.run("And 3 + 4? " + WORDS * 30, session_id=session)
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+    (summary,) = outcome.steps_of(Role.SUMMARY)
+    log = await store.get_steps(session)
+    covered = [s for s in log if s.sequence <= summary.summary_last_sequence]
+    kept = [s for s in log if s.sequence > summary.summary_last_sequence]
+    call_ids = {c.id for s in covered for c in s.tool_calls}
+    assert {s.tool_call_id for s in covered if s.role is Role.TOOL} == call_ids
+    assert kept[0].role in (Role.USER, Role.ASSISTANT)
+    for messages in chat_messages(fake):
+        for index, message in enumerate(messages):
+            if message["role"] == "tool":
+                assert messages[index - 1]["role"] in ("assistant", "tool")
+
+
+async def test_fork_and_retry_before_a_summary_use_the_original_steps(small: Harness) -> None:
+    first = await small.run(WORDS * 20)
+    session = first.session_id
+    await small.run(WORDS * 40, session_id=session)
+    log = await small.history(session)
+    (summary,) = [s for s in log if s.role is Role.SUMMARY]
+
+    before = await small.store.fork_session(session, summary.sequence - 1)
+    assert [s.role for s in await small.runtime.next_context(before.id)][:2] == [
+        Role.SYSTEM,
+        Role.USER,
+    ]
+    assert Role.SUMMARY not in {s.role for s in await small.runtime.next_context(before.id)}
+    after = await small.store.fork_session(session, summary.sequence)
+    forked = await small.runtime.next_context(after.id)
+    assert forked[1].role is Role.SUMMARY
+    assert forked[1].content == summary.content
+    # A retry from the summary deletes it: the run starts from the original steps (and,
+    # still over the trigger, compacts them afresh).
+    retried = await small.runtime.retry(session, summary.sequence)
+    outcome = await small.collect(retried)
+    assert outcome.reason is StopReason.COMPLETED
+    assert summary.id not in {s.id for s in await small.history(session)}
+
+
+async def test_a_provider_overflow_compacts_once_and_calls_again(
+    store: SqlStepStore, fake: FakeModelServer
+) -> None:
+    # A window the service's own estimate never nears: only the provider refuses.
+    built = await running(store, fake, compacting_agent(100_000))
+    try:
+        first = await built.run(WORDS * 5)
+        session = first.session_id
+        await built.run(WORDS * 5, session_id=session)
+        # ~410 words with the new input: refused until the earlier turns are summarized
+        # (the summary request, ~285 words, and the call after it, ~225, fit).
+        fake.context_window = 300
+        outcome = await built.run(WORDS * 20, session_id=session)
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+    assert outcome.reason is StopReason.COMPLETED
+    (compacted,) = outcome.of(ContextCompacted)
+    assert compacted.trigger == "overflow"
+    prompts = [estimate_prompt_tokens(body) for body in fake.requests]
+    assert prompts[-3] > 300 >= max(prompts[-2:])  # refused, the summary, the call again
+
+
+async def test_a_context_that_cannot_fit_stops_context_window(small: Harness) -> None:
+    small.model.context_window = 5
+    outcome = await small.run(WORDS)  # one turn: nothing older to summarize
+    assert outcome.reason is StopReason.CONTEXT_WINDOW
+    assert outcome.run.stop_signal is not None
+    assert "maximum context length" in outcome.run.stop_signal.message
+    assert not outcome.of(ContextCompacted)
+
+
+async def test_compact_session_between_runs(small: Harness, store: SqlStepStore) -> None:
+    small.model.context_window = None
+    first = await small.run(WORDS * 2)
+    session = first.session_id
+    await small.run(WORDS * 2, session_id=session)
+    await small.run(WORDS * 2, session_id=session)
+    compactor = SessionCompactor(
+        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
+    )
+    done = await compactor.compact(session, keep_recent_steps=2)
+    assert done.summary is not None
+    assert (done.summary.summary_first_sequence, done.summary.summary_last_sequence) == (1, 4)
+    assert done.tokens_after < done.tokens_before
+    context = await small.runtime.next_context(session)
+    assert [s.sequence for s in context] == [0, 7, 5, 6]
+    # Nothing left to summarize: no new summary.
+    again = await compactor.compact(session, keep_recent_steps=2)
+    assert again.summary is None
+    assert again.tokens_before == again.tokens_after
+
+
+async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(
+    small: Harness, store: SqlStepStore
+) -> None:
+    small.model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}")]))
+    first = await small.run(WORDS, client_tools=[LOOKUP])
+    assert first.reason is StopReason.REQUIRES_ACTION
+    compactor = SessionCompactor(
+        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
+    )
+    with pytest.raises(RunRequiresActionError):
+        await compactor.compact(first.session_id, keep_recent_steps=0)
+
+
+async def test_compact_session_refuses_a_held_session_and_writes_nothing(
+    small: Harness, store: SqlStepStore
+) -> None:
+    first = await small.run(WORDS)
+    await small.run(WORDS, session_id=first.session_id)
+    await store.acquire_session(first.session_id, "run_holding")
+    compactor = SessionCompactor(
+        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
+    )
+    with pytest.raises(SessionBusyError):
+        await compactor.compact(first.session_id, keep_recent_steps=0)
+    assert Role.SUMMARY not in {s.role for s in await small.history(first.session_id)}
+
+
+async def test_a_failing_summary_call_is_a_compaction_failed_error(
+    small: Harness, store: SqlStepStore
+) -> None:
+    first = await small.run(WORDS)
+    await small.run(WORDS, session_id=first.session_id)
+    small.model.enqueue(Turn.error(400, message="bad summary request"))
+    compactor = SessionCompactor(
+        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
+    )
+    with pytest.raises(CompactionFailedError):
+        await compactor.compact(first.session_id, keep_recent_steps=1)
+    assert Role.SUMMARY not in {s.role for s in await small.history(first.session_id)}
+
+
+async def test_a_2000_step_session_keeps_every_request_under_the_window(
+    store: SqlStepStore, fake: FakeModelServer
+) -> None:
+    session = await store.create_session()
+    for start in range(0, 2000, 200):
+        await store.append_steps(
+            [
+                Step(
+                    session.id,
+                    "run_old",
+                    Role.USER if n % 2 == 0 else Role.ASSISTANT,
+                    content=f"step {start + n}: " + WORDS,
+                )
+                for n in range(200)
+            ]
+        )
+    window = 4_000
+    fake.context_window = window
+    built = await running(store, fake, compacting_agent(window, keep=20, ratio=0.8))
+    try:
+        for turn in range(5):
+            outcome = await built.run(f"turn {turn}: " + WORDS, session_id=session.id)
+            assert outcome.reason is StopReason.COMPLETED
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+    assert all(estimate_prompt_tokens(body) <= window for body in fake.requests)
+    log = await store.get_steps(session.id)
+    assert len(log) > 2010  # every original step is still there
+    summaries = [s for s in log if s.role is Role.SUMMARY]
+    assert summaries
+    assert summaries[-1].summary_first_sequence == 1
+
+
+def test_a_plan_keeps_the_recent_steps_and_the_latest_turn() -> None:
+    steps = [
+        Step("s", "r", role, content="x", sequence=n, tool_call_id=call_id, tool_calls=calls)
+        for n, (role, call_id, calls) in enumerate(
+            [
+                (Role.USER, "", []),
+                (Role.ASSISTANT, "", [_call("a")]),
+                (Role.TOOL, "a", []),
+                (Role.ASSISTANT, "", []),
+                (Role.USER, "", []),
+                (Role.ASSISTANT, "", [_call("b")]),
+                (Role.TOOL, "b", []),
+            ],
+            start=1,
+        )
+    ]
+    plan = plan_compaction(steps, keep_recent_steps=0)
+    assert plan is not None
+    assert plan.last_sequence == 5  # the latest turn (6, 7) is kept
+    plan = plan_compaction(steps, keep_recent_steps=3)
+    assert plan is not None
+    assert plan.last_sequence == 4  # never between a call and its result
+    assert plan_compaction(steps, keep_recent_steps=7) is None
+    summary = Step("s", "r", Role.SUMMARY, content="sum", sequence=8,
+                   summary_first_sequence=1, summary_last_sequence=4)  # fmt: skip
+    context = context_steps("sys", [*steps, summary])
+    assert [s.sequence for s in context] == [0, 8, 5, 6, 7]
+    again = plan_compaction([*steps, replace(summary)], keep_recent_steps=0)
+    assert again is not None
+    assert (again.first_sequence, again.last_sequence) == (1, 5)
+
+
+def _call(call_id: str) -> ToolCall:
+    return ToolCall(call_id, "calculate", "{}")
