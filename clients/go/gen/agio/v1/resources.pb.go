@@ -91,7 +91,8 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 }
 
 // StopReason says why a run stopped. When several reasons arise in one step, the one declared
-// first here (after UNSPECIFIED) wins.
+// first here (after UNSPECIFIED) wins; CONTEXT_WINDOW, added later, ranks just above
+// TOKEN_BUDGET.
 type StopReason int32
 
 const (

@@ -746,7 +746,8 @@ export const RoleSchema: GenEnum<Role> = /*@__PURE__*/
 
 /**
  * StopReason says why a run stopped. When several reasons arise in one step, the one declared
- * first here (after UNSPECIFIED) wins.
+ * first here (after UNSPECIFIED) wins; CONTEXT_WINDOW, added later, ranks just above
+ * TOKEN_BUDGET.
  *
  * @generated from enum agio.v1.StopReason
  */
