@@ -38,7 +38,7 @@ from agio_grpc.domain import Role, Run, Step, StepMetrics, StopReason, StopSigna
 from agio_grpc.engine.agents import Compaction, RunSettings
 from agio_grpc.engine.context import after_summary, context_steps, latest_summary
 from agio_grpc.engine.events import ContextCompacted, Event, StepCompleted
-from agio_grpc.engine.model import ModelDriver, ModelEvent, ModelRequest
+from agio_grpc.engine.model import ModelDriver, ModelError, ModelEvent, ModelRequest
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
 
@@ -251,13 +251,19 @@ def summary_request(plan: CompactionPlan, policy: Compaction, model: str) -> Mod
     )
 
 
-def context_window_signal(message: str) -> StopSignal:
+def context_window_signal(error: ModelError) -> StopSignal:
     """The stop of a run whose context the model refuses as too long even compacted (or
-    with compaction off)."""
+    with compaction off), with the refusal's HTTP status and error code when it had them."""
+    context: dict[str, object] = {}
+    if error.status_code is not None:
+        context["status_code"] = error.status_code
+    if error.error_code is not None:
+        context["error_code"] = error.error_code
     return StopSignal(
         StopReason.CONTEXT_WINDOW,
-        f"the context does not fit the model's context window: {message}",
+        f"the context does not fit the model's context window: {error.message}",
         "model",
+        context=context,
     )
 
 

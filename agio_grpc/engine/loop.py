@@ -246,13 +246,13 @@ class RunLoop:
             if not error.context_exceeded:
                 raise _Stop(self._model_error_signal(error)) from None
             if not await self._compact("overflow"):
-                raise _Stop(context_window_signal(error.message)) from None
+                raise _Stop(context_window_signal(error)) from None
             call = await self._model_call(call.step_id)
             try:
                 called = await call.reply(self._model_listener(call.step_id))
             except ModelError as again:
                 if again.context_exceeded:
-                    raise _Stop(context_window_signal(again.message)) from None
+                    raise _Stop(context_window_signal(again)) from None
                 raise _Stop(self._model_error_signal(again)) from None
         reply = called.reply
         step = Step(

@@ -27,6 +27,7 @@ MODEL_CAUSED_STOPS = frozenset(
         StopReason.STOP_REASON_CONTENT_FILTER,
         StopReason.STOP_REASON_REQUIRES_ACTION,
         StopReason.STOP_REASON_MODEL_ERROR,
+        StopReason.STOP_REASON_CONTEXT_WINDOW,  # an error the model sends saying so
     }
 )
 RUN_WITH_A_CLIENT_TOOL = Case(
