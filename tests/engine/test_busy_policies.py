@@ -121,11 +121,16 @@ async def test_reject_a_run_waiting_for_its_client_names_it_and_leaves_it_waitin
 async def test_enqueue_racing_runs_all_run_first_in_first_out(policies: Harness) -> None:
     session_id = await idle_session(policies)
     for _ in range(REPETITIONS):
+        # The run that starts holds the session at the gate until all three are answered
+        # (a run that finished before another reached the store would not queue it).
+        policies.gate.release.clear()
+        policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
         requests = [
             RunInput(f"run {n}", session_id=session_id, on_busy=BusyPolicy.ENQUEUE)
             for n in range(3)
         ]
         started = handles(await race(policies, *requests))
+        policies.gate.release.set()
         outcomes = await asyncio.gather(*(policies.collect(handle) for handle in started))
         assert len(outcomes) == 3
         runs = [await policies.store.get_run(outcome.run_id) for outcome in outcomes]
