@@ -140,6 +140,8 @@ class CompactionPlan:
     covered: list[Step]
     first_sequence: int
     last_sequence: int
+    partial: bool = False
+    """The budget of one summary request cut it short: more is left to summarize."""
 
 
 def plan_compaction(
@@ -151,7 +153,7 @@ def plan_compaction(
     a longer backlog is summarized a part at a time, each summary taking in the one before."""
     previous = latest_summary(history)
     steps = after_summary(history, previous)
-    at_most = len(steps) - max(0, keep_recent_steps)
+    wanted = at_most = len(steps) - max(0, keep_recent_steps)
     if budget_tokens is not None:
         used = estimate_text_tokens(_cut(previous.content)) if previous is not None else 0
         for index, step in enumerate(steps):
@@ -161,12 +163,13 @@ def plan_compaction(
                 break
     cut = _last_cut(steps, at_most)
     if cut <= 0 and budget_tokens is not None and at_most >= 1:
-        cut = _first_cut(steps, len(steps) - max(0, keep_recent_steps))
+        cut = _first_cut(steps, wanted)
     if cut <= 0:
         return None
     covered = steps[:cut]
     first = previous.summary_first_sequence if previous is not None else covered[0].sequence
-    return CompactionPlan(previous, covered, first, covered[-1].sequence)
+    partial = _last_cut(steps, wanted) > cut
+    return CompactionPlan(previous, covered, first, covered[-1].sequence, partial)
 
 
 def _last_cut(steps: Sequence[Step], at_most: int) -> int:

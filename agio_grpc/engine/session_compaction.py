@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from agio_grpc.domain import Role, Run, Step
 from agio_grpc.engine.agents import AgentSpec, RunOverrides, resolve_settings
-from agio_grpc.engine.compaction import Compacting, estimate_prompt_tokens
+from agio_grpc.engine.compaction import (
+    MAX_COMPACTIONS_PER_CALL,
+    Compacting,
+    estimate_prompt_tokens,
+)
 from agio_grpc.engine.context import context_steps, open_tool_calls
 from agio_grpc.engine.errors import CompactionFailedError
 from agio_grpc.engine.history import mark_of
@@ -27,8 +31,9 @@ from agio_grpc.store.protocol import StepStore
 
 @dataclass(frozen=True, slots=True)
 class SessionCompaction:
-    """What CompactSession did: the summary step stored (None: nothing to summarize), and
-    the estimated prompt tokens of the context before and after."""
+    """What CompactSession did: the summary step the context now starts from (None: nothing
+    to summarize; a backlog too long for one summary request leaves a summary per part, each
+    taking in the one before), and the estimated prompt tokens before and after."""
 
     summary: Step | None
     tokens_before: int
@@ -85,14 +90,25 @@ class SessionCompactor:
             return SessionCompaction(None, tokens, tokens)
         run = Run(session_id=session_id, agent=spec.name, tenant=session.tenant)
         trace = self._tracer.outside_run(run, settings)
-        step = Step(session_id, "", Role.SUMMARY)
-        sequence = (history[-1].sequence if history else 0) + 1
-        try:
-            summary = await compacting.summarize(self._model, trace, step, sequence)
-        except ModelError as error:
-            raise CompactionFailedError(error.message, retryable=error.retryable) from None
-        stored = await self._store.append_to_idle_session(
-            summary.step, after=mark_of(history), tenant=tenant
-        )
-        trace.compacted("request", summary.tokens_before, summary.tokens_after)
-        return SessionCompaction(stored, summary.tokens_before, summary.tokens_after)
+        tokens_before = compacting.tokens_before
+        stored: Step | None = None
+        # A backlog too long for one summary request is summarized a part at a time.
+        for _ in range(MAX_COMPACTIONS_PER_CALL):
+            step = Step(session_id, "", Role.SUMMARY)
+            sequence = (history[-1].sequence if history else 0) + 1
+            try:
+                summary = await compacting.summarize(self._model, trace, step, sequence)
+            except ModelError as error:
+                raise CompactionFailedError(error.message, retryable=error.retryable) from None
+            stored = await self._store.append_to_idle_session(
+                summary.step, after=mark_of(history), tenant=tenant
+            )
+            trace.compacted("request", summary.tokens_before, summary.tokens_after)
+            history = [*history, stored]
+            more = compacting.plan.partial and Compacting.planned(
+                settings, self._registry, history, "request", keep_recent_steps
+            )
+            if not more:
+                break
+            compacting = more
+        return SessionCompaction(stored, tokens_before, summary.tokens_after)

@@ -237,6 +237,28 @@ async def test_compact_session_between_runs(small: Harness, store: SqlStepStore)
     assert again.tokens_before == again.tokens_after
 
 
+async def test_compact_session_summarizes_a_long_backlog_a_part_at_a_time(
+    small: Harness, store: SqlStepStore
+) -> None:
+    session = await store.create_session()
+    roles = (Role.USER, Role.ASSISTANT)
+    await store.append_steps(
+        [Step(session.id, "run_old", roles[n % 2], content=f"{n}: {WORDS * 5}") for n in range(40)]
+    )  # ~3,000 tokens: six times the 500 one summary request may hold
+    compactor = SessionCompactor(
+        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
+    )
+    done = await compactor.compact(session.id, keep_recent_steps=2)
+    assert done.summary is not None
+    assert (done.summary.summary_first_sequence, done.summary.summary_last_sequence) == (1, 38)
+    summaries = [s for s in await store.get_steps(session.id) if s.role is Role.SUMMARY]
+    assert len(summaries) > 1
+    assert [s.summary_first_sequence for s in summaries] == [1] * len(summaries)
+    context = await small.runtime.next_context(session.id)
+    assert [s.sequence for s in context] == [0, done.summary.sequence, 39, 40]
+    assert done.tokens_after < done.tokens_before / 5
+
+
 async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(
     small: Harness, store: SqlStepStore
 ) -> None:
