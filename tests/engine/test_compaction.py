@@ -75,6 +75,13 @@ async def small(store: SqlStepStore, fake: FakeModelServer) -> AsyncIterator[Har
         await built.driver.close()
 
 
+def compactor_of(harness: Harness, store: SqlStepStore) -> SessionCompactor:
+    """CompactSession's engine side, on the harness's runtime, model and store."""
+    return SessionCompactor(
+        store, harness.driver, make_registry(Gate()), NO_TRACER, harness.runtime.agent
+    )
+
+
 def chat_messages(fake: FakeModelServer) -> list[list[dict[str, object]]]:
     """The messages of each agent request the fake model got (summary requests left out)."""
     return [
@@ -222,9 +229,7 @@ async def test_compact_session_between_runs(small: Harness, store: SqlStepStore)
     session = first.session_id
     await small.run(WORDS * 2, session_id=session)
     await small.run(WORDS * 2, session_id=session)
-    compactor = SessionCompactor(
-        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
-    )
+    compactor = compactor_of(small, store)
     done = await compactor.compact(session, keep_recent_steps=2)
     assert done.summary is not None
     assert (done.summary.summary_first_sequence, done.summary.summary_last_sequence) == (1, 4)
@@ -245,9 +250,7 @@ async def test_compact_session_summarizes_a_long_backlog_a_part_at_a_time(
     await store.append_steps(
         [Step(session.id, "run_old", roles[n % 2], content=f"{n}: {WORDS * 5}") for n in range(40)]
     )  # ~3,000 tokens: six times the 500 one summary request may hold
-    compactor = SessionCompactor(
-        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
-    )
+    compactor = compactor_of(small, store)
     done = await compactor.compact(session.id, keep_recent_steps=2)
     assert done.summary is not None
     assert (done.summary.summary_first_sequence, done.summary.summary_last_sequence) == (1, 38)
@@ -265,9 +268,7 @@ async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(
     small.model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}")]))
     first = await small.run(WORDS, client_tools=[LOOKUP])
     assert first.reason is StopReason.REQUIRES_ACTION
-    compactor = SessionCompactor(
-        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
-    )
+    compactor = compactor_of(small, store)
     with pytest.raises(RunRequiresActionError):
         await compactor.compact(first.session_id, keep_recent_steps=0)
 
@@ -278,9 +279,7 @@ async def test_compact_session_refuses_a_held_session_and_writes_nothing(
     first = await small.run(WORDS)
     await small.run(WORDS, session_id=first.session_id)
     await store.acquire_session(first.session_id, "run_holding")
-    compactor = SessionCompactor(
-        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
-    )
+    compactor = compactor_of(small, store)
     with pytest.raises(SessionBusyError):
         await compactor.compact(first.session_id, keep_recent_steps=0)
     assert Role.SUMMARY not in {s.role for s in await small.history(first.session_id)}
@@ -292,9 +291,7 @@ async def test_a_failing_summary_call_is_a_compaction_failed_error(
     first = await small.run(WORDS)
     await small.run(WORDS, session_id=first.session_id)
     small.model.enqueue(Turn.error(400, message="bad summary request"))
-    compactor = SessionCompactor(
-        store, small.driver, make_registry(Gate()), NO_TRACER, small.runtime.agent
-    )
+    compactor = compactor_of(small, store)
     with pytest.raises(CompactionFailedError):
         await compactor.compact(first.session_id, keep_recent_steps=1)
     assert Role.SUMMARY not in {s.role for s in await small.history(first.session_id)}
