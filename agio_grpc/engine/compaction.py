@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from agio_grpc.domain import Role, Run, Step, StepMetrics, StopReason, StopSignal
+from agio_grpc.domain import SUMMARY_PREFIX, Role, Run, Step, StepMetrics, StopReason, StopSignal
 from agio_grpc.engine.agents import Compaction, RunSettings
 from agio_grpc.engine.context import after_summary, context_steps, latest_summary
 from agio_grpc.engine.events import ContextCompacted, Event, StepCompleted
@@ -105,9 +105,14 @@ def estimate_text_tokens(text: str) -> int:
     return len(text)
 
 
+_SUMMARY_PREFIX_TOKENS: Final = estimate_text_tokens(SUMMARY_PREFIX)
+
+
 def estimate_step_tokens(step: Step) -> int:
     """The tokens of a step's message: its text, its tool calls, the message overhead."""
     tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(step.content)
+    if step.role is Role.SUMMARY:  # sent after a prefix (Step.to_message)
+        tokens += _SUMMARY_PREFIX_TOKENS
     for call in step.tool_calls:
         tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + call.arguments)
     return tokens
@@ -130,6 +135,28 @@ def estimate_prompt_tokens(context: Sequence[Step], tools: Sequence[dict[str, An
             return step.metrics.input_tokens + sum(map(estimate_step_tokens, since))
     tools_tokens = estimate_text_tokens(json.dumps(tools)) if tools else 0
     return tools_tokens + sum(map(estimate_step_tokens, context))
+
+
+def estimate_history_tokens(
+    instructions: str, history: Sequence[Step], tools: Sequence[dict[str, Any]]
+) -> int:
+    """`estimate_prompt_tokens` of the context `history` makes (without
+    `max_history_messages`), read off the history without building it: the reported path
+    looks only at the steps since the run's last model call."""
+    summary = latest_summary(history)
+    steps = history if summary is None else after_summary(history, summary)
+    reported_after = summary.sequence if summary is not None else 0
+    for index in range(len(steps) - 1, -1, -1):
+        step = steps[index]
+        if step.sequence <= reported_after:
+            break
+        if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
+            return step.metrics.input_tokens + sum(map(estimate_step_tokens, steps[index:]))
+    tokens = estimate_text_tokens(json.dumps(tools)) if tools else 0
+    tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(instructions)
+    if summary is not None:
+        tokens += estimate_step_tokens(summary)
+    return tokens + sum(map(estimate_step_tokens, steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,10 +357,13 @@ class Compacting:
         tools = registry.definitions(settings.tools) + [
             tool.to_openai() for tool in settings.client_tools
         ]
-        context = context_steps(
-            settings.instructions, history, settings.limits.max_history_messages
-        )
-        before = estimate_prompt_tokens(context, tools)
+        if settings.limits.max_history_messages is None:
+            before = estimate_history_tokens(settings.instructions, history, tools)
+        else:  # the cap drops messages: estimate what is sent
+            context = context_steps(
+                settings.instructions, history, settings.limits.max_history_messages
+            )
+            before = estimate_prompt_tokens(context, tools)
         if (trigger == "threshold" or again) and before <= policy.trigger_tokens:
             return None
         keep = 0 if trigger == "overflow" else policy.keep_recent_steps

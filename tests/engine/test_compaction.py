@@ -13,10 +13,15 @@ from dataclasses import replace
 
 import pytest
 
-from agio_grpc.domain import SUMMARY_PREFIX, Role, Step, StopReason, ToolCall
+from agio_grpc.domain import SUMMARY_PREFIX, Role, Step, StepMetrics, StopReason, ToolCall
 from agio_grpc.engine import AgentSpec, OpenAIModelDriver, Runtime, RuntimeOptions
 from agio_grpc.engine.agents import Compaction, Limits
-from agio_grpc.engine.compaction import plan_compaction
+from agio_grpc.engine.compaction import (
+    estimate_history_tokens,
+    estimate_step_tokens,
+    plan_compaction,
+)
+from agio_grpc.engine.compaction import estimate_prompt_tokens as estimate_context_tokens
 from agio_grpc.engine.context import context_steps
 from agio_grpc.engine.errors import CompactionFailedError
 from agio_grpc.engine.events import ContextCompacted
@@ -365,3 +370,33 @@ def test_a_plan_keeps_the_recent_steps_and_the_latest_turn() -> None:
 
 def _call(call_id: str) -> ToolCall:
     return ToolCall(call_id, "calculate", "{}")
+
+
+def test_the_estimate_read_off_the_history_equals_the_built_contexts() -> None:
+    history = [
+        Step("s", "r", role, content=f"{WORDS * n} é", sequence=n, tool_call_id=call_id,
+             tool_calls=calls)
+        for n, (role, call_id, calls) in enumerate(
+            [
+                (Role.USER, "", []),
+                (Role.ASSISTANT, "", [_call("a")]),
+                (Role.TOOL, "a", []),
+                (Role.ASSISTANT, "", []),
+                (Role.USER, "", []),
+            ],
+            start=1,
+        )
+    ]  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "calculate", "parameters": {}}}]
+    summary = Step("s", "r", Role.SUMMARY, content="sum", sequence=6,
+                   summary_first_sequence=1, summary_last_sequence=3)  # fmt: skip
+    for steps in (history, [*history, summary]):
+        built = context_steps("be brief", steps)
+        assert estimate_history_tokens("be brief", steps, tools) == estimate_context_tokens(
+            built, tools
+        )
+    # With the model's report for the last call, only what came after it is estimated.
+    reported = replace(history[3], metrics=StepMetrics(input_tokens=1_000))
+    steps = [*history[:3], reported, history[4]]
+    expected = 1_000 + estimate_step_tokens(reported) + estimate_step_tokens(history[4])
+    assert estimate_history_tokens("be brief", steps, tools) == expected
