@@ -158,6 +158,14 @@ class Runtime:
             raise AgentNotFoundError(name, list(self.agents))
         return spec
 
+    def agent_tools(self, agent: AgentSpec) -> list[str]:
+        """The server tools `agent` offers now: its `tools`, then the tools its MCP servers
+        list (each once)."""
+        names = list(agent.tools)
+        for server in agent.mcp_servers:
+            names.extend(self.registry.tools_of(f"mcp:{server}"))
+        return list(dict.fromkeys(names))
+
     async def next_context(
         self, session_id: str, agent: str = "", *, tenant: str | None = None
     ) -> list[Step]:
@@ -182,7 +190,9 @@ class Runtime:
         agent = self.agent(request.agent)
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
-        settings = resolve_settings(agent, request.overrides, request.client_tools)
+        settings = resolve_settings(
+            agent, request.overrides, request.client_tools, self.agent_tools(agent)
+        )
         new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
             session_id=new_session.id if new_session else request.session_id,
@@ -483,7 +493,7 @@ class Runtime:
         if run.options:
             return RunSettings.from_options(run.options)
         agent = self.agents.get(run.agent) or self.agent()
-        return resolve_settings(agent, RunOverrides(), [])
+        return resolve_settings(agent, RunOverrides(), [], self.agent_tools(agent))
 
     async def _settings_of_step(self, step: Step) -> tuple[str, RunSettings]:
         """The agent name and settings of the run that wrote `step` (else the default)."""
@@ -493,5 +503,5 @@ class Runtime:
             run = None
         if run is None or run.agent not in self.agents:
             agent = self.agent()
-            return agent.name, resolve_settings(agent, RunOverrides(), [])
+            return agent.name, resolve_settings(agent, RunOverrides(), [], self.agent_tools(agent))
         return run.agent, self._settings_of(run)

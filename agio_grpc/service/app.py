@@ -27,6 +27,7 @@ from agio_grpc.config import Settings
 from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Limits
 from agio_grpc.engine.hooks import Hooks
+from agio_grpc.engine.mcp import McpServers, config_tool_name
 from agio_grpc.engine.model import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
@@ -39,6 +40,7 @@ from agio_grpc.service.auth import (
     choose_auth_mode,
     reflection_enabled,
 )
+from agio_grpc.service.mcp_setup import build_mcp_servers
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
 from agio_grpc.service.session_service import SessionServicer
 from agio_grpc.service.startup import (
@@ -88,7 +90,8 @@ def build_registry(settings: Settings) -> ToolRegistry:
     for spec in settings.tool_modules:
         registry.load(spec)
     for agent in settings.agents:
-        missing = [name for name in agent.tools if name not in registry]
+        # `server.tool` names an MCP server's tool: service/mcp_setup.py checks those.
+        missing = [name for name in agent.tools if "." not in name and name not in registry]
         if missing:
             raise ValueError(
                 f"agent {agent.name!r} lists unknown tools {missing}; "
@@ -103,11 +106,12 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             name=agent.name,
             model=agent.model,
             instructions=agent.instructions,
-            tools=list(agent.tools),
+            tools=[config_tool_name(name) for name in agent.tools],
+            mcp_servers=list(agent.mcp),
             limits=Limits(**agent.limits.model_dump()),
             temperature=agent.temperature,
             max_tokens=agent.max_tokens,
-            stop_on_error_tools=agent.stop_on_error_tools(),
+            stop_on_error_tools=[config_tool_name(name) for name in agent.stop_on_error_tools()],
         )
         for agent in settings.agents
     }
@@ -126,6 +130,8 @@ class AgioApp:
     telemetry: Telemetry
     pages: PageTokens
     """Signs and checks page tokens with the key every replica shares."""
+    mcp_servers: McpServers
+    """The connections to the configured MCP servers."""
     authenticator: Authenticator | None = None
     """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
     certificates: ServerCertificates | None = None
@@ -155,6 +161,7 @@ class AgioApp:
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
+        mcp_servers = build_mcp_servers(settings, registry)
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
             hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
@@ -175,6 +182,8 @@ class AgioApp:
         fake_model: FakeModelServer | None = None
         authenticator: Authenticator | None = None
         try:
+            # Connections open now; a server not up keeps trying (its tools unavailable).
+            await mcp_servers.start()
             authenticator = build_authenticator(settings, auth_mode, sql_store.key_store())
             if authenticator is not None:
                 chain.append(AuthInterceptor(authenticator))
@@ -236,6 +245,7 @@ class AgioApp:
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
         except BaseException:
+            await mcp_servers.stop()
             if fake_model is not None:
                 await fake_model.stop()
             if authenticator is not None:
@@ -258,6 +268,7 @@ class AgioApp:
             fake_model,
             telemetry,
             pages,
+            mcp_servers,
             authenticator,
             certificates,
         )
@@ -282,6 +293,7 @@ class AgioApp:
         # Calls cancelled by the server's stop may have left runs to end and sessions to
         # release (Runtime._clean_up): they need the store.
         await self.runtime.settle()
+        await self.mcp_servers.stop()
         await self.model.close()
         if self.fake_model is not None:
             await self.fake_model.stop()

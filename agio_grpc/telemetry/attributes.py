@@ -34,6 +34,11 @@ session since its previous run (0: the whole history came from the store)."""
 HISTORY_READ_STEPS: Final = "agio.history.read_steps"
 """On a run segment's span: steps of its history read from the store."""
 STORE_OPERATION: Final = "agio.store.operation"
+MCP_SERVER: Final = "agio.mcp.server"
+"""On an MCP tool call's span: the configured name of its server."""
+MCP_TOOL: Final = "agio.mcp.tool"
+"""On an MCP tool call's span: the tool's name on its server (the model calls it
+`server__tool`, `gen_ai.tool.name`)."""
 
 # Metrics of our own (the GenAI ones come from the semconv package).
 METRIC_TOOL_DURATION: Final = "agio.tool.duration"
