@@ -43,30 +43,16 @@ from agio_grpc.engine.tools import (
     ToolError,
     ToolOrigin,
     ToolUnavailableError,
+    model_tool_name,
 )
 
 log = logging.getLogger(__name__)
 
-NAME_SEPARATOR = "__"
-"""Between the server's name and the tool's in the name the model calls."""
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 MCP_SESSION_HEADER = "mcp-session-id"
 """The Streamable HTTP response header naming the MCP session."""
 _CONNECTION_CLOSED = -32000
 """The SDK's error code for a request whose connection closed (`mcp_types.CONNECTION_CLOSED`)."""
-
-
-def model_tool_name(server: str, tool: str) -> str:
-    """The name the model calls tool `tool` of server `server` by: `server__tool`, with any
-    character an OpenAI function name cannot hold replaced by `_`."""
-    return f"{server}{NAME_SEPARATOR}{_NOT_IN_NAME.sub('_', tool)}"
-
-
-def config_tool_name(name: str) -> str:
-    """A config's `server.tool` as the model sees it (`server__tool`); other names as they are."""
-    server, dot, tool = name.partition(".")
-    return model_tool_name(server, tool) if dot else name
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,19 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from agio_grpc.engine.loading import import_object
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def model_tool_name(server: str, tool: str) -> str:
+    """The name the model calls tool `tool` of MCP server `server` by: `server__tool`, with
+    any character an OpenAI function name cannot hold (a `.`, say) replaced by `_`."""
+    return f"{server}__{_NOT_IN_NAME.sub('_', tool)}"
+
+
+def config_tool_name(name: str) -> str:
+    """A config's `server.tool` as the model sees it (`server__tool`); other names as they are."""
+    server, dot, tool = name.partition(".")
+    return model_tool_name(server, tool) if dot else name
 
 
 class ToolStop(Exception):  # noqa: N818 - it is a signal, not an error
@@ -261,6 +274,14 @@ class ToolRegistry:
     def names(self) -> list[str]:
         """The registered functions' names (the attached sources' are `tools_of` them)."""
         return sorted(self._tools)
+
+    def agent_tools(self, tools: Iterable[str], mcp_servers: Iterable[str]) -> list[str]:
+        """The tools an agent offers now: its `tools`, then the tools each of its MCP
+        servers lists (each once)."""
+        names = list(tools)
+        for server in mcp_servers:
+            names.extend(self.tools_of(f"mcp:{server}"))
+        return list(dict.fromkeys(names))
 
     def tools_of(self, source: str) -> list[str]:
         """The names of the tools `source` (e.g. `mcp:weather`) provides now, sorted."""

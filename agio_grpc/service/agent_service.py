@@ -441,7 +441,7 @@ def _tool_definitions(runtime: Runtime, agent: AgentSpec) -> list[_ToolInfo]:
     model cannot be offered now included, marked unavailable. An MCP tool's schema is the
     one its server listed last (an empty object schema if it never listed the tool)."""
     infos = []
-    for name in runtime.agent_tools(agent):
+    for name in runtime.registry.agent_tools(agent.tools, agent.mcp_servers):
         tool = runtime.registry.get(name)
         if tool is None:
             continue

@@ -20,6 +20,7 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -27,11 +28,10 @@ from agio_grpc.config import Settings
 from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Limits
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.engine.mcp import McpServers, config_tool_name
 from agio_grpc.engine.model import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
-from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (
     Authenticator,
@@ -40,7 +40,6 @@ from agio_grpc.service.auth import (
     choose_auth_mode,
     reflection_enabled,
 )
-from agio_grpc.service.mcp_setup import build_mcp_servers
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
 from agio_grpc.service.session_service import SessionServicer
 from agio_grpc.service.startup import (
@@ -63,6 +62,9 @@ from agio_grpc.telemetry import (
 )
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
+
+if TYPE_CHECKING:
+    from agio_grpc.engine.mcp import McpServers
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,18 @@ def build_registry(settings: Settings) -> ToolRegistry:
     return registry
 
 
+def mcp_servers_of(settings: Settings, registry: ToolRegistry) -> McpServers | None:
+    """The configured MCP servers, attached to `registry` (not started); None without any.
+
+    The mcp SDK takes about a second to import: only a service configured with MCP servers
+    imports it (and pays that at start-up)."""
+    if not settings.mcp_servers:
+        return None
+    from agio_grpc.service.mcp_setup import build_mcp_servers
+
+    return build_mcp_servers(settings, registry)
+
+
 def build_agents(settings: Settings) -> dict[str, AgentSpec]:
     return {
         agent.name: AgentSpec(
@@ -130,8 +144,8 @@ class AgioApp:
     telemetry: Telemetry
     pages: PageTokens
     """Signs and checks page tokens with the key every replica shares."""
-    mcp_servers: McpServers
-    """The connections to the configured MCP servers."""
+    mcp_servers: McpServers | None
+    """The connections to the configured MCP servers (None: none configured)."""
     authenticator: Authenticator | None = None
     """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
     certificates: ServerCertificates | None = None
@@ -161,7 +175,7 @@ class AgioApp:
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
-        mcp_servers = build_mcp_servers(settings, registry)
+        mcp_servers = mcp_servers_of(settings, registry)
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
             hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
@@ -182,8 +196,9 @@ class AgioApp:
         fake_model: FakeModelServer | None = None
         authenticator: Authenticator | None = None
         try:
-            # Connections open now; a server not up keeps trying (its tools unavailable).
-            await mcp_servers.start()
+            if mcp_servers is not None:
+                # Connections open now; a server not up keeps trying (tools unavailable).
+                await mcp_servers.start()
             authenticator = build_authenticator(settings, auth_mode, sql_store.key_store())
             if authenticator is not None:
                 chain.append(AuthInterceptor(authenticator))
@@ -245,7 +260,8 @@ class AgioApp:
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
         except BaseException:
-            await mcp_servers.stop()
+            if mcp_servers is not None:
+                await mcp_servers.stop()
             if fake_model is not None:
                 await fake_model.stop()
             if authenticator is not None:
@@ -293,7 +309,8 @@ class AgioApp:
         # Calls cancelled by the server's stop may have left runs to end and sessions to
         # release (Runtime._clean_up): they need the store.
         await self.runtime.settle()
-        await self.mcp_servers.stop()
+        if self.mcp_servers is not None:
+            await self.mcp_servers.stop()
         await self.model.close()
         if self.fake_model is not None:
             await self.fake_model.stop()

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from agio_grpc.config import McpServerConfig, Settings
-from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec, config_tool_name
-from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
+from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.startup import StartupError
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
