@@ -43,6 +43,7 @@ from agio_grpc.engine.tools import (
     ToolError,
     ToolOrigin,
     ToolUnavailableError,
+    function_definition,
     model_tool_name,
 )
 
@@ -107,14 +108,7 @@ class McpTool:
         return self.listed and self.server.connected
 
     def definition(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+        return function_definition(self)
 
     def validate(self, arguments: object) -> dict[str, Any]:
         if not isinstance(arguments, dict):

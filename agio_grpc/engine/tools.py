@@ -195,14 +195,7 @@ class Tool:
 
     def definition(self) -> dict[str, Any]:
         """The OpenAI `tools` entry offering this tool."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+        return function_definition(self)
 
     def validate(self, arguments: object) -> dict[str, Any]:
         """The validated keyword arguments; raises pydantic.ValidationError."""
@@ -222,6 +215,18 @@ class Tool:
         else:
             result = await asyncio.to_thread(self.function, **arguments)
         return render_result(result)
+
+
+def function_definition(tool: ServerTool) -> dict[str, Any]:
+    """The OpenAI `tools` entry offering `tool`."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
 
 
 def render_result(result: object) -> str:

@@ -59,8 +59,8 @@ class HttpToolbox:
 
 
 @contextlib.contextmanager
-def http_toolbox(events: Path) -> Iterator[HttpToolbox]:
-    port = free_port()
+def http_toolbox(events: Path, port: int | None = None) -> Iterator[HttpToolbox]:
+    port = port or free_port()
     process = subprocess.Popen(
         [sys.executable, str(TOOLBOX), "--http", str(port), "--events", str(events)],
         stdout=subprocess.DEVNULL,

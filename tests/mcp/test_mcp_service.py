@@ -76,7 +76,7 @@ async def test_a_run_calls_an_mcp_tool_as_an_ordinary_tool_step(
     assert {"echo", "toolbox__hello", "toolbox__add"} <= offered
 
 
-async def test_list_agents_shows_mcp_tools_with_schemas_and_availability(
+async def test_list_agents_shows_mcp_tools_with_schemas_and_availability_while_serving(
     tmp_path: Path, fake_model: FakeModelServer, http_server: HttpToolbox
 ) -> None:
     down = McpServerConfig(
@@ -94,6 +94,7 @@ async def test_list_agents_shows_mcp_tools_with_schemas_and_availability(
     )
     async with serving(settings) as app, AgioClient(app.address) as client:
         (agent,) = await client.list_agents()
+        assert await client.health() == "SERVING"  # with a server down
     tools = {tool.name: tool for tool in agent.tools}
     assert list(tools)[:3] == ["echo", "toolbox__add", "down__hello"]
     assert "toolbox__crash" not in tools  # blocked

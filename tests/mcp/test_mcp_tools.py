@@ -5,6 +5,7 @@ module; the tests that break a server start their own)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,7 @@ from tests.mcp.conftest import (
     HttpToolbox,
     Toolbox,
     connected,
+    free_port,
     http_spec,
     http_toolbox,
     stdio_spec,
@@ -154,6 +156,27 @@ async def test_crash_mid_call_is_a_tool_error_then_the_server_restarts(
     )
     await wait_for(lambda: server.connected and server.connections == 2, "the restart")
     assert (await stdio_toolbox.call("hello")).content.startswith("hello from the toolbox")
+
+
+@pytest.mark.slow  # two more server processes, started one after the other
+async def test_http_server_that_crashes_mid_call_is_reconnected_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    events = tmp_path / "events.txt"
+    port = free_port()
+    # Both server processes end after the client closes (an open stream holds a server's
+    # shutdown); they start in a thread, off the event loop the client runs on.
+    with contextlib.ExitStack() as processes:
+        served = processes.enter_context(http_toolbox(events, port))
+        async with connected(http_spec(served.url, restart_max_s=0.5), events) as box:
+            result = await box.call("crash")
+            assert result.is_error
+            assert "closed the connection during the call" in result.content
+            assert await asyncio.to_thread(served.process.wait, 10) == 3
+            # Its supervisor starts it again.
+            await asyncio.to_thread(processes.enter_context, http_toolbox(events, port))
+            await wait_for(lambda: box.server.connections == 2, "the reconnection")
+            assert (await box.call("hello")).content.startswith("hello from the toolbox")
 
 
 async def test_tools_of_a_server_that_is_down_are_unavailable(tmp_path: Path) -> None:
