@@ -113,10 +113,16 @@ class McpTool:
     def validate(self, arguments: object) -> dict[str, Any]:
         if not isinstance(arguments, dict):
             raise ArgumentsError("the arguments must be a JSON object")
-        problems = [
-            f"{'.'.join(str(part) for part in error.absolute_path) or 'arguments'}: {error.message}"
-            for error in self._validator.iter_errors(arguments)
-        ]
+        try:
+            problems = [
+                f"{'.'.join(str(part) for part in error.absolute_path) or 'arguments'}: "
+                f"{error.message}"
+                for error in self._validator.iter_errors(arguments)
+            ]
+        except jsonschema.SchemaError as error:
+            raise ArgumentsError(
+                f"the server's input schema is not valid: {error.message}"
+            ) from None
         if problems:
             raise ArgumentsError("; ".join(problems))
         return dict(arguments)
@@ -198,44 +204,45 @@ class McpServer:
         await self._first_attempt.wait()
 
     async def stop(self) -> None:
-        """Close the connection (a stdio server's process is stopped and reaped)."""
+        """Close the connection (a stdio server's process is stopped and reaped); an
+        attempt to connect still under way is cancelled."""
         self._stopping = True
         self._attention.set()
-        if self._task is not None:
+        if self._task is None:
+            return
+        if self._session is None:
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(self._task)
 
     async def _own(self) -> None:
+        """Connect, serve, and after each failure wait (doubling from `restart_initial_s`
+        to `restart_max_s`, from the start again after a connection that came up)."""
         delay = self.spec.restart_initial_s
         while not self._stopping:
+            connections = self.connections
             try:
                 await self._connect_and_serve()
+                problem = "closed its connection"
             except Exception as error:  # any failure of the connection means: reconnect
-                if self._stopping:
-                    break
-                log.warning(
-                    "mcp server %s is down (%s); its tools are unavailable, retrying in %.2gs",
-                    self.spec.name,
-                    _describe(error),
-                    delay,
-                )
-            else:
-                if self._stopping:
-                    break
-                log.warning(
-                    "mcp server %s closed its connection; its tools are unavailable, "
-                    "reconnecting in %.2gs",
-                    self.spec.name,
-                    delay,
-                )
+                problem = f"is down ({_describe(error)})"
             finally:
                 self._session = None
                 self._first_attempt.set()
+            if self._stopping:
+                break
+            if self.connections > connections:
+                delay = self.spec.restart_initial_s
+            log.warning(
+                "mcp server %s %s; its tools are unavailable, reconnecting in %.2gs",
+                self.spec.name,
+                problem,
+                delay,
+            )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wait_for_attention()
             delay = min(delay * 2, self.spec.restart_max_s)
-            if self.connections and not self._lost:
-                delay = self.spec.restart_initial_s
 
     async def _connect_and_serve(self) -> None:
         """Connect, list the tools, then keep the connection until it is lost (returns or
@@ -361,14 +368,14 @@ class McpServer:
                     f"tool {model_name!r} failed: MCP server {self.spec.name!r} answered "
                     f"error {error.code}: {error.message}"
                 ) from None
-            self._connection_lost()
+            self._connection_lost(session)
             raise ToolUnavailableError(
                 f"tool {model_name!r} failed: MCP server {self.spec.name!r} closed the "
                 "connection during the call; it is being restarted"
             ) from None
 
-    def _connection_lost(self) -> None:
-        if self._session is not None:
+    def _connection_lost(self, session: ClientSession) -> None:
+        if self._session is session:  # not a newer connection a late failure knows nothing of
             self._session = None
             self._lost = True
             self._attention.set()
