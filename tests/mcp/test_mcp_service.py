@@ -209,3 +209,20 @@ async def test_a_command_not_found_cannot_start(tmp_path: Path) -> None:
     server = McpServerConfig(name="toolbox", command="agio-no-such-mcp-server")
     line = await start_fails(tmp_path, [server], mcp=["toolbox"])
     assert "'agio-no-such-mcp-server' is not an executable file or on PATH" in line
+
+
+def test_the_cli_marks_unavailable_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    from agio_grpc.cli.render import HumanPrinter
+
+    agent = resources_pb2.Agent(
+        name="assistant",
+        model="fake-model",
+        tools=[
+            resources_pb2.ToolDefinition(name="echo", source="python"),
+            resources_pb2.ToolDefinition(name="down__hello", unavailable=True, source="mcp:down"),
+        ],
+    )
+    HumanPrinter().agents([agent], verbose=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "assistant  model=fake-model  tools: echo, down__hello (unavailable)"
+    assert lines[2].startswith("    down__hello (unavailable) [mcp:down]: ")
