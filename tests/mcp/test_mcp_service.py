@@ -128,6 +128,23 @@ async def test_per_run_tool_selection_covers_mcp_tools(
     assert "toolbox__nope" in refused.value.message
 
 
+async def test_on_error_stop_applies_to_an_mcp_tool(
+    tmp_path: Path, fake_model: FakeModelServer, http_server: HttpToolbox
+) -> None:
+    settings = mcp_settings(
+        tmp_path,
+        fake_model,
+        [toolbox_http(http_server.url)],
+        tools=["toolbox.fail"],
+        tool_options={"toolbox.fail": {"on_error": "stop"}},
+    )
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        events = await run_to_end(client, "use the toolbox__fail tool")  # without its reason
+    run = events[-1].run_failed.run
+    assert run.stop_signal.reason == resources_pb2.STOP_REASON_TOOL_ERROR
+    assert run.stop_signal.source == "tool:toolbox__fail"
+
+
 @pytest.mark.parametrize(
     ("servers", "agent", "message"),
     [

@@ -179,6 +179,18 @@ async def test_http_server_that_crashes_mid_call_is_reconnected_once_it_is_back(
             assert (await box.call("hello")).content.startswith("hello from the toolbox")
 
 
+async def test_stop_ends_and_reaps_the_stdio_server(tmp_path: Path) -> None:
+    events = tmp_path / "events.txt"
+    async with connected(stdio_spec(events), events) as box:
+        pid = int((await box.call("pid")).content.splitlines()[0])
+        assert process_exists(pid)
+    assert not process_exists(pid)  # ended and waited for: not even a zombie
+
+
+def process_exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
 async def test_tools_of_a_server_that_is_down_are_unavailable(tmp_path: Path) -> None:
     spec = McpServerSpec(
         name="broken",

@@ -4,7 +4,7 @@
 Tools: `hello` (no arguments), `add` (structured result), `fail` (an `isError` result),
 `slow` (waits until cancelled; writes `cancelled <marker>` to the file named by `--events`
 when the client's cancellation reaches it), `crash` (the process exits mid-call),
-`environment` (the names of the process's environment variables), `picture` (an image),
+`environment` (the names of the process's environment variables), `pid`, `picture` (an image),
 `grow` (adds the tool `extra` and sends notifications/tools/list_changed), `extra` (only
 after `grow`), `header` (the value of a request header, over HTTP).
 """
@@ -76,6 +76,12 @@ def crash() -> str:
 def environment() -> list[str]:
     """The names of this process's environment variables."""
     return sorted(os.environ)
+
+
+@server.tool()
+def pid() -> int:
+    """This process's id."""
+    return os.getpid()
 
 
 @server.tool()
