@@ -20,7 +20,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
-from tests.mcp.conftest import TOOLBOX, HttpToolbox, http_toolbox
+from tests.mcp.conftest import TOOLBOX, HttpToolbox, http_toolbox, wait_for
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
@@ -143,6 +143,24 @@ async def test_on_error_stop_applies_to_an_mcp_tool(
     run = events[-1].run_failed.run
     assert run.stop_signal.reason == resources_pb2.STOP_REASON_TOOL_ERROR
     assert run.stop_signal.source == "tool:toolbox__fail"
+
+
+async def test_cancel_run_mid_call_cancels_the_call_on_the_server(
+    tmp_path: Path, fake_model: FakeModelServer, http_server: HttpToolbox
+) -> None:
+    settings = mcp_settings(tmp_path, fake_model, [toolbox_http(http_server.url)], mcp=["toolbox"])
+
+    def seen(line: str) -> bool:
+        return http_server.events.exists() and line in http_server.events.read_text()
+
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        stream = client.run("use the toolbox__slow tool")  # its marker: "run"
+        run_id = (await anext(stream)).run_id
+        await wait_for(lambda: seen("started run"), "the call to reach the server")
+        await client.cancel_run(run_id)
+        events = [event async for event in stream]
+        await wait_for(lambda: seen("cancelled run"), "the cancellation to reach the server")
+    assert events[-1].run_completed.run.stop_signal.reason == resources_pb2.STOP_REASON_CANCELLED
 
 
 @pytest.mark.parametrize(

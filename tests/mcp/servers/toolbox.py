@@ -55,7 +55,7 @@ def fail(reason: str) -> str:
 
 
 @server.tool()
-async def slow(marker: str) -> str:
+async def slow(marker: str = "run") -> str:
     """Wait until cancelled."""
     record(f"started {marker}")
     try:
