@@ -81,6 +81,9 @@ async def test_call_result_becomes_the_tool_message(toolbox: Toolbox) -> None:
     assert json.loads(result.content) == {"sum": 42}
     assert result.origin is not None
     assert (result.origin.server, result.origin.remote_name) == ("toolbox", "add")
+    assert result.origin.protocol_version
+    # Streamable HTTP names its session (mcp.session.id on the span); stdio has none.
+    assert bool(result.origin.session_id) == (result.origin.transport == "streamable-http")
 
 
 async def test_is_error_result_is_a_tool_error(toolbox: Toolbox) -> None:
