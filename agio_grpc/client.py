@@ -105,7 +105,11 @@ def _tool_definitions(
     return [
         tool
         if isinstance(tool, resources_pb2.ToolDefinition)
-        else resources_pb2.ToolDefinition(**tool)
+        else resources_pb2.ToolDefinition(
+            name=tool["name"],
+            description=tool.get("description", ""),
+            parameters_json=tool.get("parameters_json", ""),
+        )
         for tool in tools
     ]
 

@@ -100,7 +100,11 @@ class AgentConfig(_Strict):
     instructions: str = DEFAULT_INSTRUCTIONS
     """The system prompt."""
     tools: list[str] = Field(default_factory=lambda: ["current_time", "calculate"])
-    """Names of registered tools the agent offers."""
+    """Names of registered tools the agent offers; `server.tool` names one tool of the MCP
+    server `server` (of `mcp_servers`)."""
+    mcp: list[str] = Field(default_factory=list)
+    """MCP servers (of `mcp_servers`, by name) whose every tool the agent offers, as the
+    server lists them at the time of each run."""
     tool_options: dict[str, ToolOptionsConfig] = Field(default_factory=dict)
     """Per tool of `tools` (by name): how the agent runs it. A tool not named here gets the
     defaults (`on_error: continue`)."""
@@ -130,6 +134,61 @@ class AgentConfig(_Strict):
             for name in self.tools
             if name in self.tool_options and self.tool_options[name].on_error == "stop"
         ]
+
+
+MCP_SERVER_NAME = r"^[A-Za-z][A-Za-z0-9-]{0,31}$"
+"""An MCP server's name: no `_` or `.`, so `server__tool` and `server.tool` split one way."""
+
+
+class McpServerConfig(_Strict):
+    """An MCP server whose tools agents may offer: a command run over stdio (`command`), or a
+    Streamable HTTP endpoint (`url`). docs/tools.md tells the whole story."""
+
+    name: str = Field(pattern=MCP_SERVER_NAME)
+    """How agents name it (`mcp: [name]`, `name.tool`); its tools reach the model as
+    `name__tool`."""
+    command: str | None = None
+    """stdio: the program to run (an absolute path, or a name looked up on the service's
+    PATH at start-up)."""
+    args: list[str] = Field(default_factory=list)
+    """stdio: its arguments."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """stdio: its whole environment. Nothing of the service's own environment is passed on
+    unless named here; a value `${NAME}` is the service's variable NAME."""
+    cwd: Path | None = None
+    """stdio: its working directory (default: the service's)."""
+    url: str | None = None
+    """Streamable HTTP: the endpoint, e.g. `https://tools.example.com/mcp`."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Streamable HTTP: headers of every request; a value may hold `${NAME}`, replaced at
+    start-up by the service's variable NAME (a secret stays out of the config file)."""
+    tool_timeout_s: float | None = Field(None, gt=0)
+    """Hard timeout of one call to a tool of this server; the agent's
+    `limits.tool_timeout_s` when it is shorter or this is unset. A call cut off by it is
+    cancelled on the server (notifications/cancelled)."""
+    allowed_tools: list[str] | None = None
+    """Only these of the server's tools are used (by their MCP name); unset: all."""
+    blocked_tools: list[str] = Field(default_factory=list)
+    """These of the server's tools are never used."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """How long one attempt to connect (start, initialize, list the tools) may take; start-up
+    waits at most this long for every server before serving without those not yet up."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"mcp server {self.name!r}: set exactly one of command and url")
+        if self.url is None and self.headers:
+            raise ValueError(f"mcp server {self.name!r}: headers are for a url server")
+        if self.command is None and (self.args or self.env or self.cwd):
+            raise ValueError(f"mcp server {self.name!r}: args, env and cwd are for a command")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"mcp server {self.name!r}: url must be http:// or https://")
+        return self
+
+    @property
+    def transport(self) -> Literal["stdio", "streamable-http"]:
+        return "stdio" if self.command is not None else "streamable-http"
 
 
 class HooksConfig(_Strict):
@@ -378,6 +437,8 @@ class Settings(BaseSettings):
     agents: list[AgentConfig] = Field(default_factory=lambda: [AgentConfig(name="assistant")])
     tool_modules: list[str] = Field(default_factory=list)
     """Extra tools: `package.module:function`, or `package.module` exporting `TOOLS`."""
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+    """MCP servers whose tools agents offer (docs/tools.md)."""
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
@@ -427,6 +488,22 @@ class Settings(BaseSettings):
         if not names:
             raise ValueError("at least one agent is required")
         return value
+
+    @model_validator(mode="after")
+    def _agents_name_known_mcp_servers(self) -> Settings:
+        names = [server.name for server in self.mcp_servers]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"mcp_servers: duplicate names {', '.join(duplicates)}")
+        for agent in self.agents:
+            named = [*agent.mcp, *(tool.partition(".")[0] for tool in agent.tools if "." in tool)]
+            unknown = sorted({name for name in named if name not in names})
+            if unknown:
+                raise ValueError(
+                    f"agent {agent.name!r} names unknown mcp servers {', '.join(unknown)}; "
+                    f"mcp_servers: {', '.join(names) or '(none)'}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _default_agent_exists(self) -> Settings:

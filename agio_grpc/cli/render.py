@@ -263,9 +263,16 @@ class HumanPrinter:
 
     def agents(self, agents: Sequence[resources_pb2.Agent], verbose: bool) -> None:
         for agent in agents:
-            tools = ", ".join(tool.name for tool in agent.tools) or "no tools"
+            tools = ", ".join(_tool_label(tool) for tool in agent.tools) or "no tools"
             print(f"{agent.name}  model={agent.model}  tools: {tools}")
             if verbose:
                 for tool in agent.tools:
                     schema = json.dumps(json.loads(tool.parameters_json or "{}"))
-                    print(f"    {tool.name}: {tool.description} {schema}")
+                    # Where it runs, unless in the server's process.
+                    where = f" [{tool.source}]" if tool.source not in ("", "python") else ""
+                    print(f"    {_tool_label(tool)}{where}: {tool.description} {schema}")
+
+
+def _tool_label(tool: resources_pb2.ToolDefinition) -> str:
+    """A tool's name, marked when it cannot be called now (its MCP server is down)."""
+    return f"{tool.name} (unavailable)" if tool.unavailable else tool.name

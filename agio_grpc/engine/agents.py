@@ -75,7 +75,9 @@ class AgentSpec:
     instructions: str = ""
     """The system prompt."""
     tools: list[str] = field(default_factory=list)
-    """Names of registered server tools the agent offers."""
+    """Names of registered server tools the agent offers (an MCP tool as `server__tool`)."""
+    mcp_servers: list[str] = field(default_factory=list)
+    """MCP servers whose every tool the agent offers, as listed at each run's start."""
     limits: Limits = field(default_factory=Limits)
     temperature: float | None = None
     max_tokens: int | None = None
@@ -202,9 +204,14 @@ _SETTINGS_ADAPTER: TypeAdapter[RunSettings] = TypeAdapter(RunSettings)
 
 
 def resolve_settings(
-    agent: AgentSpec, overrides: RunOverrides, client_tools: list[ClientTool]
+    agent: AgentSpec,
+    overrides: RunOverrides,
+    client_tools: list[ClientTool],
+    agent_tools: list[str] | None = None,
 ) -> RunSettings:
-    """Apply `overrides` to `agent`. Raises InvalidInputError naming the first bad field."""
+    """Apply `overrides` to `agent`, whose server tools are `agent_tools` (default: its
+    `tools`; the runtime adds its MCP servers' tools). Raises InvalidInputError naming the
+    first bad field."""
     _check_positive("overrides.max_steps", overrides.max_steps)
     _check_positive("overrides.max_tokens", overrides.max_tokens)
     _check_positive("overrides.timeout", overrides.timeout_s)
@@ -213,14 +220,15 @@ def resolve_settings(
         raise InvalidInputError("overrides.temperature", "must be between 0 and 2")
     if overrides.model is not None and not overrides.model.strip():
         raise InvalidInputError("overrides.model", "must not be empty when set")
-    tools = list(agent.tools)
+    offered = list(agent.tools) if agent_tools is None else agent_tools
+    tools = list(offered)
     if overrides.tools is not None:
-        unknown = [name for name in overrides.tools if name not in agent.tools]
+        unknown = [name for name in overrides.tools if name not in offered]
         if unknown:
             raise InvalidInputError(
                 "overrides.tools",
                 f"not tools of agent {agent.name!r}: {', '.join(unknown)}; "
-                f"its tools: {', '.join(agent.tools) or '(none)'}",
+                f"its tools: {', '.join(offered) or '(none)'}",
             )
         tools = list(dict.fromkeys(overrides.tools))
     _check_client_tools(client_tools, server_tools=set(tools))

@@ -28,7 +28,14 @@ from agio_grpc.domain import (
     clean_text,
     unanswered_call_result,
 )
-from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolStop
+from agio_grpc.engine.tools import (
+    ArgumentsError,
+    ToolContext,
+    ToolError,
+    ToolOrigin,
+    ToolRegistry,
+    ToolStop,
+)
 from agio_grpc.engine.tracing import NO_CALL_TRACE, ToolCallTrace
 
 logger = logging.getLogger(__name__)
@@ -49,6 +56,8 @@ class ToolResult:
     duration_ms: int = 0
     """Wall time of the call from when it got a slot to its result: checking the arguments,
     the function and rendering its result (0 for a call that never returned)."""
+    origin: ToolOrigin | None = None
+    """Where the call ran when not in this process (an MCP server)."""
 
 
 def unfinished_result(call: ToolCall, why: str) -> ToolResult:
@@ -173,6 +182,10 @@ async def execute_tool_call(
         return ToolResult(
             call, f"Error: invalid arguments for {call.name!r}: {_describe(error)}.", True
         )
+    except ArgumentsError as error:
+        return ToolResult(call, f"Error: invalid arguments for {call.name!r}: {error}.", True)
+    if tool.timeout_s is not None:
+        timeout_s = min(timeout_s, tool.timeout_s)
     started = time.perf_counter()
     stop: StopSignal | None = None
     try:
@@ -186,13 +199,16 @@ async def execute_tool_call(
         )
     except TimeoutError:
         content, is_error = f"Error: tool {call.name!r} timed out after {timeout_s:g}s.", True
+    except ToolError as error:
+        content, is_error = error.message, True
     except Exception as error:  # a tool's failure is a result the model sees
         # The message may quote the arguments: only its type at INFO, the traceback at DEBUG.
         logger.info("tool %s raised %s", call.name, type(error).__name__)
         logger.debug("tool %s raised", call.name, exc_info=True)
         content = f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}"
         is_error = True
-    return ToolResult(call, clean_text(content), is_error, stop, _ms_since(started))
+    elapsed = _ms_since(started)
+    return ToolResult(call, clean_text(content), is_error, stop, elapsed, origin=tool.origin())
 
 
 def _ms_since(started: float) -> int:

@@ -182,7 +182,8 @@ class Runtime:
         agent = self.agent(request.agent)
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
-        settings = resolve_settings(agent, request.overrides, request.client_tools)
+        tools = self.registry.agent_tools(agent.tools, agent.mcp_servers)
+        settings = resolve_settings(agent, request.overrides, request.client_tools, tools)
         new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
             session_id=new_session.id if new_session else request.session_id,
@@ -483,7 +484,8 @@ class Runtime:
         if run.options:
             return RunSettings.from_options(run.options)
         agent = self.agents.get(run.agent) or self.agent()
-        return resolve_settings(agent, RunOverrides(), [])
+        tools = self.registry.agent_tools(agent.tools, agent.mcp_servers)
+        return resolve_settings(agent, RunOverrides(), [], tools)
 
     async def _settings_of_step(self, step: Step) -> tuple[str, RunSettings]:
         """The agent name and settings of the run that wrote `step` (else the default)."""
@@ -493,5 +495,6 @@ class Runtime:
             run = None
         if run is None or run.agent not in self.agents:
             agent = self.agent()
-            return agent.name, resolve_settings(agent, RunOverrides(), [])
+            tools = self.registry.agent_tools(agent.tools, agent.mcp_servers)
+            return agent.name, resolve_settings(agent, RunOverrides(), [], tools)
         return run.agent, self._settings_of(run)

@@ -1,9 +1,13 @@
 """Server tools: plain Python functions turned into model-callable tools, and their registry.
 
-A function's type hints become the tool's JSON schema and its argument validation (pydantic);
-its docstring's first paragraph becomes the description and an `Args:` section the parameter
-descriptions. A parameter annotated `ToolContext` is filled by the engine (run, session and
-tool call ids: an idempotency key for side effects) and hidden from the model. A tool ends
+`ServerTool` is what the executor runs: a `Tool` here, or a tool of an MCP server
+(`engine/mcp.py`), which a `ToolSource` attached to the registry provides.
+
+A function's type hints become the tool's JSON schema and its argument validation
+(pydantic); its docstring's first paragraph becomes the description and an `Args:` section
+the parameter descriptions. A parameter annotated `ToolContext` is filled by the engine
+(run, session and tool call ids: an idempotency key for side effects) and hidden from the
+model. A tool ends
 the run by raising `ToolStop`. Executing tools (timeouts, parallelism, errors as tool steps)
 is `executor.py`'s job; this module never runs a tool on its own and never imports grpc.
 """
@@ -13,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -23,6 +27,19 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from agio_grpc.engine.loading import import_object
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def model_tool_name(server: str, tool: str) -> str:
+    """The name the model calls tool `tool` of MCP server `server` by: `server__tool`, with
+    any character an OpenAI function name cannot hold (a `.`, say) replaced by `_`."""
+    return f"{server}__{_NOT_IN_NAME.sub('_', tool)}"
+
+
+def config_tool_name(name: str) -> str:
+    """A config's `server.tool` as the model sees it (`server__tool`); other names as they are."""
+    server, dot, tool = name.partition(".")
+    return model_tool_name(server, tool) if dot else name
 
 
 class ToolStop(Exception):  # noqa: N818 - it is a signal, not an error
@@ -35,6 +52,102 @@ class ToolStop(Exception):  # noqa: N818 - it is a signal, not an error
         super().__init__(message)
         self.message = message
         self.context = context or {}
+
+
+class ToolError(Exception):
+    """A tool's failure whose message is the whole result the model sees (no type name, no
+    traceback): a tool that reported an error, or one that cannot be reached."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ToolUnavailableError(ToolError):
+    """The tool exists but cannot be called now (its MCP server is restarting or no longer
+    lists it); a later call may work."""
+
+
+class ArgumentsError(ValueError):
+    """Arguments that do not fit a tool's JSON schema; the message lists the problems."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOrigin:
+    """Where a tool call ran when not in this process, for its `execute_tool` span."""
+
+    server: str
+    """The MCP server's configured name."""
+    transport: str
+    """`stdio` or `streamable-http`."""
+    remote_name: str
+    """The tool's name on the server."""
+    session_id: str = ""
+    """The MCP session id (Streamable HTTP), "" when there is none."""
+    protocol_version: str = ""
+    """The MCP protocol version the connection negotiated."""
+
+
+class ServerTool(Protocol):
+    """A tool the server runs, as the executor and the registry see it."""
+
+    @property
+    def name(self) -> str:
+        """The name the model calls it by (^[A-Za-z0-9_-]{1,64}$)."""
+        ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of its arguments object."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """`python` for a function of this process, `mcp:<server>` for an MCP server's."""
+        ...
+
+    @property
+    def available(self) -> bool:
+        """Whether a call can reach it now; an unavailable tool is not offered to models."""
+        ...
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Its own hard timeout, when shorter than the run's tool timeout; None: the run's."""
+        ...
+
+    def definition(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry offering this tool."""
+        ...
+
+    def validate(self, arguments: object) -> dict[str, Any]:
+        """The checked arguments; raises pydantic.ValidationError or ArgumentsError."""
+        ...
+
+    async def invoke(self, arguments: dict[str, Any], context: ToolContext) -> str:
+        """Run the call and render its result as text; raises ToolError for a failure the
+        model should read as it is."""
+        ...
+
+    def origin(self) -> ToolOrigin | None:
+        """Where its calls run, None for this process."""
+        ...
+
+
+class ToolSource(Protocol):
+    """Tools that come and go at run time (an MCP server's), attached to a registry."""
+
+    @property
+    def source(self) -> str:
+        """What each of its tools gives as `source`."""
+        ...
+
+    def tools(self) -> Mapping[str, ServerTool]:
+        """Its tools now, by name (available or not)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +186,16 @@ class Tool:
         self.parameters.pop("title", None)
         self.is_async = inspect.iscoroutinefunction(function)
 
+    source = "python"
+    available = True
+    timeout_s: float | None = None
+
+    def origin(self) -> ToolOrigin | None:
+        return None
+
     def definition(self) -> dict[str, Any]:
         """The OpenAI `tools` entry offering this tool."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+        return function_definition(self)
 
     def validate(self, arguments: object) -> dict[str, Any]:
         """The validated keyword arguments; raises pydantic.ValidationError."""
@@ -104,6 +217,18 @@ class Tool:
         return render_result(result)
 
 
+def function_definition(tool: ServerTool) -> dict[str, Any]:
+    """The OpenAI `tools` entry offering `tool`."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
 def render_result(result: object) -> str:
     """A tool's return value as the text the model reads: strings as they are, else JSON."""
     if isinstance(result, str):
@@ -112,12 +237,18 @@ def render_result(result: object) -> str:
 
 
 class ToolRegistry:
-    """The server tools by name."""
+    """The server tools by name: the registered functions, then the attached sources' tools
+    (a source's tool never shadows a registered one)."""
 
     def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._sources: list[ToolSource] = []
         for tool in tools:
             self.register(tool)
+
+    def attach(self, source: ToolSource) -> None:
+        """Add the tools of `source`, as it lists them at each look-up."""
+        self._sources.append(source)
 
     def register(self, tool: Tool | Callable[..., Any], *, name: str | None = None) -> Tool:
         """Add a tool (or a function, made into one). Raises ValueError on a duplicate name."""
@@ -132,18 +263,46 @@ class ToolRegistry:
         """Register the tools `spec` names (see `load_tools`)."""
         return [self.register(tool) for tool in load_tools(spec)]
 
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+    def get(self, name: str) -> ServerTool | None:
+        tool = self._tools.get(name)
+        if tool is not None:
+            return tool
+        for source in self._sources:
+            found = source.tools().get(name)
+            if found is not None:
+                return found
+        return None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return isinstance(name, str) and self.get(name) is not None
 
     def names(self) -> list[str]:
+        """The registered functions' names (the attached sources' are `tools_of` them)."""
         return sorted(self._tools)
 
+    def agent_tools(self, tools: Iterable[str], mcp_servers: Iterable[str]) -> list[str]:
+        """The tools an agent offers now: its `tools`, then the tools each of its MCP
+        servers lists (each once)."""
+        names = list(tools)
+        for server in mcp_servers:
+            names.extend(self.tools_of(f"mcp:{server}"))
+        return list(dict.fromkeys(names))
+
+    def tools_of(self, source: str) -> list[str]:
+        """The names of the tools `source` (e.g. `mcp:weather`) provides now, sorted."""
+        return sorted(
+            name
+            for attached in self._sources
+            if attached.source == source
+            for name in attached.tools()
+            if name not in self._tools
+        )
+
     def definitions(self, names: Iterable[str]) -> list[dict[str, Any]]:
-        """The OpenAI `tools` entries of the named tools that exist, in the given order."""
-        return [self._tools[name].definition() for name in names if name in self._tools]
+        """The OpenAI `tools` entries of the named tools that exist and are available now, in
+        the given order."""
+        found = (self.get(name) for name in names)
+        return [tool.definition() for tool in found if tool is not None and tool.available]
 
 
 def load_tools(spec: str) -> list[Tool]:

@@ -412,8 +412,10 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
                             name=tool.name,
                             description=tool.description,
                             parameters_json=tool.parameters_json,
+                            unavailable=tool.unavailable,
+                            source=tool.source,
                         )
-                        for tool in _tool_definitions(self._runtime, agent.tools)
+                        for tool in _tool_definitions(self._runtime, agent)
                     ],
                 )
                 for agent in self._agents_default_first()
@@ -430,15 +432,26 @@ class _ToolInfo:
     name: str
     description: str
     parameters_json: str
+    unavailable: bool
+    source: str
 
 
-def _tool_definitions(runtime: Runtime, names: list[str]) -> list[_ToolInfo]:
-    """The agent's server tools as offered to the model (name, description, JSON schema)."""
-    return [
-        _ToolInfo(
-            name=entry["function"]["name"],
-            description=entry["function"].get("description", ""),
-            parameters_json=json.dumps(entry["function"].get("parameters", {})),
+def _tool_definitions(runtime: Runtime, agent: AgentSpec) -> list[_ToolInfo]:
+    """The agent's server tools (name, description, JSON schema, where they run), those the
+    model cannot be offered now included, marked unavailable. An MCP tool's schema is the
+    one its server listed last (an empty object schema if it never listed the tool)."""
+    infos = []
+    for name in runtime.registry.agent_tools(agent.tools, agent.mcp_servers):
+        tool = runtime.registry.get(name)
+        if tool is None:
+            continue
+        infos.append(
+            _ToolInfo(
+                name=tool.name,
+                description=tool.description,
+                parameters_json=json.dumps(tool.parameters),
+                unavailable=not tool.available,
+                source=tool.source,
+            )
         )
-        for entry in runtime.registry.definitions(names)
-    ]
+    return infos

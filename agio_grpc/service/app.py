@@ -20,6 +20,7 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -32,7 +33,7 @@ from agio_grpc.engine.model import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.session_compaction import SessionCompactor
-from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (
     Authenticator,
@@ -64,6 +65,9 @@ from agio_grpc.telemetry import (
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
 
+if TYPE_CHECKING:
+    from agio_grpc.engine.mcp import McpServers
+
 log = logging.getLogger(__name__)
 
 RUN_DRAIN_MARGIN_S = 0.5
@@ -90,7 +94,8 @@ def build_registry(settings: Settings) -> ToolRegistry:
     for spec in settings.tool_modules:
         registry.load(spec)
     for agent in settings.agents:
-        missing = [name for name in agent.tools if name not in registry]
+        # `server.tool` names an MCP server's tool: service/mcp_setup.py checks those.
+        missing = [name for name in agent.tools if "." not in name and name not in registry]
         if missing:
             raise ValueError(
                 f"agent {agent.name!r} lists unknown tools {missing}; "
@@ -99,17 +104,30 @@ def build_registry(settings: Settings) -> ToolRegistry:
     return registry
 
 
+def mcp_servers_of(settings: Settings, registry: ToolRegistry) -> McpServers | None:
+    """The configured MCP servers, attached to `registry` (not started); None without any.
+
+    The mcp SDK takes about a second to import: only a service configured with MCP servers
+    imports it (and pays that at start-up)."""
+    if not settings.mcp_servers:
+        return None
+    from agio_grpc.service.mcp_setup import build_mcp_servers
+
+    return build_mcp_servers(settings, registry)
+
+
 def build_agents(settings: Settings) -> dict[str, AgentSpec]:
     return {
         agent.name: AgentSpec(
             name=agent.name,
             model=agent.model,
             instructions=agent.instructions,
-            tools=list(agent.tools),
+            tools=[config_tool_name(name) for name in agent.tools],
+            mcp_servers=list(agent.mcp),
             limits=Limits(**agent.limits.model_dump()),
             temperature=agent.temperature,
             max_tokens=agent.max_tokens,
-            stop_on_error_tools=agent.stop_on_error_tools(),
+            stop_on_error_tools=[config_tool_name(name) for name in agent.stop_on_error_tools()],
             compaction=Compaction(
                 context_window_tokens=(
                     agent.context_window_tokens or default_context_window(agent.model)
@@ -134,6 +152,8 @@ class AgioApp:
     telemetry: Telemetry
     pages: PageTokens
     """Signs and checks page tokens with the key every replica shares."""
+    mcp_servers: McpServers | None
+    """The connections to the configured MCP servers (None: none configured)."""
     authenticator: Authenticator | None = None
     """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
     certificates: ServerCertificates | None = None
@@ -163,6 +183,7 @@ class AgioApp:
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
+        mcp_servers = mcp_servers_of(settings, registry)
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
             hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
@@ -183,6 +204,9 @@ class AgioApp:
         fake_model: FakeModelServer | None = None
         authenticator: Authenticator | None = None
         try:
+            if mcp_servers is not None:
+                # Connections open now; a server not up keeps trying (tools unavailable).
+                await mcp_servers.start()
             authenticator = build_authenticator(settings, auth_mode, sql_store.key_store())
             if authenticator is not None:
                 chain.append(AuthInterceptor(authenticator))
@@ -250,6 +274,8 @@ class AgioApp:
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
         except BaseException:
+            if mcp_servers is not None:
+                await mcp_servers.stop()
             if fake_model is not None:
                 await fake_model.stop()
             if authenticator is not None:
@@ -272,6 +298,7 @@ class AgioApp:
             fake_model,
             telemetry,
             pages,
+            mcp_servers,
             authenticator,
             certificates,
         )
@@ -296,6 +323,8 @@ class AgioApp:
         # Calls cancelled by the server's stop may have left runs to end and sessions to
         # release (Runtime._clean_up): they need the store.
         await self.runtime.settle()
+        if self.mcp_servers is not None:
+            await self.mcp_servers.stop()
         await self.model.close()
         if self.fake_model is not None:
             await self.fake_model.stop()

@@ -40,6 +40,11 @@ COMPACTION_TOKENS_BEFORE: Final = "agio.compaction.tokens_before"
 COMPACTION_TOKENS_AFTER: Final = "agio.compaction.tokens_after"
 COMPACTION_STAGE: Final = "agio.compaction.stage"
 """On `agio.context.compaction.tokens`: `before` or `after` the compaction."""
+MCP_SERVER: Final = "agio.mcp.server"
+"""On an MCP tool call's span: the configured name of its server."""
+MCP_TOOL: Final = "agio.mcp.tool"
+"""On an MCP tool call's span: the tool's name on its server (the model calls it
+`server__tool`, `gen_ai.tool.name`)."""
 
 # Metrics of our own (the GenAI ones come from the semconv package).
 METRIC_TOOL_DURATION: Final = "agio.tool.duration"

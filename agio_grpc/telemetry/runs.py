@@ -24,8 +24,9 @@ from urllib.parse import urlparse
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv._incubating.attributes import mcp_attributes as mcp
 from opentelemetry.semconv._incubating.attributes import server_attributes as server
-from opentelemetry.semconv.attributes import error_attributes
+from opentelemetry.semconv.attributes import error_attributes, network_attributes
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -34,6 +35,7 @@ from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.control import StopRequested
 from agio_grpc.engine.executor import ToolResult
 from agio_grpc.engine.model import ModelError, ModelReply, ModelRequest
+from agio_grpc.engine.tools import ToolOrigin
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import INSTRUMENTATION_NAME, Instruments
 from agio_grpc.telemetry.logs import with_log_tenant
@@ -327,6 +329,8 @@ class OtelRunTracer:
             span.set_status(Status(StatusCode.ERROR, "the tool call returned an error result"))
         if result.stop is not None:
             span.set_attribute(agio.TOOL_STOP, True)
+        if result.origin is not None:
+            span.set_attributes(_mcp_attributes(result.origin))
         if self.capture_content:
             span.set_attribute(gen_ai.GEN_AI_TOOL_CALL_RESULT, result.content)
         span.set_attributes(outcome)
@@ -415,3 +419,21 @@ def _output_messages(reply: ModelReply) -> str:
     )
     message["finish_reason"] = reply.finish_reason
     return json.dumps([message])
+
+
+_NETWORK_TRANSPORTS = {"stdio": "pipe", "streamable-http": "tcp"}
+
+
+def _mcp_attributes(origin: ToolOrigin) -> dict[str, AttributeValue]:
+    """An MCP tool call's attributes (the MCP semantic conventions, and agio.mcp.*)."""
+    attributes: dict[str, AttributeValue] = {
+        mcp.MCP_METHOD_NAME: "tools/call",
+        network_attributes.NETWORK_TRANSPORT: _NETWORK_TRANSPORTS.get(origin.transport, "tcp"),
+        agio.MCP_SERVER: origin.server,
+        agio.MCP_TOOL: origin.remote_name,
+    }
+    if origin.session_id:
+        attributes[mcp.MCP_SESSION_ID] = origin.session_id
+    if origin.protocol_version:
+        attributes[mcp.MCP_PROTOCOL_VERSION] = origin.protocol_version
+    return attributes

@@ -99,3 +99,14 @@ def test_pooled_samples_keep_every_process_timings() -> None:
     assert first.context == {10: [1.0, 2.0, 3.0]}
     assert first.writes_per_s == {1: [100.0]}
     assert first.processes == 2
+
+
+async def test_the_mcp_benchmark_times_both_paths() -> None:
+    from bench import mcp as mcp_bench
+
+    samples = await mcp_bench.measure(calls=3, warmup=1)
+    assert {path: len(times) for path, times in samples.items()} == {
+        "in-process echo": 3,
+        "MCP stdio echo": 3,
+    }
+    assert "| MCP stdio echo |" in mcp_bench.table(samples)

@@ -1,0 +1,116 @@
+"""The configured MCP servers (`mcp_servers`) made ready to start, or a one-line StartupError.
+
+Resolves what the config leaves to start-up: `${NAME}` in a header or environment value
+(the service's variable NAME; a missing one names the variable, never a value), a stdio
+command given as a bare name (looked up on the service's PATH, since the server itself
+gets no PATH unless its entry names one), and the tools agents name one by one
+(`server.tool`), which must be neither blocked nor named like an in-process tool.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import replace
+
+from agio_grpc.config import McpServerConfig, Settings
+from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
+from agio_grpc.engine.tools import ToolRegistry, config_tool_name
+from agio_grpc.service.startup import StartupError
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def build_mcp_servers(
+    settings: Settings,
+    registry: ToolRegistry,
+    environ: Mapping[str, str] | None = None,
+) -> McpServers:
+    """The servers of `settings.mcp_servers`, attached to `registry` (not started)."""
+    environ = os.environ if environ is None else environ
+    reserved = frozenset(registry.names())
+    servers: dict[str, McpServer] = {}
+    for config in settings.mcp_servers:
+        server = McpServer(mcp_server_spec(config, environ), reserved)
+        servers[config.name] = server
+        registry.attach(server)
+    for agent in settings.agents:
+        for name in agent.tools:
+            server_name, dot, tool = name.partition(".")
+            if not dot:
+                continue
+            spec = servers[server_name].spec  # config.py checked the server exists
+            setting = f"agents[{agent.name}].tools in AGIO_CONFIG"
+            if not spec.admits(tool):
+                raise StartupError(
+                    f"agent {agent.name!r} names tool {name!r}, which mcp server "
+                    f"{server_name!r} blocks (allowed_tools / blocked_tools)",
+                    setting,
+                    "remove it from the agent's tools or from the server's blocked_tools",
+                )
+            if config_tool_name(name) in reserved:
+                raise StartupError(
+                    f"agent {agent.name!r}: MCP tool {name!r} would be called "
+                    f"{config_tool_name(name)!r}, the name of an in-process tool",
+                    setting,
+                    "rename the in-process tool or the MCP server",
+                )
+            servers[server_name].pin(tool)
+    return McpServers(list(servers.values()))
+
+
+def mcp_server_spec(config: McpServerConfig, environ: Mapping[str, str]) -> McpServerSpec:
+    """What the engine needs to reach the server `config` describes."""
+    where = f"mcp_servers[{config.name}] in AGIO_CONFIG"
+    allowed = frozenset(config.allowed_tools) if config.allowed_tools is not None else None
+    base = McpServerSpec(
+        name=config.name,
+        transport=config.transport,
+        tool_timeout_s=config.tool_timeout_s,
+        allowed_tools=allowed,
+        blocked_tools=frozenset(config.blocked_tools),
+        connect_timeout_s=config.connect_timeout_s,
+    )
+    if config.command is None:
+        headers = {
+            key: substitute(value, environ, f"{where}: header {key}")
+            for key, value in config.headers.items()
+        }
+        return replace(base, url=config.url or "", headers=headers)
+    env = {
+        key: substitute(value, environ, f"{where}: env {key}") for key, value in config.env.items()
+    }
+    command = find_command(config.command, where)
+    return replace(base, command=command, args=tuple(config.args), env=env, cwd=config.cwd)
+
+
+def substitute(value: str, environ: Mapping[str, str], setting: str) -> str:
+    """`value` with each `${NAME}` replaced by the variable NAME of `environ`; `$${` keeps a
+    literal `${`. Raises StartupError naming a missing variable (never a value)."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise StartupError(
+                f"environment variable {name} is not set",
+                setting,
+                f"set {name} in the service's environment, or write the value in the config",
+            )
+        return environ[name]
+
+    parts = value.split("$${")
+    return "${".join(_VARIABLE.sub(replace, part) for part in parts)
+
+
+def find_command(command: str, setting: str) -> str:
+    """`command` as an absolute path: a bare name is looked up on the service's PATH."""
+    found = shutil.which(command)
+    if found is None:
+        raise StartupError(
+            f"mcp server command {command!r} is not an executable file or on PATH",
+            setting,
+            "give the program's absolute path, or install it on the service's PATH",
+        )
+    return os.path.abspath(found)

@@ -1,0 +1,237 @@
+"""MCP servers' tools called as a run calls them, against real MCP servers written with the
+SDK: one over stdio, one over Streamable HTTP on 127.0.0.1 (one server process of each per
+module; the tests that break a server start their own)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from agio_grpc.config import McpServerConfig
+from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
+from agio_grpc.service.mcp_setup import mcp_server_spec
+from tests.mcp.conftest import (
+    HttpToolbox,
+    Toolbox,
+    connected,
+    free_port,
+    http_spec,
+    http_toolbox,
+    stdio_spec,
+    wait_for,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+LISTED_ENV = {"TOOLBOX_MODE": "test"}
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpToolbox]:
+    with http_toolbox(tmp_path_factory.mktemp("http") / "events.txt") as served:
+        yield served
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["stdio", "http"])
+async def toolbox(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    http_server: HttpToolbox,
+) -> AsyncIterator[Toolbox]:
+    if request.param == "stdio":
+        events = tmp_path_factory.mktemp("stdio") / "events.txt"
+        spec = stdio_spec(events, env=LISTED_ENV)
+    else:
+        events = http_server.events
+        spec = http_spec(http_server.url)
+    async with connected(spec, events) as box:
+        yield box
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def stdio_toolbox(tmp_path: Path) -> AsyncIterator[Toolbox]:
+    """A stdio toolbox of the test's own, for tests that break it."""
+    async with connected(stdio_spec(tmp_path / "events.txt"), tmp_path / "events.txt") as box:
+        yield box
+
+
+async def test_lists_tools_with_their_input_schemas(toolbox: Toolbox) -> None:
+    tools = toolbox.server.tools()
+    assert {"toolbox__hello", "toolbox__add", "toolbox__slow"} <= set(tools)
+    add = tools["toolbox__add"]
+    assert add.available
+    assert add.source == "mcp:toolbox"
+    assert add.parameters["required"] == ["a", "b"]
+    assert add.parameters["properties"]["a"]["type"] == "integer"
+    offered = toolbox.registry.definitions(["toolbox__add"])
+    assert offered[0]["function"]["name"] == "toolbox__add"
+    assert offered[0]["function"]["description"] == "Add two integers."
+
+
+async def test_call_result_becomes_the_tool_message(toolbox: Toolbox) -> None:
+    result = await toolbox.call("add", '{"a": 2, "b": 40}')
+    assert not result.is_error
+    assert json.loads(result.content) == {"sum": 42}
+    assert result.origin is not None
+    assert (result.origin.server, result.origin.remote_name) == ("toolbox", "add")
+    assert result.origin.protocol_version
+    # Streamable HTTP names its session (mcp.session.id on the span); stdio has none.
+    assert bool(result.origin.session_id) == (result.origin.transport == "streamable-http")
+
+
+async def test_is_error_result_is_a_tool_error(toolbox: Toolbox) -> None:
+    result = await toolbox.call("fail", '{"reason": "the disk is full"}')
+    assert result.is_error
+    assert "the disk is full" in result.content
+
+
+async def test_arguments_are_checked_against_the_input_schema(toolbox: Toolbox) -> None:
+    result = await toolbox.call("add", '{"a": "two", "b": 40}')
+    assert result.is_error
+    assert result.content.startswith("Error: invalid arguments for 'toolbox__add': a: ")
+    assert result.origin is None  # refused before any call reached the server
+
+
+async def test_unknown_tool_is_an_error_result(toolbox: Toolbox) -> None:
+    result = await toolbox.call("no_such_tool")
+    assert result.is_error
+    assert "unknown tool 'toolbox__no_such_tool'" in result.content
+
+
+async def test_images_are_described_by_type_and_size(toolbox: Toolbox) -> None:
+    result = await toolbox.call("picture")
+    assert result.content.splitlines()[:2] == ["a red dot", "[image: image/png, 8 bytes]"]
+
+
+async def test_timeout_cancels_the_call_on_the_server(toolbox: Toolbox, tmp_path: Path) -> None:
+    marker = f"timeout-{tmp_path.name}"
+    result = await toolbox.call("slow", json.dumps({"marker": marker}), timeout_s=1.0)
+    assert result.is_error
+    assert "timed out after 1s" in result.content
+    await wait_for(lambda: f"cancelled {marker}" in toolbox.events_seen(), "the cancellation")
+    assert (await toolbox.call("hello")).content.startswith("hello from the toolbox")
+
+
+async def test_run_cancellation_cancels_the_call_on_the_server(
+    toolbox: Toolbox, tmp_path: Path
+) -> None:
+    marker = f"cancel-{tmp_path.name}"
+    calling = asyncio.create_task(toolbox.call("slow", json.dumps({"marker": marker}), 60))
+    await wait_for(lambda: f"started {marker}" in toolbox.events_seen(), "the call to start")
+    calling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await calling
+    await wait_for(lambda: f"cancelled {marker}" in toolbox.events_seen(), "the cancellation")
+
+
+async def test_list_changed_refreshes_the_tools(toolbox: Toolbox) -> None:
+    assert (await toolbox.call("grow")).content.startswith("grown")
+    await wait_for(lambda: "toolbox__extra" in toolbox.server.tools(), "the refreshed list")
+    assert (await toolbox.call("extra")).content.startswith("extra")
+
+
+async def test_stdio_server_gets_only_the_environment_its_entry_names(
+    toolbox: Toolbox,
+) -> None:
+    if toolbox.server.spec.transport != "stdio":
+        pytest.skip("an HTTP server's environment is not ours")
+    names = set((await toolbox.call("environment")).content.splitlines())
+    # Python itself sets LC_CTYPE when the locale is C (PEP 538).
+    assert names - {"LC_CTYPE"} == set(LISTED_ENV)
+
+
+async def test_crash_mid_call_is_a_tool_error_then_the_server_restarts(
+    stdio_toolbox: Toolbox,
+) -> None:
+    server = stdio_toolbox.server
+    result = await stdio_toolbox.call("crash")
+    assert result.is_error
+    assert result.content == (
+        "tool 'toolbox__crash' failed: MCP server 'toolbox' closed the connection during the "
+        "call; it is being restarted"
+    )
+    await wait_for(lambda: server.connected and server.connections == 2, "the restart")
+    assert (await stdio_toolbox.call("hello")).content.startswith("hello from the toolbox")
+
+
+@pytest.mark.slow  # two more server processes, started one after the other
+async def test_http_server_that_crashes_mid_call_is_reconnected_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    events = tmp_path / "events.txt"
+    port = free_port()
+    # Both server processes end after the client closes (an open stream holds a server's
+    # shutdown); they start in a thread, off the event loop the client runs on.
+    with contextlib.ExitStack() as processes:
+        served = processes.enter_context(http_toolbox(events, port))
+        async with connected(http_spec(served.url, restart_max_s=0.5), events) as box:
+            result = await box.call("crash")
+            assert result.is_error
+            assert "closed the connection during the call" in result.content
+            assert await asyncio.to_thread(served.process.wait, 10) == 3
+            # Its supervisor starts it again.
+            await asyncio.to_thread(processes.enter_context, http_toolbox(events, port))
+            await wait_for(lambda: box.server.connections == 2, "the reconnection")
+            assert (await box.call("hello")).content.startswith("hello from the toolbox")
+
+
+async def test_stop_ends_and_reaps_the_stdio_server(tmp_path: Path) -> None:
+    events = tmp_path / "events.txt"
+    async with connected(stdio_spec(events), events) as box:
+        pid = int((await box.call("pid")).content.splitlines()[0])
+        assert process_exists(pid)
+    assert not process_exists(pid)  # ended and waited for: not even a zombie
+
+
+def process_exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+async def test_tools_of_a_server_that_is_down_are_unavailable(tmp_path: Path) -> None:
+    spec = McpServerSpec(
+        name="broken",
+        transport="stdio",
+        command=sys.executable,
+        args=("-c", "raise SystemExit(1)"),
+        restart_initial_s=0.05,
+        connect_timeout_s=5,
+    )
+    server = McpServer(spec)
+    server.pin("hello")
+    servers = McpServers([server])
+    await servers.start()
+    try:
+        box = Toolbox(server, tmp_path / "events.txt")
+        assert not server.connected
+        assert not server.tools()["broken__hello"].available
+        assert box.registry.definitions(["broken__hello"]) == []  # not offered to models
+        result = await box.call("hello")
+        assert result.is_error
+        assert "is unavailable" in result.content
+    finally:
+        await servers.stop()
+
+
+async def test_allowed_and_blocked_tools_filter_the_listing(http_server: HttpToolbox) -> None:
+    spec = http_spec(
+        http_server.url, allowed_tools=frozenset({"hello", "add"}), blocked_tools=frozenset({"add"})
+    )
+    async with connected(spec, http_server.events) as box:
+        assert set(box.server.tools()) == {"toolbox__hello"}
+
+
+async def test_header_values_name_environment_variables(http_server: HttpToolbox) -> None:
+    config = McpServerConfig(
+        name="toolbox", url=http_server.url, headers={"X-Api-Key": "${TOOLBOX_KEY}"}
+    )
+    spec = mcp_server_spec(config, {"TOOLBOX_KEY": "s3cret"})
+    async with connected(spec, http_server.events) as box:
+        result = await box.call("header", '{"name": "X-Api-Key"}')
+        assert result.content.splitlines()[0] == "s3cret"
