@@ -9,15 +9,22 @@ RUNTIME_RUN := $(UV) run --locked --no-default-groups
 # on a machine that sets PYTHONDONTWRITEBYTECODE.
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: serve test test-slow fuzz check generate protoset fake-model bench breaking contract-baseline clients conformance
+.PHONY: serve test test-slow tokenizers fuzz check generate protoset fake-model bench breaking contract-baseline clients conformance
 
 $(UV):
 	python3 -m venv .tools
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# tiktoken's encodings for OpenAI models' token counts (engine/tokens.py), fetched once into
+# .tools/tiktoken; without them counts are estimated from characters, so a failure to fetch
+# them stops nothing (docs/compaction.md).
+export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tools/tiktoken
+tokenizers: $(UV)
+	-$(RUNTIME_RUN) python scripts/tokenizers.py $(TIKTOKEN_CACHE_DIR)
+
 # The service needs the runtime dependencies only: the development and benchmark groups
 # (pytest, linters, buf, the Agents SDK, matplotlib) come with `make test`.
-serve: $(UV)
+serve: $(UV) tokenizers
 	$(RUNTIME_RUN) agio-grpc serve
 
 # The default suite, in TEST_WORKERS pytest-xdist processes (most of a test is waiting on a
@@ -25,7 +32,7 @@ serve: $(UV)
 # server processes killed and restarted, benchmark smoke runs) is `make test-slow`, one
 # process at a time. CI runs both.
 TEST_WORKERS ?= 4
-test: $(UV)
+test: $(UV) tokenizers
 	$(RUN) pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(UV)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from agio_grpc.domain import Role, Step, ToolCall
-from agio_grpc.engine.compaction import estimate_prompt_tokens, plan_compaction
+from agio_grpc.engine.compaction import ESTIMATE, plan_compaction
 from agio_grpc.engine.context import build_context, context_steps
 from agio_grpc.store.sql import SqlStepStore, open_store
 from bench.stats import median, percentile
@@ -80,8 +80,8 @@ async def measure(size: int, store: SqlStepStore) -> list[str]:
     )  # fmt: skip
     summarized = await _build_ms(store, session.id)
     after = context_steps(INSTRUCTIONS, await store.get_history(session.id))
-    tokens_before = estimate_prompt_tokens(before, [])
-    tokens_after = estimate_prompt_tokens(after, [])
+    tokens_before = ESTIMATE.prompt(before, [])
+    tokens_after = ESTIMATE.prompt(after, [])
     return [
         f"| {size:,} | {median(plain):.2f} ({percentile(plain, 99):.2f}) "
         f"| {median(summarized):.2f} ({percentile(summarized, 99):.2f}) "

@@ -1,13 +1,11 @@
 """Context-window accounting and compaction: long sessions keep running under the window.
 
 **Estimate.** Before a model call the prompt is estimated: the prompt tokens the model
-reported for the run's last call, plus an estimate of what was added since (the reply and
-the steps after it); without such a report (a new run, a history read from the store), an
-estimate of the whole context. The estimate of a text is character based
-(`estimate_text_tokens`): an ASCII text is a token per 4 characters, any other text a token
-per character (CJK scripts run near one token a character; accented Latin text is
-overestimated, on the safe side), plus 4 tokens a message and the tools' JSON a token per 4
-characters.
+reported for the run's last call, plus a count of what was added since (the reply and the
+steps after it); without such a report (a new run, a history read from the store), a count
+of the whole context. Counts are tiktoken's for OpenAI's model families when the encoding is
+at hand, else a character estimate (engine/tokens.py), plus 4 tokens a message and the
+tools' JSON.
 
 **Plan.** Above `trigger_ratio` of the window, the oldest steps of the context are
 summarized. The context is the latest summary step (if any) followed by the steps after
@@ -29,7 +27,7 @@ and the session service do), never imports grpc.
 from __future__ import annotations
 
 import json
-import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -39,6 +37,7 @@ from agio_grpc.engine.agents import Compaction, RunSettings
 from agio_grpc.engine.context import after_summary, context_steps, latest_summary
 from agio_grpc.engine.events import ContextCompacted, Event, StepCompleted
 from agio_grpc.engine.model import ModelDriver, ModelError, ModelEvent, ModelRequest
+from agio_grpc.engine.tokens import Counter, counter_for, estimate_text_tokens
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
 
@@ -98,65 +97,93 @@ def default_context_window(model: str) -> int:
     return _WINDOWS[max(matches, key=len)] if matches else DEFAULT_CONTEXT_WINDOW
 
 
-def estimate_text_tokens(text: str) -> int:
-    """A text's tokens, estimated from its characters (see the module docstring)."""
-    if text.isascii():
-        return math.ceil(len(text) / 4)
-    return len(text)
+class TokenCount:
+    """Counts the prompt tokens of steps, texts and tool definitions with one counter
+    (engine/tokens.py); with a tokenizer, a stored step's count is kept by its id (a stored
+    step never changes), so a long session is tokenized once per process."""
+
+    def __init__(self, name: str, count: Counter, kept_steps: int = 0) -> None:
+        self.name = name
+        self.text = count
+        self._prefix = count(SUMMARY_PREFIX)
+        self._kept: OrderedDict[str, int] = OrderedDict()
+        self._most_kept = kept_steps
+
+    def step(self, step: Step) -> int:
+        """A step's message: its text, its tool calls, the message overhead."""
+        kept = self._kept.get(step.id) if self._most_kept and step.id else None
+        if kept is not None:
+            return kept
+        count = self.text
+        tokens = MESSAGE_OVERHEAD_TOKENS + count(step.content)
+        if step.role is Role.SUMMARY:  # sent after a prefix (Step.to_message)
+            tokens += self._prefix
+        for call in step.tool_calls:
+            tokens += MESSAGE_OVERHEAD_TOKENS + count(call.name + call.arguments)
+        if self._most_kept and step.id and step.sequence:
+            self._kept[step.id] = tokens
+            if len(self._kept) > self._most_kept:
+                self._kept.popitem(last=False)
+        return tokens
+
+    def steps(self, steps: Sequence[Step]) -> int:
+        return sum(map(self.step, steps))
+
+    def tools(self, tools: Sequence[dict[str, Any]]) -> int:
+        return self.text(json.dumps(tools)) if tools else 0
+
+    def prompt(self, context: Sequence[Step], tools: Sequence[dict[str, Any]]) -> int:
+        """The prompt tokens of a model call on `context` (engine/context.py
+        `context_steps`) offering `tools`: the prompt tokens reported for the last assistant
+        step's call plus the count of that reply and what follows it, when there is such a
+        report; else the count of everything. A report from before the context's summary
+        was made counts the steps it replaced, so it is not used."""
+        summary = next((step for step in context if step.role is Role.SUMMARY), None)
+        reported_after = summary.sequence if summary is not None else 0
+        for index in range(len(context) - 1, -1, -1):
+            step = context[index]
+            if step.sequence <= reported_after:
+                break
+            if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
+                return step.metrics.input_tokens + self.steps(context[index:])
+        return self.tools(tools) + self.steps(context)
+
+    def history(
+        self, instructions: str, history: Sequence[Step], tools: Sequence[dict[str, Any]]
+    ) -> int:
+        """`prompt` of the context `history` makes (without `max_history_messages`), read
+        off the history without building it: the reported path looks only at the steps
+        since the run's last model call."""
+        summary = latest_summary(history)
+        steps = history if summary is None else after_summary(history, summary)
+        reported_after = summary.sequence if summary is not None else 0
+        for index in range(len(steps) - 1, -1, -1):
+            step = steps[index]
+            if step.sequence <= reported_after:
+                break
+            if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
+                return step.metrics.input_tokens + self.steps(steps[index:])
+        tokens = self.tools(tools) + MESSAGE_OVERHEAD_TOKENS + self.text(instructions)
+        if summary is not None:
+            tokens += self.step(summary)
+        return tokens + self.steps(steps)
 
 
-_SUMMARY_PREFIX_TOKENS: Final = estimate_text_tokens(SUMMARY_PREFIX)
+ESTIMATE: Final = TokenCount("estimate", estimate_text_tokens)
+"""The character estimate (engine/tokens.py), for models of no known tokenizer."""
+KEPT_STEP_COUNTS: Final = 200_000
+"""How many steps' token counts a tokenizer's `TokenCount` keeps (about 20 MB)."""
+_token_counts: dict[str, TokenCount] = {"estimate": ESTIMATE}
 
 
-def estimate_step_tokens(step: Step) -> int:
-    """The tokens of a step's message: its text, its tool calls, the message overhead."""
-    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(step.content)
-    if step.role is Role.SUMMARY:  # sent after a prefix (Step.to_message)
-        tokens += _SUMMARY_PREFIX_TOKENS
-    for call in step.tool_calls:
-        tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + call.arguments)
-    return tokens
-
-
-def estimate_prompt_tokens(context: Sequence[Step], tools: Sequence[dict[str, Any]]) -> int:
-    """The prompt tokens of a model call on `context` (engine/context.py `context_steps`)
-    offering `tools`: the prompt tokens reported for the last assistant step's call plus the
-    estimate of that reply and what follows it, when there is such a report; else the
-    estimate of everything. A report from before the context's summary was made counts
-    the steps it replaced, so it is not used."""
-    summary = next((step for step in context if step.role is Role.SUMMARY), None)
-    reported_after = summary.sequence if summary is not None else 0
-    for index in range(len(context) - 1, -1, -1):
-        step = context[index]
-        if step.sequence <= reported_after:
-            break
-        if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
-            since = context[index:]
-            return step.metrics.input_tokens + sum(map(estimate_step_tokens, since))
-    tools_tokens = estimate_text_tokens(json.dumps(tools)) if tools else 0
-    return tools_tokens + sum(map(estimate_step_tokens, context))
-
-
-def estimate_history_tokens(
-    instructions: str, history: Sequence[Step], tools: Sequence[dict[str, Any]]
-) -> int:
-    """`estimate_prompt_tokens` of the context `history` makes (without
-    `max_history_messages`), read off the history without building it: the reported path
-    looks only at the steps since the run's last model call."""
-    summary = latest_summary(history)
-    steps = history if summary is None else after_summary(history, summary)
-    reported_after = summary.sequence if summary is not None else 0
-    for index in range(len(steps) - 1, -1, -1):
-        step = steps[index]
-        if step.sequence <= reported_after:
-            break
-        if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
-            return step.metrics.input_tokens + sum(map(estimate_step_tokens, steps[index:]))
-    tokens = estimate_text_tokens(json.dumps(tools)) if tools else 0
-    tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(instructions)
-    if summary is not None:
-        tokens += estimate_step_tokens(summary)
-    return tokens + sum(map(estimate_step_tokens, steps))
+def token_count_for(model: str) -> TokenCount:
+    """The `TokenCount` of `model`: tiktoken's for OpenAI's families when its encoding is
+    cached, else the character estimate (engine/tokens.py)."""
+    name, count = counter_for(model)
+    known = _token_counts.get(name)
+    if known is None:
+        known = _token_counts[name] = TokenCount(name, count, KEPT_STEP_COUNTS)
+    return known
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,13 +384,14 @@ class Compacting:
         tools = registry.definitions(settings.tools) + [
             tool.to_openai() for tool in settings.client_tools
         ]
+        tokens = token_count_for(settings.model)
         if settings.limits.max_history_messages is None:
-            before = estimate_history_tokens(settings.instructions, history, tools)
-        else:  # the cap drops messages: estimate what is sent
+            before = tokens.history(settings.instructions, history, tools)
+        else:  # the cap drops messages: count what is sent
             context = context_steps(
                 settings.instructions, history, settings.limits.max_history_messages
             )
-            before = estimate_prompt_tokens(context, tools)
+            before = tokens.prompt(context, tools)
         if (trigger == "threshold" or again) and before <= policy.trigger_tokens:
             return None
         keep = 0 if trigger == "overflow" else policy.keep_recent_steps
@@ -400,9 +428,6 @@ class Compacting:
         )
         step.sequence = 0
         # The summary's own report counts what it replaced; the estimate after is textual.
-        tokens_after = self.tools_tokens + sum(map(estimate_step_tokens, after))
+        tokens = token_count_for(settings.model)
+        tokens_after = tokens.tools(self.tools) + tokens.steps(after)
         return Summary(step, self.tokens_before, tokens_after, self.trigger)
-
-    @property
-    def tools_tokens(self) -> int:
-        return estimate_text_tokens(json.dumps(self.tools)) if self.tools else 0

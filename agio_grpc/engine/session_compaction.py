@@ -17,7 +17,7 @@ from agio_grpc.engine.agents import AgentSpec, RunOverrides, resolve_settings
 from agio_grpc.engine.compaction import (
     MAX_COMPACTIONS_PER_CALL,
     Compacting,
-    estimate_prompt_tokens,
+    token_count_for,
 )
 from agio_grpc.engine.context import context_steps, open_tool_calls
 from agio_grpc.engine.errors import CompactionFailedError
@@ -86,7 +86,7 @@ class SessionCompactor:
                 settings.instructions, history, settings.limits.max_history_messages
             )
             tools = self._registry.definitions(settings.tools)
-            tokens = estimate_prompt_tokens(context, tools)
+            tokens = token_count_for(settings.model).prompt(context, tools)
             return SessionCompaction(None, tokens, tokens)
         run = Run(session_id=session_id, agent=spec.name, tenant=session.tenant)
         trace = self._tracer.outside_run(run, settings)

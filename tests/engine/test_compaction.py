@@ -17,11 +17,9 @@ from agio_grpc.domain import SUMMARY_PREFIX, Role, Step, StepMetrics, StopReason
 from agio_grpc.engine import AgentSpec, OpenAIModelDriver, Runtime, RuntimeOptions
 from agio_grpc.engine.agents import Compaction, Limits
 from agio_grpc.engine.compaction import (
-    estimate_history_tokens,
-    estimate_step_tokens,
+    ESTIMATE,
     plan_compaction,
 )
-from agio_grpc.engine.compaction import estimate_prompt_tokens as estimate_context_tokens
 from agio_grpc.engine.context import context_steps
 from agio_grpc.engine.errors import CompactionFailedError
 from agio_grpc.engine.events import ContextCompacted
@@ -392,11 +390,9 @@ def test_the_estimate_read_off_the_history_equals_the_built_contexts() -> None:
                    summary_first_sequence=1, summary_last_sequence=3)  # fmt: skip
     for steps in (history, [*history, summary]):
         built = context_steps("be brief", steps)
-        assert estimate_history_tokens("be brief", steps, tools) == estimate_context_tokens(
-            built, tools
-        )
+        assert ESTIMATE.history("be brief", steps, tools) == ESTIMATE.prompt(built, tools)
     # With the model's report for the last call, only what came after it is estimated.
     reported = replace(history[3], metrics=StepMetrics(input_tokens=1_000))
     steps = [*history[:3], reported, history[4]]
-    expected = 1_000 + estimate_step_tokens(reported) + estimate_step_tokens(history[4])
-    assert estimate_history_tokens("be brief", steps, tools) == expected
+    expected = 1_000 + ESTIMATE.step(reported) + ESTIMATE.step(history[4])
+    assert ESTIMATE.history("be brief", steps, tools) == expected
