@@ -26,9 +26,12 @@ async def client(store_url: str, fake_model: FakeModelServer) -> AsyncIterator[A
         await app.stop(grace=0)
 
 
+LONG = "a turn long enough for its summary to be shorter than it is " * 8
+
+
 async def two_turns(client: AgioClient) -> str:
-    first = await client.run_to_end("hello there, this is the first turn")
-    await client.run_to_end("and this is the second", session_id=first.session_id)
+    first = await client.run_to_end("the first turn: " + LONG)
+    await client.run_to_end("the second turn: " + LONG, session_id=first.session_id)
     return first.session_id
 
 
