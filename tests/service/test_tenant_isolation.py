@@ -166,6 +166,9 @@ CALLS: dict[str, Callable[[AgioClient, Ids], Awaitable[Any]]] = {
     "ForkSession, whole": lambda c, ids: c.fork_session(ids.done),
     "ForkSession, past the end": lambda c, ids: c.fork_session(ids.done, 99),
     "GetContext": lambda c, ids: c.get_context(ids.done),
+    "CompactSession": lambda c, ids: c.compact_session(ids.done, 1),
+    "CompactSession, busy session": lambda c, ids: c.compact_session(ids.busy, 1),
+    "CompactSession, waiting session": lambda c, ids: c.compact_session(ids.waiting, 1),
 }
 
 
