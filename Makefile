@@ -19,7 +19,10 @@ $(UV):
 # .tools/tiktoken; without them counts are estimated from characters, so a failure to fetch
 # them stops nothing (docs/compaction.md).
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tools/tiktoken
-tokenizers: $(UV)
+# o200k_base's file as tiktoken names it (engine/tokens.py): once it is there, nothing runs.
+TIKTOKEN_MARK := $(TIKTOKEN_CACHE_DIR)/fb374d419588a4632f3f557e76b4b70aebbca790
+tokenizers: $(TIKTOKEN_MARK)
+$(TIKTOKEN_MARK): | $(UV)
 	-$(RUNTIME_RUN) python scripts/tokenizers.py $(TIKTOKEN_CACHE_DIR)
 
 # The service needs the runtime dependencies only: the development and benchmark groups
