@@ -36,7 +36,7 @@ import sys
 from agio_grpc.cli import commands
 from agio_grpc.cli.client_tools import tool_definition_file, tool_output_argument
 from agio_grpc.cli.keys import add_keys_parser, cmd_keys
-from agio_grpc.cli.serve import cmd_serve
+from agio_grpc.cli.serve import cmd_serve, workers_argument
 
 __all__ = ["build_parser", "main"]
 
@@ -77,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="log at DEBUG, and show the traceback of a start-up error",
     )
+    serve.add_argument(
+        "--workers",
+        type=workers_argument,
+        metavar="N|auto",
+        help="worker processes serving the port (default: server.workers, AGIO_SERVER__WORKERS, "
+        "else 1; auto: one per core)",
+    )
+    # How the supervisor of `--workers N` starts each of its workers (service/supervisor.py).
+    serve.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)
     top.add_parser(
         "fake-model", help="run the built-in fake OpenAI-compatible model", add_help=False
     )
