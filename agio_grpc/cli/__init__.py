@@ -17,7 +17,8 @@
     keys create --tenant T [--name N] | list [--tenant T] | revoke ID
                                            API keys (auth.mode api_key), in AGIO_DATABASE_URL
 
-Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051) and
+Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051; several
+servers as `IP:PORT,IP:PORT` or a `dns:///NAME:PORT`, which the calls go to round robin) and
 `--json`: proto3 JSON on stdout (field names as in the .proto, enums by name), one document,
 or for a run's events one StepEvent per line (JSON Lines). To reach a server that wants
 them: `--token` (default: AGIO_TOKEN), sent as `authorization: Bearer`; TLS with
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--address",
         default=os.environ.get("AGIO_ADDRESS", DEFAULT_ADDRESS),
-        help="the server (default: AGIO_ADDRESS, else %(default)s)",
+        help="the server, or several: host:port,host:port or dns:///host:port, called round "
+        "robin (default: AGIO_ADDRESS, else %(default)s)",
     )
     _add_connection_options(common)
     common.add_argument(
