@@ -1,8 +1,8 @@
 """Client conformance: the Python, Go and TypeScript clients against live servers.
 
 First builds the Go and TypeScript clients and runs their unit tests (`go vet`, `go test`;
-`npm ci`, `tsc`, `npm test`), and the examples (`go vet`, `go test` in examples/; `npm ci`, `tsc` in
-examples/ts, which links the built clients/ts). Then makes a CA and the server's and a
+`npm ci`, `tsc`, `npm test`), and the examples (`go vet`, `go test` in examples/; `npm ci`,
+`tsc` in examples/ts, which links the built clients/ts). Then makes a CA and the server's and a
 client's certificates (agio_grpc.testing.certificates, in the scratch directory), and
 starts, all on 127.0.0.1 with port 0 and throwaway SQLite files:
 

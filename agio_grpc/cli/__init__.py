@@ -1,6 +1,6 @@
 """The `agio-grpc` command: the service, the fake model, and a client for a running server.
 
-    serve                                  run the gRPC service (settings from AGIO_* variables)
+    serve [--workers N|auto]               run the gRPC service (settings from AGIO_* variables)
     fake-model [--port N]                  run the built-in fake OpenAI-compatible model
     chat MESSAGE [--session S] [--agent A] [--client-tool FILE.json]... [--background]
                  [--on-busy reject|enqueue|interrupt|rollback]
