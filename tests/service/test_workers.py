@@ -95,11 +95,14 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.slow  # three real processes, and a restart
-async def test_two_workers_share_a_port_and_a_killed_one_is_replaced(tmp_path: Path) -> None:
+async def test_two_workers_share_a_port_and_a_killed_one_is_replaced(
+    tmp_path: Path, store_url: str
+) -> None:
+    """On SQLite (one file, several writers) and on PostgreSQL."""
     process = await spawn_serve(
         tmp_path,
         {
-            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_DATABASE_URL": store_url,
             "AGIO_SERVER__WORKERS": "2",
             "AGIO_SERVER__GRACE_PERIOD_S": "2",
         },
