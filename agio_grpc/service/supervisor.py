@@ -214,6 +214,11 @@ class Supervisor:
             if slot.process is not None:
                 await slot.process.wait()
 
+    def _stop(self) -> None:
+        """Stop now, workers still starting included."""
+        self._stopping.set()
+        self._signal_workers(signal.SIGTERM)
+
     def _signal_workers(self, signum: int) -> None:
         for slot in self._slots:
             if slot.process is not None and slot.process.returncode is None:
@@ -223,7 +228,7 @@ class Supervisor:
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._stopping.set)
+            loop.add_signal_handler(signum, self._stop)
         if self._settings.tls_cert_file is not None:
             loop.add_signal_handler(signal.SIGHUP, self._signal_workers, signal.SIGHUP)
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,38 @@ async def test_workers_refuse_a_port_in_use_before_spawning(tmp_path: Path) -> N
         "[AGIO_LISTEN_ADDRESS]: stop what uses that port or choose another one "
         "(port 0: any free port)"
     ]
+
+
+FLAKY_WORKER = """
+import socket, sys
+from pathlib import Path
+
+slot = sys.argv[sys.argv.index("--worker") + 1]
+fd = int(sys.argv[sys.argv.index("--supervisor-fd") + 1])
+starts = Path(sys.argv[1]) / f"starts-{slot}"
+starts.write_text(starts.read_text() + "x" if starts.exists() else "x")
+if len(starts.read_text()) == 1:
+    socket.socket(fileno=fd).sendall(b"ready\\n")  # listens, then dies
+    sys.exit(1)
+sys.exit(2)  # every restart fails to start
+"""
+
+
+async def test_a_worker_that_keeps_failing_to_restart_stops_the_supervisor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agio_grpc.service import supervisor
+
+    monkeypatch.setattr(supervisor, "FIRST_RESTART_DELAY_S", 0.01)
+    settings = Settings(
+        listen_address="127.0.0.1:0",
+        openai_base_url="http://127.0.0.1:9/v1",
+        server={"workers": 2},
+    )
+    command = [sys.executable, "-c", FLAKY_WORKER, str(tmp_path)]
+    async with asyncio.timeout(60):
+        assert await supervisor.Supervisor(settings, command).run() == 2
+    starts = [(tmp_path / f"starts-{slot}").read_text() for slot in (1, 2)]
+    # One start that listened, then restarts until one slot failed five in a row.
+    assert 1 + supervisor.MAX_FAILED_STARTS in {len(count) for count in starts}
+    assert all(len(count) <= 1 + supervisor.MAX_FAILED_STARTS for count in starts)
