@@ -19,6 +19,8 @@ Over TLS, with a token (mutual TLS: the client's certificate and key as well):
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,16 +180,71 @@ def _read_tls_file(path: str | Path | None, what: str) -> bytes | None:
         raise TlsFileError(f"cannot read the {what} file {path}: {error.strerror}") from None
 
 
-def open_channel(target: str, tls: TlsConfig | bool = False) -> grpc.aio.Channel:
-    """A channel to `target`: plaintext, or TLS (`True`: with gRPC's default roots)."""
+class AddressError(ValueError):
+    """Server addresses that make no gRPC target."""
+
+
+ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+"""The channel's service config: calls spread over every address the target names (or a
+DNS name resolves to), one after the other, skipping those not connected."""
+
+_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:", "xds:")
+"""gRPC target schemes, whose targets are passed to gRPC as they are."""
+
+
+def channel_target(address: str | Sequence[str]) -> str:
+    """The gRPC target for one address (`host:port`, or a target with its scheme such as
+    `dns:///agio.internal:50051`), or for several `host:port` given as a list or as one
+    comma-separated string (`AGIO_ADDRESS`): IP addresses of one family, which become one
+    `ipv4:` or `ipv6:` target (several host names: use one DNS name that resolves to all)."""
+    if isinstance(address, str):
+        if address.startswith(_SCHEMES):
+            return address
+        address = address.split(",")
+    parts = [part.strip() for part in address if part.strip()]
+    if not parts:
+        raise AddressError("no server address given")
+    if len(parts) == 1:
+        return parts[0]
+    families = {_ip_family(part) for part in parts}
+    if len(families) != 1 or None in families:
+        raise AddressError(
+            f"several addresses must be IP addresses of one family ({', '.join(parts)}); "
+            "for host names, give one dns:///NAME:PORT that resolves to them all"
+        )
+    return f"{families.pop()}:{','.join(parts)}"
+
+
+def _ip_family(address: str) -> str | None:
+    """`ipv4` or `ipv6` for `IP:PORT` (`[IPv6]:PORT`), else None."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return None
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+    if ip.version == 6 and not host.startswith("["):
+        return None
+    return f"ipv{ip.version}"
+
+
+def open_channel(target: str | Sequence[str], tls: TlsConfig | bool = False) -> grpc.aio.Channel:
+    """A channel to `target` (see `channel_target`) balancing calls round robin over its
+    addresses: plaintext, or TLS (`True`: with gRPC's default roots)."""
+    options = [("grpc.service_config", ROUND_ROBIN)]
     if tls is False:
-        return grpc.aio.insecure_channel(target)
+        return grpc.aio.insecure_channel(channel_target(target), options)
     config = TlsConfig() if tls is True else tls
-    return grpc.aio.secure_channel(target, config.channel_credentials())
+    return grpc.aio.secure_channel(channel_target(target), config.channel_credentials(), options)
 
 
 class AgioClient:
-    """One channel to an agio-grpc server and typed calls on it.
+    """One channel to an agio-grpc service and typed calls on it.
+
+    `target`: one server's `host:port`, a gRPC target (`dns:///agio.internal:50051`), or
+    several servers' addresses (a list, or one comma-separated string); the channel
+    spreads calls over them round robin (`open_channel`).
 
     `tls`: False for plaintext, True for TLS with gRPC's default roots, or a TlsConfig.
     `token`: sent as `authorization: Bearer TOKEN` with every call the client makes (the
@@ -197,7 +254,7 @@ class AgioClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         channel: grpc.aio.Channel | None = None,
         metadata: Sequence[tuple[str, str]] = (),

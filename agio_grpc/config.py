@@ -38,6 +38,31 @@ MAX_STEPS_LIMIT = 1000
 """The highest `max_steps` an agent or a run's overrides may set."""
 KIB = 1024
 MIB = 1024 * KIB
+MAX_WORKERS = 1024
+"""The most worker processes `server.workers` may ask for."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and `taskset`
+    narrow), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def parse_workers(value: object) -> object:
+    """`server.workers` as written: `auto` is the number of available cores, a numeral its
+    number; anything else is refused with a message naming both forms."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return available_cores()
+        if not text.isdigit():
+            raise ValueError(
+                f"must be a number of worker processes (1..{MAX_WORKERS}) or auto, got {value!r}"
+            )
+        return int(text)
+    return value
 
 
 class _Strict(BaseModel):
@@ -232,6 +257,12 @@ class RequestLimitsConfig(_Strict):
 class ServerConfig(_Strict):
     """gRPC server tuning."""
 
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
+    """How many worker processes serve the listen address (`auto`: one per available core).
+    1 is one process, as ever; more start a supervisor that spawns them, each a full
+    server sharing the port (SO_REUSEPORT), restarts one that dies and drains them all on
+    SIGTERM (docs/deploy.md). `agio-grpc serve --workers N` sets it too."""
+
     grace_period_s: float = Field(10.0, ge=0)
     """On SIGTERM: how long running calls may finish before they are cancelled."""
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
@@ -288,6 +319,11 @@ class ServerConfig(_Strict):
     """Serve gRPC server reflection (grpcurl, ghz without .proto files). Unset: on when
     `auth.mode` is `none`, off otherwise. Reflection, like health checking, answers without
     a credential: it describes the contract, never a tenant's data."""
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_or_auto(cls, value: object) -> object:
+        return parse_workers(value)
 
 
 AuthMode = Literal["none", "api_key", "jwt", "mtls"]

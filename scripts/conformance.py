@@ -1,8 +1,8 @@
 """Client conformance: the Python, Go and TypeScript clients against live servers.
 
 First builds the Go and TypeScript clients and runs their unit tests (`go vet`, `go test`;
-`npm ci`, `tsc`), and the examples (`go vet`, `go test` in examples/; `npm ci`, `tsc` in
-examples/ts, which links the built clients/ts). Then makes a CA and the server's and a
+`npm ci`, `tsc`, `npm test`), and the examples (`go vet`, `go test` in examples/; `npm ci`,
+`tsc` in examples/ts, which links the built clients/ts). Then makes a CA and the server's and a
 client's certificates (agio_grpc.testing.certificates, in the scratch directory), and
 starts, all on 127.0.0.1 with port 0 and throwaway SQLite files:
 
@@ -259,7 +259,7 @@ def build_commands() -> dict[str, list[tuple[list[str], Path]]]:
     return {
         "python": [],
         "go": [(["go", "vet", "./..."], go), (["go", "test", "./..."], go)],
-        "ts": ts_build,
+        "ts": [*ts_build, (["npm", "test"], ts)],
         # The TypeScript example links clients/ts, and the CLI checks run its build.
         "examples": [
             (["go", "vet", "./..."], examples),

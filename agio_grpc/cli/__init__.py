@@ -1,6 +1,6 @@
 """The `agio-grpc` command: the service, the fake model, and a client for a running server.
 
-    serve                                  run the gRPC service (settings from AGIO_* variables)
+    serve [--workers N|auto]               run the gRPC service (settings from AGIO_* variables)
     fake-model [--port N]                  run the built-in fake OpenAI-compatible model
     chat MESSAGE [--session S] [--agent A] [--client-tool FILE.json]... [--background]
                  [--on-busy reject|enqueue|interrupt|rollback]
@@ -17,7 +17,8 @@
     keys create --tenant T [--name N] | list [--tenant T] | revoke ID
                                            API keys (auth.mode api_key), in AGIO_DATABASE_URL
 
-Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051) and
+Every client command takes `--address` (default: AGIO_ADDRESS, else 127.0.0.1:50051; several
+servers as `IP:PORT,IP:PORT` or a `dns:///NAME:PORT`, which the calls go to round robin) and
 `--json`: proto3 JSON on stdout (field names as in the .proto, enums by name), one document,
 or for a run's events one StepEvent per line (JSON Lines). To reach a server that wants
 them: `--token` (default: AGIO_TOKEN), sent as `authorization: Bearer`; TLS with
@@ -36,7 +37,7 @@ import sys
 from agio_grpc.cli import commands
 from agio_grpc.cli.client_tools import tool_definition_file, tool_output_argument
 from agio_grpc.cli.keys import add_keys_parser, cmd_keys
-from agio_grpc.cli.serve import cmd_serve
+from agio_grpc.cli.serve import cmd_serve, workers_argument
 
 __all__ = ["build_parser", "main"]
 
@@ -77,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="log at DEBUG, and show the traceback of a start-up error",
     )
+    serve.add_argument(
+        "--workers",
+        type=workers_argument,
+        metavar="N|auto",
+        help="worker processes serving the port (default: server.workers, AGIO_SERVER__WORKERS, "
+        "else 1; auto: one per core)",
+    )
+    # How the supervisor of `--workers N` starts each of its workers (service/supervisor.py).
+    serve.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)
     top.add_parser(
         "fake-model", help="run the built-in fake OpenAI-compatible model", add_help=False
     )
@@ -85,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--address",
         default=os.environ.get("AGIO_ADDRESS", DEFAULT_ADDRESS),
-        help="the server (default: AGIO_ADDRESS, else %(default)s)",
+        help="the server, or several: host:port,host:port or dns:///host:port, called round "
+        "robin (default: AGIO_ADDRESS, else %(default)s)",
     )
     _add_connection_options(common)
     common.add_argument(

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from agio_grpc.cli.client_tools import pending_calls, read_outputs
 from agio_grpc.cli.render import HumanPrinter, JsonPrinter, Printer
-from agio_grpc.client import AgioClient, AgioError, TlsConfig, TlsFileError
+from agio_grpc.client import AddressError, AgioClient, AgioError, TlsConfig, TlsFileError
 from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2, session_service_pb2
 
 Command = Callable[[AgioClient, argparse.Namespace, Printer], Coroutine[Any, Any, int]]
@@ -52,7 +52,7 @@ def run_client(command: Command, args: argparse.Namespace) -> int:
     except AgioError as error:
         print(f"agio-grpc: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
-    except TlsFileError as error:
+    except (TlsFileError, AddressError) as error:
         print(f"agio-grpc: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

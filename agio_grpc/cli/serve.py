@@ -9,8 +9,13 @@ import contextlib
 import logging
 import sys
 import traceback
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from agio_grpc.config import Settings
 
 
 def _configure_logging(level: str) -> None:
@@ -32,26 +37,45 @@ def _configure_logging(level: str) -> None:
         logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
+def workers_argument(text: str) -> int:
+    """`--workers N|auto`, checked as `server.workers` is."""
+    from agio_grpc.config import MAX_WORKERS, parse_workers
+
+    try:
+        value = parse_workers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    if not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_WORKERS} or auto, got {text!r}")
+    return value
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the service until SIGTERM or SIGINT. A configuration or start-up error is one line
-    on stderr and exit code 2 (with `--debug`, its traceback first)."""
+    """Run the service until SIGTERM or SIGINT: one process, or with `server.workers` above
+    1 a supervisor of that many (service/supervisor.py), or, with `--worker`, one of them.
+    A configuration or start-up error is one line on stderr and exit code 2 (with
+    `--debug`, its traceback first)."""
     from agio_grpc.config import Settings
-    from agio_grpc.service.app import serve
     from agio_grpc.service.startup import StartupError, one_line
 
     debug: bool = args.debug
     try:
-        settings = Settings()
+        settings = Settings(server={"workers": args.workers}) if args.workers else Settings()
     except ValidationError as error:
         _explain(error, debug, configuration_lines(error))
         return 2
     except (FileNotFoundError, ValueError) as error:
         _explain(error, debug, [f"invalid configuration: {one_line(error)}"])
         return 2
+    # Imported before logging is set up, as the store's migration tool logs its plugins then.
+    if args.worker is None and settings.server.workers > 1:
+        main = _supervisor(settings, debug)
+    else:
+        main = _server(settings, args.worker, args.supervisor_fd)
     _configure_logging("DEBUG" if debug else settings.log_level)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(settings))
+            return asyncio.run(main)
     except StartupError as error:
         _explain(error, debug, [f"cannot start: {error}"])
         return 2
@@ -62,6 +86,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _explain(error, debug, lines)
         return 1
     return 0
+
+
+async def _serve_until_stopped(serving: Awaitable[None]) -> int:
+    await serving
+    return 0
+
+
+def _server(
+    settings: Settings, worker_index: int | None, supervisor_fd: int | None
+) -> Coroutine[None, None, int]:
+    """One server: alone, or one worker of a supervisor."""
+    from agio_grpc.service.app import serve
+    from agio_grpc.service.worker import WorkerRole
+
+    worker = None
+    if worker_index is not None and supervisor_fd is not None:
+        worker = WorkerRole(worker_index, supervisor_fd)
+    return _serve_until_stopped(serve(settings, worker))
+
+
+def _supervisor(settings: Settings, debug: bool) -> Coroutine[None, None, int]:
+    """The supervisor of `server.workers` workers; it creates no gRPC object (it spawns
+    fresh interpreters, never forks one)."""
+    from agio_grpc.service.supervisor import Supervisor, worker_command
+
+    return Supervisor(settings, worker_command(debug)).run()
 
 
 _SHORT_FORMS = {"AGIO_AUTH__MODE": "AGIO_AUTH"}

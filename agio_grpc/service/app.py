@@ -53,6 +53,7 @@ from agio_grpc.service.startup import (
 )
 from agio_grpc.service.tls import ServerCertificates
 from agio_grpc.service.validation import PageTokens
+from agio_grpc.service.worker import WorkerRole
 from agio_grpc.store.protocol import StepStore, TenantQuotas
 from agio_grpc.store.sql import open_store
 from agio_grpc.telemetry import (
@@ -174,12 +175,15 @@ class AgioApp:
         telemetry: Telemetry | None = None,
         *,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        worker: WorkerRole | None = None,
     ) -> AgioApp:
         """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
         (the app then owns it and shuts it down on `stop`). `interceptors` go after the
-        service's own, just before the error mapping (an embedder's, a test's)."""
+        service's own, just before the error mapping (an embedder's, a test's). As a
+        `worker` of `serve --workers N` it shares the port its supervisor checked."""
         auth_mode = choose_auth_mode(settings)
-        check_bindable(settings.listen_address)
+        if worker is None:
+            check_bindable(settings.listen_address)
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
@@ -195,7 +199,9 @@ class AgioApp:
                 settings.database_url,
                 sqlite_synchronous=settings.sqlite_synchronous,
                 session_lease_s=settings.server.session_lease_s,
-                instance_id=instance_id(settings),
+                instance_id=(
+                    worker.instance_id(instance_id(settings)) if worker else instance_id(settings)
+                ),
                 quotas=TenantQuotas(
                     max_running_runs=settings.quotas.max_running_runs_per_tenant,
                     max_queued_runs=settings.quotas.max_queued_runs_per_tenant,
@@ -270,6 +276,8 @@ class AgioApp:
                     interceptors=[*chain, *interceptors],
                     reflection=reflection_enabled(settings, auth_mode),
                     credentials=certificates.credentials() if certificates else None,
+                    share_port=worker is not None,
+                    response_metadata=worker.response_metadata() if worker else (),
                 )
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
@@ -284,7 +292,8 @@ class AgioApp:
             telemetry.shutdown()
             raise
         log.info(
-            "agio-grpc listening on %s%s (authentication: %s)",
+            "agio-grpc %slistening on %s%s (authentication: %s)",
+            f"{worker.name()} " if worker else "",
             bound.address,
             _transport(certificates),
             auth_mode,
@@ -355,16 +364,20 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then drain."""
+async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
+    """Run until SIGTERM or SIGINT (a `worker`: or until its supervisor is gone), then
+    drain."""
     telemetry = telemetry_from_environment()
     telemetry.install_global()
     if telemetry.tracing:
         log.info("tracing on: spans are exported as the OTEL_* variables configure")
-    app = await AgioApp.start(settings, telemetry)
+    app = await AgioApp.start(settings, telemetry, worker=worker)
     freeze_startup_heap()
     stop = asyncio.Event()
     install_signal_handlers(stop, app.reload_certificates if app.certificates else None)
+    if worker is not None:
+        worker.watch_supervisor(stop)
+        worker.report_ready()
     await stop.wait()
     log.info("shutting down: draining for up to %.1fs", settings.server.grace_period_s)
     await app.stop()

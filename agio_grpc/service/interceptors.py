@@ -29,6 +29,7 @@ from agio_grpc.service.validation import nul_violations, raise_if_any
 log = logging.getLogger(__name__)
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
+Metadata = tuple[tuple[str, str], ...]
 Deserializer = Callable[[bytes], Any]
 
 
@@ -60,12 +61,14 @@ def _admit(method: str, request: Any) -> None:
 
 
 def _guard(
-    method: str, behavior: Behavior
+    method: str, behavior: Behavior, response_metadata: Metadata
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """Wrap a unary handler or a streaming handler written with `context.write`."""
 
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if response_metadata:
+                await context.send_initial_metadata(response_metadata)
             _admit(method, request)
             return await behavior(request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -97,7 +100,11 @@ async def abort_call(
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Admits each request and maps every exception escaping a handler to one status with
-    an ErrorInfo."""
+    an ErrorInfo; with `response_metadata` (a worker's `x-agio-worker`), every response
+    starts with it."""
+
+    def __init__(self, response_metadata: Metadata = ()) -> None:
+        self._response_metadata = response_metadata
 
     async def intercept_service(
         self,
@@ -110,13 +117,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _guard(method, handler.unary_unary),
+                _guard(method, handler.unary_unary, self._response_metadata),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _guard(method, handler.unary_stream),
+                _guard(method, handler.unary_stream, self._response_metadata),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )

@@ -32,11 +32,12 @@ SERVICE_NAMES = (
 )
 
 
-def server_options(config: ServerConfig) -> list[tuple[str, int]]:
-    """Channel arguments: explicit limits, keepalive, and no silent port sharing."""
+def server_options(config: ServerConfig, *, share_port: bool = False) -> list[tuple[str, int]]:
+    """Channel arguments: explicit limits, keepalive, and no silent port sharing (unless
+    `share_port`: the workers of one supervisor, which checked the port and holds it)."""
     return [
         # A second server on the same port must fail to bind, not share it silently.
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(share_port)),
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
@@ -72,16 +73,19 @@ async def start_grpc_server(
     *,
     reflection: bool = True,
     credentials: grpc.ServerCredentials | None = None,
+    share_port: bool = False,
+    response_metadata: tuple[tuple[str, str], ...] = (),
 ) -> BoundServer:
     """Create, register and bind the server; `register` pairs an add_*_to_server function
     with its servicer; `interceptors` go before the error mapping (tracing first, so the
     status it maps is on the span); `reflection` serves server reflection; with
-    `credentials` the port speaks TLS only. Raises OSError when the address cannot be
-    bound."""
+    `credentials` the port speaks TLS only; `share_port` binds with SO_REUSEPORT (a worker);
+    `response_metadata` starts every `agio.v1` response. Raises OSError when the address
+    cannot be bound."""
     config = settings.server
     server = grpc.aio.server(
-        interceptors=[*interceptors, ErrorInterceptor()],
-        options=server_options(config),
+        interceptors=[*interceptors, ErrorInterceptor(response_metadata)],
+        options=server_options(config, share_port=share_port),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     for add, servicer in register:

@@ -6,7 +6,7 @@
 // List calls as iterators over all pages; and a health check. Every failed call returns an
 // *Error that carries the status code and the server's stable google.rpc.ErrorInfo reason.
 //
-//	client, err := agio.Dial("127.0.0.1:50051")
+//	client, err := agio.Dial("127.0.0.1:50051")  // or "10.0.0.1:50051,10.0.0.2:50051", "dns:///agio.internal:50051"
 //	stream, err := client.Run(ctx, &agiov1.RunRequest{Input: "What is 12 * 7?"})
 //	result, err := agio.Collect(stream)
 //	fmt.Println(result.Text, result.Run.GetStopSignal().GetReason())
@@ -25,12 +25,15 @@ import (
 	"errors"
 	"io"
 	"iter"
+	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	agiov1 "github.com/agio-grpc/agio-grpc/clients/go/gen/agio/v1"
 )
@@ -69,18 +72,77 @@ type Client struct {
 	health   healthpb.HealthClient
 }
 
-// Dial connects to target ("host:port"). Without options the connection is plaintext and
-// carries the OpenTelemetry context of each call's ctx (otelgrpc with the global tracer
-// provider and propagators, so an application that set up OpenTelemetry gets its trace
-// continued by the server). Options are appended, so they can replace the credentials
-// (grpc.WithTransportCredentials of TLSConfig.Credentials), add a token (WithToken) or
-// interceptors.
+// RoundRobin is the service config Dial gives every connection: calls go to each address
+// the target names (or its DNS name resolves to) in turn, skipping those not connected.
+const RoundRobin = `{"loadBalancingConfig": [{"round_robin": {}}]}`
+
+// Addresses are the servers a Dial target names: one address ("host:port", or a target
+// with its scheme such as "dns:///agio.internal:50051", kept whole), or several "host:port"
+// separated by commas (AGIO_ADDRESS).
+func Addresses(target string) []string {
+	if hasScheme(target) {
+		return []string{target}
+	}
+	var parts []string
+	for _, part := range strings.Split(target, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			parts = append(parts, part)
+		}
+	}
+	return parts
+}
+
+var schemes = []string{"dns:", "unix:", "unix-abstract:", "passthrough:", "xds:"}
+
+func hasScheme(target string) bool {
+	for _, scheme := range schemes {
+		if strings.HasPrefix(target, scheme) {
+			return true
+		}
+	}
+	return false
+}
+
+// serversScheme names the resolver of a connection to several addresses (grpc-go has no
+// "ipv4:" list target): a manual resolver holding them, one per connection.
+const serversScheme = "agio-servers"
+
+// targetOptions is the grpc.NewClient target for the addresses, with the resolver that
+// several of them need.
+func targetOptions(addresses []string) (string, []grpc.DialOption, error) {
+	switch len(addresses) {
+	case 0:
+		return "", nil, errors.New("no server address given")
+	case 1:
+		return addresses[0], nil, nil
+	}
+	servers := manual.NewBuilderWithScheme(serversScheme)
+	state := resolver.State{}
+	for _, address := range addresses {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: address})
+	}
+	servers.InitialState(state)
+	return serversScheme + ":///" + strings.Join(addresses, ","), []grpc.DialOption{grpc.WithResolvers(servers)}, nil
+}
+
+// Dial connects to target: one server's "host:port", a gRPC target, or several servers'
+// addresses separated by commas (see Addresses), which the calls go to round robin. Without
+// options the connection is plaintext and carries the OpenTelemetry context of each
+// call's ctx (otelgrpc with the global tracer provider and propagators, so an application
+// that set up OpenTelemetry gets its trace continued by the server). Options are
+// appended, so they can replace the credentials (grpc.WithTransportCredentials of
+// TLSConfig.Credentials), add a token (WithToken) or interceptors.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
-	defaults := []grpc.DialOption{
+	resolved, resolvers, err := targetOptions(Addresses(target))
+	if err != nil {
+		return nil, err
+	}
+	defaults := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-	}
-	conn, err := grpc.NewClient(target, append(defaults, opts...)...)
+		grpc.WithDefaultServiceConfig(RoundRobin),
+	}, resolvers...)
+	conn, err := grpc.NewClient(resolved, append(defaults, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -31,9 +32,12 @@ async def read_until(stream: asyncio.StreamReader, pattern: re.Pattern[str]) -> 
                 return "".join(seen), found.group(1)
 
 
-async def spawn_serve(tmp_path: Path, settings: dict[str, str]) -> asyncio.subprocess.Process:
-    """`agio-grpc serve` in `tmp_path` on 127.0.0.1:0, configured by `settings` (environment
-    variables) over an environment cleared of AGIO_* and OPENAI_*; its stderr is piped."""
+async def spawn_serve(
+    tmp_path: Path, settings: dict[str, str], arguments: Sequence[str] = ()
+) -> asyncio.subprocess.Process:
+    """`agio-grpc serve [arguments]` in `tmp_path` on 127.0.0.1:0, configured by `settings`
+    (environment variables) over an environment cleared of AGIO_* and OPENAI_*; its stderr
+    is piped."""
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("AGIO_", "OPENAI_"))
     }
@@ -43,6 +47,7 @@ async def spawn_serve(tmp_path: Path, settings: dict[str, str]) -> asyncio.subpr
         "-m",
         "agio_grpc.cli",
         "serve",
+        *arguments,
         env=env,
         cwd=tmp_path,
         stderr=asyncio.subprocess.PIPE,

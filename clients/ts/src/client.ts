@@ -25,6 +25,7 @@ import {
   type GetContextResponse,
 } from "./gen/agio/v1/session_service_pb.js";
 import { Health, HealthCheckResponse_ServingStatus } from "./gen/grpc/health/v1/health_pb.js";
+import { addresses, dnsTarget, resolvedRoundRobin, roundRobin } from "./balancing.js";
 import { AgioError, decodeError } from "./errors.js";
 import { traceContextInterceptor } from "./tracing.js";
 
@@ -115,7 +116,7 @@ function bearerToken(token: string): Interceptor {
   };
 }
 
-/** One HTTP/2 connection to an agio-grpc server and typed calls on it. */
+/** HTTP/2 connections to agio-grpc servers (one per server) and typed calls on them. */
 export class AgioClient {
   /** The raw AgentService client. */
   readonly agents: Client<typeof AgentService>;
@@ -127,15 +128,30 @@ export class AgioClient {
 
   /**
    * `target` is `host:port` (plaintext unless `options.tls`, as the Go and Python clients
-   * take it) or a URL: `http://host:port`, `https://…`. Throws when a TLS file cannot be read.
+   * take it) or a URL: `http://host:port`, `https://…`; several of them (a list, or one
+   * string separated by commas, as AGIO_ADDRESS holds them), or `dns:///host:port` (every
+   * address the name resolves to), which the calls go to round robin (src/balancing.ts).
+   * Throws when a TLS file cannot be read.
    */
-  constructor(target: string, options: AgioClientOptions = {}) {
+  constructor(target: string | readonly string[], options: AgioClientOptions = {}) {
     const token = options.token ? [bearerToken(options.token)] : [];
-    const transport = createGrpcTransport({
-      baseUrl: baseUrl(target, options.tls ?? false),
-      nodeOptions: typeof options.tls === "object" ? secureSessionOptions(options.tls) : {},
-      interceptors: [traceContextInterceptor, ...token, ...(options.interceptors ?? [])],
-    });
+    const tls = options.tls ?? false;
+    const nodeOptions = typeof tls === "object" ? secureSessionOptions(tls) : {};
+    const interceptors = [traceContextInterceptor, ...token, ...(options.interceptors ?? [])];
+    const connect = (address: string, servername?: string) =>
+      createGrpcTransport({
+        baseUrl: baseUrl(address, tls),
+        nodeOptions: servername && tls ? { ...nodeOptions, servername } : nodeOptions,
+        interceptors,
+      });
+    const transport = roundRobin(
+      addresses(target).map((address) => {
+        const name = dnsTarget(address);
+        if (!name) return connect(address);
+        // Certificates are checked against the name, not the address it resolved to.
+        return resolvedRoundRobin(name.host, name.port, (ip) => connect(ip, name.host));
+      }),
+    );
     this.agents = createClient(AgentService, transport);
     this.sessions = createClient(SessionService, transport);
     this.health = createClient(Health, transport);

@@ -29,7 +29,7 @@ import (
 const defaultAddress = "127.0.0.1:50051"
 
 func main() {
-	address := flag.String("address", serverAddress(), "agio-grpc server host:port (AGIO_ADDRESS, else "+defaultAddress+")")
+	address := flag.String("address", serverAddress(), "agio-grpc server host:port, several separated by commas, or dns:///host:port (AGIO_ADDRESS, else "+defaultAddress+")")
 	session := flag.String("session", "", "continue this session (empty: a new one)")
 	agent := flag.String("agent", "", "agent name (empty: the default agent)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "deadline of the whole run")

@@ -5,7 +5,7 @@
 //   node dist/cli/agio-chat.js [--address HOST:PORT] [--session ID] MESSAGE
 //
 // --address defaults to AGIO_ADDRESS, else 127.0.0.1:50051 (a URL such as https://host:port
-// works too). A server that wants them gets a token (--token, else AGIO_TOKEN) as
+// works too; several separated by commas, or dns:///host:port, are called round robin). A server that wants them gets a token (--token, else AGIO_TOKEN) as
 // `authorization: Bearer`, and TLS: --ca-file (AGIO_CA_FILE), or --tls for Node's roots;
 // mutual TLS adds --cert-file and --key-file (AGIO_CERT_FILE, AGIO_KEY_FILE).
 import { parseArgs } from "node:util";

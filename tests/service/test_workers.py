@@ -1,0 +1,227 @@
+"""`agio-grpc serve --workers N`: worker processes sharing one port under a supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from agio_grpc.client import open_channel
+from agio_grpc.config import MAX_WORKERS, Settings, available_cores
+from agio_grpc.service.worker import WORKER_HEADER
+from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
+from tests.service.test_serve import read_until, spawn_serve
+
+SUPERVISOR_LISTENING = re.compile(r"agio-grpc listening on (\S+) with 2 workers \(pids ([\d, ]+)\)")
+RESTARTED = re.compile(r"worker \d+ restarted \(pid (\d+)\)")
+
+
+def test_workers_default_to_one() -> None:
+    assert Settings().server.workers == 1
+
+
+def test_workers_auto_is_the_number_of_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGIO_SERVER__WORKERS", "auto")
+    assert Settings().server.workers == available_cores()
+    monkeypatch.setenv("AGIO_SERVER__WORKERS", "3")
+    assert Settings().server.workers == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "greater than or equal to 1"),
+        (str(MAX_WORKERS + 1), f"less than or equal to {MAX_WORKERS}"),
+        ("many", "must be a number of worker processes (1..1024) or auto, got 'many'"),
+        ("-2", "must be a number of worker processes"),
+    ],
+)
+def test_workers_out_of_bounds_or_not_a_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("AGIO_SERVER__WORKERS", value)
+    with pytest.raises(ValidationError, match=re.escape(message)) as caught:
+        Settings()
+    assert caught.value.errors()[0]["loc"] == ("server", "workers")
+
+
+def test_the_workers_option_is_checked_like_the_setting() -> None:
+    from agio_grpc.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--workers", "auto"]).workers == available_cores()
+    assert parser.parse_args(["serve", "--workers", "2"]).workers == 2
+    for wrong in ("0", "many"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--workers", wrong])
+
+
+async def serving_pid(address: str) -> int:
+    """The worker that answers ListAgents on a fresh channel (a new connection)."""
+    async with open_channel(address) as channel:
+        call = agent_service_pb2_grpc.AgentServiceStub(channel).ListAgents(
+            agent_service_pb2.ListAgentsRequest(), timeout=30
+        )
+        await call
+        return int(dict(await call.initial_metadata())[WORKER_HEADER])
+
+
+async def pids_serving(address: str, until: set[int] | None = None, *, count: int = 2) -> set[int]:
+    """Call on fresh channels until `count` distinct workers answered (or, with `until`,
+    one of those pids did); the pids seen."""
+    seen: set[int] = set()
+
+    def enough() -> bool:
+        return bool(seen & until) if until is not None else len(seen) >= count
+
+    async with asyncio.timeout(120):
+        while not enough():
+            seen.add(await serving_pid(address))
+    return seen
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.slow  # three real processes, and a restart
+async def test_two_workers_share_a_port_and_a_killed_one_is_replaced(
+    tmp_path: Path, store_url: str
+) -> None:
+    """On SQLite (one file, several writers) and on PostgreSQL."""
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": store_url,
+            "AGIO_SERVER__WORKERS": "2",
+            "AGIO_SERVER__GRACE_PERIOD_S": "2",
+        },
+    )
+    assert process.stderr is not None
+    stderr = process.stderr
+    log = ""
+    try:
+        head, _ = await read_until(stderr, SUPERVISOR_LISTENING)
+        found = SUPERVISOR_LISTENING.search(head)
+        assert found is not None
+        address, started = found.group(1), {int(p) for p in found.group(2).split(", ")}
+        assert not address.endswith(":0")
+        assert "built-in fake model" in head
+        assert len(started) == 2
+
+        assert await pids_serving(address) == started
+
+        victim = min(started)
+        os.kill(victim, signal.SIGKILL)
+        restart_log, replacement_text = await read_until(stderr, RESTARTED)
+        replacement = int(replacement_text)
+        assert f"pid {victim}) was killed by SIGKILL" in restart_log
+        # The survivor answered meanwhile, and the replacement serves calls once it listens.
+        assert await serving_pid(address) in started | {replacement}
+        await pids_serving(address, until={replacement})
+
+        from agio_grpc.client import AgioClient
+
+        async with AgioClient(address) as client:
+            result = await client.run_to_end("What is 12 * 7?")
+            assert "84" in result.text
+
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
+            log = (await stderr.read()).decode()
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert "stopped" in log
+    assert all(gone(pid) for pid in started | {replacement})
+
+
+@pytest.mark.slow  # a real supervisor and worker process
+async def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_one_line(
+    tmp_path: Path,
+) -> None:
+    process = await spawn_serve(
+        tmp_path,
+        {"AGIO_DATABASE_URL": "postgresql+asyncpg://nobody:wrong@127.0.0.1:9/none"},
+        arguments=["--workers", "2"],
+    )
+    assert process.stderr is not None
+    async with asyncio.timeout(120):
+        stderr = (await process.stderr.read()).decode()
+        assert await process.wait() == 2
+    said = [line for line in stderr.splitlines() if line.startswith("agio-grpc:")]
+    assert len(said) == 1
+    assert said[0].startswith("agio-grpc: cannot start: ")
+    assert "AGIO_DATABASE_URL" in said[0]
+    assert "listening" not in stderr
+
+
+@pytest.mark.slow  # a real `agio-grpc serve` process
+async def test_workers_refuse_a_port_in_use_before_spawning(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = await spawn_serve(
+            tmp_path,
+            {"AGIO_LISTEN_ADDRESS": f"127.0.0.1:{port}", "AGIO_SERVER__WORKERS": "2"},
+        )
+        assert process.stderr is not None
+        async with asyncio.timeout(60):
+            stderr = (await process.stderr.read()).decode()
+            assert await process.wait() == 2
+    assert stderr.splitlines() == [
+        f"agio-grpc: cannot start: cannot listen on 127.0.0.1:{port}: the port is in use "
+        "[AGIO_LISTEN_ADDRESS]: stop what uses that port or choose another one "
+        "(port 0: any free port)"
+    ]
+
+
+FLAKY_WORKER = """
+import socket, sys
+from pathlib import Path
+
+slot = sys.argv[sys.argv.index("--worker") + 1]
+fd = int(sys.argv[sys.argv.index("--supervisor-fd") + 1])
+starts = Path(sys.argv[1]) / f"starts-{slot}"
+starts.write_text(starts.read_text() + "x" if starts.exists() else "x")
+if len(starts.read_text()) == 1:
+    socket.socket(fileno=fd).sendall(b"ready\\n")  # listens, then dies
+    sys.exit(1)
+sys.exit(2)  # every restart fails to start
+"""
+
+
+async def test_a_worker_that_keeps_failing_to_restart_stops_the_supervisor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agio_grpc.service import supervisor
+
+    monkeypatch.setattr(supervisor, "FIRST_RESTART_DELAY_S", 0.01)
+    settings = Settings(
+        listen_address="127.0.0.1:0",
+        openai_base_url="http://127.0.0.1:9/v1",
+        server={"workers": 2},
+    )
+    command = [sys.executable, "-c", FLAKY_WORKER, str(tmp_path)]
+    async with asyncio.timeout(60):
+        assert await supervisor.Supervisor(settings, command).run() == 2
+    starts = [(tmp_path / f"starts-{slot}").read_text() for slot in (1, 2)]
+    # One start that listened, then restarts until one slot failed five in a row.
+    assert 1 + supervisor.MAX_FAILED_STARTS in {len(count) for count in starts}
+    assert all(len(count) <= 1 + supervisor.MAX_FAILED_STARTS for count in starts)
