@@ -10,8 +10,9 @@
   (a WatchRun replay skips the deltas); the run it reports did not stop INTERNAL_ERROR. A
   WatchRun may send nothing only when asked from the run's last terminal event.
 - At rest, a session's log is valid history: sequences 1..N without gaps, only user,
-  assistant and tool steps, every tool step answering an open call of the assistant step
-  before it, no user or assistant step while calls are open; the log may end with open
+  assistant, tool and summary steps, every tool step answering an open call of the assistant
+  step before it, no user, assistant or summary step while calls are open, a summary
+  standing for earlier steps that end where a turn ends; the log may end with open
   calls only for a run waiting in REQUIRES_ACTION (a DeleteSteps or ForkSession that would
   cut calls from their results is refused). None of its runs is still RUNNING or stopped
   INTERNAL_ERROR.
@@ -176,16 +177,25 @@ async def assert_valid_history(world: World, session_id: str) -> None:
             )
             open_calls[step.tool_call_id] -= 1
             continue
-        assert step.role in (Role.ROLE_USER, Role.ROLE_ASSISTANT), (
+        assert step.role in (Role.ROLE_USER, Role.ROLE_ASSISTANT, Role.ROLE_SUMMARY), (
             f"{where}: step {step.sequence} has role {Role.Name(step.role)}"
         )
+        if step.role == Role.ROLE_SUMMARY:
+            first, last = step.summary_first_sequence, step.summary_last_sequence
+            assert 1 <= first <= last < step.sequence, (
+                f"{where}: summary step {step.sequence} covers {first}..{last}"
+            )
+            assert steps[last].role != Role.ROLE_TOOL, (  # steps[last] is sequence last + 1
+                f"{where}: summary step {step.sequence} ends at {last}, before a tool result"
+            )
         unanswered = sorted(+open_calls)
         assert not unanswered, (
             f"{where}: step {step.sequence} ({Role.Name(step.role)}) follows tool calls with "
             f"no result {unanswered}; {_roles(steps)}"
         )
-        open_calls = Counter(call.id for call in step.tool_calls)
-        opened_by = step.run_id
+        if step.role != Role.ROLE_SUMMARY:
+            open_calls = Counter(call.id for call in step.tool_calls)
+            opened_by = step.run_id
     if +open_calls:
         assert opened_by in waiting, (
             f"{where}: the log ends with tool calls with no result {sorted(+open_calls)} and "
