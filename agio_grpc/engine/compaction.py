@@ -139,14 +139,8 @@ class TokenCount:
         report; else the count of everything. A report from before the context's summary
         was made counts the steps it replaced, so it is not used."""
         summary = next((step for step in context if step.role is Role.SUMMARY), None)
-        reported_after = summary.sequence if summary is not None else 0
-        for index in range(len(context) - 1, -1, -1):
-            step = context[index]
-            if step.sequence <= reported_after:
-                break
-            if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
-                return step.metrics.input_tokens + self.steps(context[index:])
-        return self.tools(tools) + self.steps(context)
+        reported = self._since_report(context, summary)
+        return reported if reported is not None else self.tools(tools) + self.steps(context)
 
     def history(
         self, instructions: str, history: Sequence[Step], tools: Sequence[dict[str, Any]]
@@ -156,17 +150,26 @@ class TokenCount:
         since the run's last model call."""
         summary = latest_summary(history)
         steps = history if summary is None else after_summary(history, summary)
-        reported_after = summary.sequence if summary is not None else 0
-        for index in range(len(steps) - 1, -1, -1):
-            step = steps[index]
-            if step.sequence <= reported_after:
-                break
-            if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
-                return step.metrics.input_tokens + self.steps(steps[index:])
+        reported = self._since_report(steps, summary)
+        if reported is not None:
+            return reported
         tokens = self.tools(tools) + MESSAGE_OVERHEAD_TOKENS + self.text(instructions)
         if summary is not None:
             tokens += self.step(summary)
         return tokens + self.steps(steps)
+
+    def _since_report(self, steps: Sequence[Step], summary: Step | None) -> int | None:
+        """The prompt tokens the model reported for the last call among `steps` (one made
+        after `summary` was, if any) plus the count of its reply and what follows; None
+        without such a report."""
+        reported_after = summary.sequence if summary is not None else 0
+        for index in range(len(steps) - 1, -1, -1):
+            step = steps[index]
+            if step.sequence <= reported_after:
+                return None
+            if step.role is Role.ASSISTANT and step.metrics.input_tokens > 0:
+                return step.metrics.input_tokens + self.steps(steps[index:])
+        return None
 
 
 ESTIMATE: Final = TokenCount("estimate", estimate_text_tokens)

@@ -85,6 +85,13 @@ def compactor_of(harness: Harness, store: SqlStepStore) -> SessionCompactor:
     )
 
 
+async def two_turns(harness: Harness) -> str:
+    """A session of two short turns; its id."""
+    first = await harness.run(WORDS)
+    await harness.run(WORDS, session_id=first.session_id)
+    return first.session_id
+
+
 def chat_messages(fake: FakeModelServer) -> list[list[dict[str, object]]]:
     """The messages of each agent request the fake model got (summary requests left out)."""
     return [
@@ -279,25 +286,21 @@ async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(
 async def test_compact_session_refuses_a_held_session_and_writes_nothing(
     small: Harness, store: SqlStepStore
 ) -> None:
-    first = await small.run(WORDS)
-    await small.run(WORDS, session_id=first.session_id)
-    await store.acquire_session(first.session_id, "run_holding")
-    compactor = compactor_of(small, store)
+    session_id = await two_turns(small)
+    await store.acquire_session(session_id, "run_holding")
     with pytest.raises(SessionBusyError):
-        await compactor.compact(first.session_id, keep_recent_steps=0)
-    assert Role.SUMMARY not in {s.role for s in await small.history(first.session_id)}
+        await compactor_of(small, store).compact(session_id, keep_recent_steps=0)
+    assert Role.SUMMARY not in {s.role for s in await small.history(session_id)}
 
 
 async def test_a_failing_summary_call_is_a_compaction_failed_error(
     small: Harness, store: SqlStepStore
 ) -> None:
-    first = await small.run(WORDS)
-    await small.run(WORDS, session_id=first.session_id)
+    session_id = await two_turns(small)
     small.model.enqueue(Turn.error(400, message="bad summary request"))
-    compactor = compactor_of(small, store)
     with pytest.raises(CompactionFailedError):
-        await compactor.compact(first.session_id, keep_recent_steps=1)
-    assert Role.SUMMARY not in {s.role for s in await small.history(first.session_id)}
+        await compactor_of(small, store).compact(session_id, keep_recent_steps=1)
+    assert Role.SUMMARY not in {s.role for s in await small.history(session_id)}
 
 
 async def test_a_2000_step_session_keeps_every_request_under_the_window(
