@@ -29,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 import grpc
 
 from agio_grpc.config import AuthMode, Settings
+from agio_grpc.handlers import AgioMethodInterceptor, Behavior, rewrap_handler
 from agio_grpc.service.auth_api_key import ApiKeyVerifier
 from agio_grpc.service.auth_jwt import JwtVerifier, signing_keys
 from agio_grpc.service.auth_mtls import CertificateAuthenticator
@@ -51,8 +52,6 @@ from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import KeyStore
 
 log = logging.getLogger(__name__)
-
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 AUTHORIZATION = "authorization"
 BEARER = "bearer"
@@ -120,22 +119,17 @@ class BearerAuthenticator:
         await self._verifier.close()
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Authenticates every `agio.v1` call and runs its handler as its caller."""
+class AuthInterceptor(AgioMethodInterceptor):
+    """Authenticates every `agio.v1` call and runs its handler as its caller (a method of a
+    kind the service does not serve yet is authenticated all the same)."""
 
     def __init__(self, authenticator: Authenticator) -> None:
         self._authenticator = authenticator
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def rewrap(
+        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not method.startswith("/agio.v1."):
-            return handler
-        return rewrap_handler(handler, self._authenticated(method))
+        return rewrap_handler(handler, self._authenticated(details.method))
 
     def _authenticated(self, method: str) -> Callable[[Behavior], Behavior]:
         def wrap(behavior: Behavior) -> Behavior:
@@ -166,24 +160,6 @@ async def _refuse(method: str, context: grpc.aio.ServicerContext, error: Excepti
         refusal.message,
     )
     await abort_call(method, context, to_status(refusal))
-
-
-def rewrap_handler(
-    handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior], Behavior]
-) -> grpc.RpcMethodHandler:
-    """`handler` with its behaviour wrapped, whatever its kind (a method of a kind the
-    service does not serve yet is authenticated all the same)."""
-    codecs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary), **codecs)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), **codecs)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), **codecs)
-    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), **codecs)
 
 
 # -- start-up ------------------------------------------------------------------------------

@@ -23,14 +23,19 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
+from agio_grpc.handlers import (
+    AgioMethodInterceptor,
+    Behavior,
+    Deserializer,
+    rewrap_handler,
+    takes_one_request,
+)
 from agio_grpc.service.errors import as_service_error, malformed_request, to_status
 from agio_grpc.service.validation import nul_violations, raise_if_any
 
 log = logging.getLogger(__name__)
 
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
 Metadata = tuple[tuple[str, str], ...]
-Deserializer = Callable[[bytes], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +103,7 @@ async def abort_call(
     raise asyncio.CancelledError
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ErrorInterceptor(AgioMethodInterceptor):
     """Admits each request and maps every exception escaping a handler to one status with
     an ErrorInfo; with `response_metadata` (a worker's `x-agio-worker`), every response
     starts with it."""
@@ -106,25 +111,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, response_metadata: Metadata = ()) -> None:
         self._response_metadata = response_metadata
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def rewrap(
+        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not method.startswith("/agio.v1."):
+        if not takes_one_request(handler):
             return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _guard(method, handler.unary_unary, self._response_metadata),
-                request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _guard(method, handler.unary_stream, self._response_metadata),
-                request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return rewrap_handler(
+            handler,
+            lambda behavior: _guard(details.method, behavior, self._response_metadata),
+            request_deserializer=_tolerant(handler.request_deserializer),
+        )

@@ -12,7 +12,7 @@ Only `/agio.v1.*` calls are traced (not health checks or reflection).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -20,9 +20,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.semconv._incubating.attributes import rpc_attributes as rpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from agio_grpc.handlers import AgioMethodInterceptor, Behavior, rewrap_handler, takes_one_request
 from agio_grpc.telemetry.instruments import INSTRUMENTATION_NAME
-
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 _ERROR_CODES = frozenset(
     {
@@ -50,35 +49,18 @@ def _set_code(span: trace.Span, code: grpc.StatusCode, message: str = "") -> Non
         )
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class TracingInterceptor(AgioMethodInterceptor):
     """Starts a SERVER span per agio call, as a child of the caller's trace context."""
 
     def __init__(self, tracer_provider: trace.TracerProvider) -> None:
         self._tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def rewrap(
+        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not method.startswith("/agio.v1."):
+        if not takes_one_request(handler):
             return handler
-        traced = self._traced(handler_call_details)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                traced(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                traced(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return rewrap_handler(handler, self._traced(details))
 
     def _traced(self, details: grpc.HandlerCallDetails) -> Callable[[Behavior], Behavior]:
         service, _, name = details.method.lstrip("/").partition("/")

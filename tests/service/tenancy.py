@@ -14,12 +14,10 @@ from typing import Any
 
 import grpc
 
-from agio_grpc.service.auth import rewrap_handler
+from agio_grpc.handlers import Behavior, rewrap_handler
 from agio_grpc.service.identity import Caller, calling_as
 
 TENANT_HEADER = "x-test-tenant"
-
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
 def tenant_metadata(tenant: str) -> tuple[tuple[str, str], ...]:
