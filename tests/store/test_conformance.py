@@ -39,6 +39,7 @@ from agio_grpc.store import (
     StoreError,
     StoreUnavailableError,
 )
+from agio_grpc.store.errors import HistoryChangedError
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
 from agio_grpc.store.protocol import HistoryMark, RunEnd
 from agio_grpc.store.sql import SqlStepStore, open_store
@@ -1290,3 +1291,32 @@ async def test_a_server_secret_is_made_once_and_shared_by_every_store(
         assert await other.server_secret("another") != first
     finally:
         await other.close()
+
+
+async def test_appending_to_an_idle_session_needs_it_idle_unchanged_and_the_callers(
+    store: SqlStepStore,
+) -> None:
+    # CompactSession's write: refused, with nothing written, for a held session, a log that
+    # moved on since it was read, or another tenant's session.
+    session = await session_with_steps(store, 2)
+    last = await store.get_last_step(session.id)
+    assert last is not None
+    mark = HistoryMark(last.sequence, last.id)
+    summary = Step(session.id, "", Role.SUMMARY, content="s", summary_first_sequence=1,
+                   summary_last_sequence=1)  # fmt: skip
+
+    await store.acquire_session(session.id, "run_holding")
+    with pytest.raises(SessionBusyError):
+        await store.append_to_idle_session(summary, after=mark)
+    await store.release_session(session.id, "run_holding")
+    with pytest.raises(NotFoundError):
+        await store.append_to_idle_session(summary, after=mark, tenant="another")
+    with pytest.raises(HistoryChangedError):
+        await store.append_to_idle_session(summary, after=HistoryMark(1, last.id))
+    assert await sequences(store, session.id) == [1, 2]
+
+    stored = await store.append_to_idle_session(summary, after=mark, tenant=session.tenant)
+    assert (stored.sequence, stored.summary_last_sequence) == (3, 1)
+    assert (await store.get_session(session.id)).active_run_id == ""  # let go again
+    with pytest.raises(HistoryChangedError):  # the mark is no longer the log's end
+        await store.append_to_idle_session(summary, after=mark)
