@@ -571,6 +571,33 @@ async def test_retry_from_an_assistant_step_reruns_its_tool_calls(harness: Harne
     assert history[2].content == "84"
 
 
+async def test_a_retry_after_a_cancelled_wait_takes_its_client_calls_over(
+    harness: Harness,
+) -> None:
+    waiting = await start_waiting_for_client(harness)  # user, calls, server result
+    await harness.runtime.cancel(waiting.run_id, "changed my mind")
+    history = await harness.history(waiting.session_id)
+    assert (history[-1].tool_call_id, history[-1].is_error) == ("call_client", True)
+
+    retried = await harness.collect(await harness.runtime.retry(waiting.session_id, 4))
+    assert retried.reason is StopReason.REQUIRES_ACTION  # the error result is gone; it waits
+    assert len(await harness.history(waiting.session_id)) == 3
+    assert (retried.run.first_sequence, retried.run.step_count) == (0, 0)
+
+    harness.model.enqueue(Turn.text("Order A1 ships tomorrow."))
+    outputs = [ToolOutput("call_client", '{"status": "packed"}')]
+    answered = await harness.collect(
+        await harness.runtime.submit_tool_outputs(retried.run_id, outputs)
+    )
+    assert answered.reason is StopReason.COMPLETED
+    history = await harness.history(waiting.session_id)
+    assert [(s.role, s.run_id) for s in history[3:]] == [
+        (Role.TOOL, retried.run_id),
+        (Role.ASSISTANT, retried.run_id),
+    ]
+    assert history[3].content == '{"status": "packed"}'
+
+
 async def test_retry_refuses_what_cannot_be_regenerated_and_deletes_nothing(
     harness: Harness,
 ) -> None:

@@ -13,9 +13,9 @@
   assistant, tool and summary steps, every tool step answering an open call of the assistant
   step before it, no user, assistant or summary step while calls are open, a summary
   standing for earlier steps that end where a turn ends; the log may end with open
-  calls only for a run waiting in REQUIRES_ACTION (a DeleteSteps or ForkSession that would
-  cut calls from their results is refused). None of its runs is still RUNNING or stopped
-  INTERNAL_ERROR.
+  calls only for a run waiting in REQUIRES_ACTION, the one that made them or a retry from
+  after them (a DeleteSteps or ForkSession that would cut calls from their results is
+  refused). None of its runs is still RUNNING or stopped INTERNAL_ERROR.
 """
 
 from __future__ import annotations
@@ -166,9 +166,9 @@ async def assert_valid_history(world: World, session_id: str) -> None:
         assert run.stop_signal.reason != StopReason.STOP_REASON_INTERNAL_ERROR, (
             f"{where}: run {run.id} stopped INTERNAL_ERROR ({run.stop_signal.message!r})"
         )
-    waiting = {run.id for run in runs if run.status == RunStatus.RUN_STATUS_REQUIRES_ACTION}
+    waiting = [run for run in runs if run.status == RunStatus.RUN_STATUS_REQUIRES_ACTION]
     open_calls: Counter[str] = Counter()
-    opened_by = ""
+    opened_by, opened_at = "", 0
     for step in steps:
         if step.role == Role.ROLE_TOOL:
             assert open_calls[step.tool_call_id] > 0, (
@@ -195,12 +195,17 @@ async def assert_valid_history(world: World, session_id: str) -> None:
         )
         if step.role != Role.ROLE_SUMMARY:
             open_calls = Counter(call.id for call in step.tool_calls)
-            opened_by = step.run_id
+            opened_by, opened_at = step.run_id, step.sequence
     if +open_calls:
-        assert opened_by in waiting, (
+        # Waiting for them: the run that made the calls, or a retry from after them that
+        # took them over (it runs a step's calls that have no result; it wrote no step yet).
+        assert any(
+            run.id == opened_by or not 0 < run.first_sequence <= opened_at for run in waiting
+        ), (
             f"{where}: the log ends with tool calls with no result {sorted(+open_calls)} and "
-            f"their run {opened_by} is not waiting for outputs; {_roles(steps)}; runs "
-            f"{[(r.id, RunStatus.Name(r.status)) for r in runs]}"
+            f"neither their run {opened_by} nor a retry after them waits for outputs; "
+            f"{_roles(steps)}; runs "
+            f"{[(r.id, RunStatus.Name(r.status), r.first_sequence) for r in runs]}"
         )
 
 
