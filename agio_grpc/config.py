@@ -254,6 +254,14 @@ class RequestLimitsConfig(_Strict):
     """Each `SubmitToolOutputsRequest.tool_outputs[].output`."""
 
 
+def check_host_port(value: str) -> str:
+    """`value` if it is `host:port` with a port in 0..65535, else ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError("must be host:port with a port in 0..65535")
+    return value
+
+
 class ServerConfig(_Strict):
     """gRPC server tuning."""
 
@@ -294,6 +302,18 @@ class ServerConfig(_Strict):
     server starting ends at once (INTERRUPTED, retryable) the runs it left, instead of after
     their lease. "" = `HOST:PORT` of the listen address (the host's name for a wildcard or
     loopback address). Two live servers must never share one."""
+    member_address: str = "127.0.0.1:0"
+    """Where this server takes calls from the other servers sharing its database (its
+    members): a `WatchRun` sent to another member follows the run's events live from the
+    server running it, and a `CancelRun` sent elsewhere reaches that server at once
+    (docs/deploy.md). `host:port`, port 0 = any free one. Loopback by default, which serves
+    the members of one host (the workers of `serve --workers N`, servers sharing a SQLite
+    file); servers on several hosts bind an address the others reach, on a private network
+    (the member listener speaks plaintext, and each call carries a token every member reads
+    from the database)."""
+    member_advertise_address: str = ""
+    """The `host:port` the other members call ("" = the bound member address; when that is a
+    wildcard such as `0.0.0.0`, this host's name with the bound port)."""
     max_running_runs: int = Field(512, ge=0)
     """How many runs this server runs at once (0: no limit). A run asked for beyond it
     waits for one to end, in arrival order, for at most half the time to its caller's
@@ -324,6 +344,16 @@ class ServerConfig(_Strict):
     @classmethod
     def _workers_or_auto(cls, value: object) -> object:
         return parse_workers(value)
+
+    @field_validator("member_address")
+    @classmethod
+    def _check_member_address(cls, value: str) -> str:
+        return check_host_port(value)
+
+    @field_validator("member_advertise_address")
+    @classmethod
+    def _check_advertised(cls, value: str) -> str:
+        return check_host_port(value) if value else value
 
 
 AuthMode = Literal["none", "api_key", "jwt", "mtls"]
@@ -493,10 +523,7 @@ class Settings(BaseSettings):
     @field_validator("listen_address")
     @classmethod
     def _check_address(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError("must be host:port with a port in 0..65535")
-        return value
+        return check_host_port(value)
 
     @field_validator("tls_key_file")
     @classmethod

@@ -5,7 +5,9 @@ renews the leases of every run live in this process every third of the lease, so
 outlives a crashed process by at most one lease; a run whose lease was found taken over
 (this process stalled past it) is stopped as INTERRUPTED. Another task polls for cancel
 requests other replicas recorded for the runs live here. `cancel_elsewhere` is the other
-direction: a CancelRun here for a run another process runs. Never imports grpc.
+direction: a CancelRun here for a run another process runs; `tell_owner` (the service's
+member calls) makes that process act on the request at once instead of at its next poll.
+Never imports grpc.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ _CANCEL_WAIT_POLL_S = 0.1  # how often a cancel for a run elsewhere rereads the 
 LiveRuns = Callable[[], Mapping[str, tuple[str, RunControl]]]
 """The runs live in this process: run id -> (session id, its control)."""
 
+TellOwner = Callable[[str, float], Awaitable[None]]
+"""Tell the process running the run (id) that a cancel request stands for it, and wait up
+to the timeout (s) for it to act; never raises (the request stands either way)."""
+
 
 class LeaseKeeper:
     """Renews the leases of live runs and passes cancel requests between replicas."""
@@ -40,6 +46,7 @@ class LeaseKeeper:
         cancel_poll_s: float,
         *,
         on_tick: Callable[[], Awaitable[None]] | None = None,
+        tell_owner: TellOwner | None = None,
     ) -> None:
         """`on_tick` runs after each renewal (every third of the lease): the runtime starts
         the queues a crash left with no one to start them."""
@@ -48,6 +55,7 @@ class LeaseKeeper:
         self._live = live
         self._cancel_poll_s = cancel_poll_s
         self._on_tick = on_tick
+        self._tell_owner = tell_owner
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -78,7 +86,12 @@ class LeaseKeeper:
         deadline = loop.time() + wait_s
         # Asked again at every look: the run may have waited for its client (which spends
         # a request) and been continued since.
+        tell = self._tell_owner
         while await self.leases.request_cancel(run.id, copy.deepcopy(signal)):
+            if tell is not None:  # once the request stands: acted on now, not at a poll
+                await tell(run.id, max(deadline - loop.time(), 0.0))
+                tell = None
+                continue
             if loop.time() >= deadline:
                 return await self._store.get_run(run.id)
             await asyncio.sleep(_CANCEL_WAIT_POLL_S)

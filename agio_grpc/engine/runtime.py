@@ -58,7 +58,7 @@ from agio_grpc.engine.errors import (
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache, mark_of
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.engine.leases import LeaseKeeper
+from agio_grpc.engine.leases import LeaseKeeper, TellOwner
 from agio_grpc.engine.lifecycle import Lifecycle, cancelled, shutting_down
 from agio_grpc.engine.loop import LoopServices
 from agio_grpc.engine.model import ModelDriver
@@ -96,11 +96,12 @@ class Runtime:
         options: RuntimeOptions | None = None,
         tracer: RunTracer | None = None,
         leases: SessionLeases | None = None,
+        tell_owner: TellOwner | None = None,
     ) -> None:
         """`tracer` traces each run segment (nothing by default); `leases` renews the session
         leases of this process's live runs (the store's takes set them; its
         `session_lease_s` is the duration). Without `leases` nothing renews them: only for
-        runs shorter than a lease."""
+        runs shorter than a lease. `tell_owner`: see LeaseKeeper."""
         if default_agent not in agents:
             raise ValueError(f"default agent {default_agent!r} is not among the agents")
         for agent in agents.values():
@@ -141,6 +142,7 @@ class Runtime:
                 self._segments.controls,
                 self.options.cancel_poll_s,
                 on_tick=self._queues.start_ready,
+                tell_owner=tell_owner,
             )
             if leases is not None
             else None

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +44,8 @@ from agio_grpc.service.auth import (
     choose_auth_mode,
     reflection_enabled,
 )
+from agio_grpc.service.members import TOKEN_SECRET as MEMBER_TOKEN_SECRET
+from agio_grpc.service.members import MemberCalls, MemberListener
 from agio_grpc.service.server import BoundServer, install_signal_handlers, start_grpc_server
 from agio_grpc.service.session_service import SessionServicer
 from agio_grpc.service.startup import (
@@ -80,12 +84,13 @@ PAGE_TOKEN_KEY = "page_tokens"
 
 def instance_id(settings: Settings) -> str:
     """The configured instance id, else `HOSTNAME/LISTEN_ADDRESS`: stable across restarts,
-    and distinct for servers listening apart. "" (none) on a port picked at bind time, which
-    a restart never gets again."""
+    and distinct for servers listening apart. On a port picked at bind time, which a restart
+    never gets again, one of this process's own (`HOSTNAME/pid-RANDOM`): the runs it leaves
+    end after their lease, as a restart does not know it."""
     if settings.server.instance_id:
         return settings.server.instance_id
     if settings.listen_address.rpartition(":")[2] == "0":
-        return ""
+        return f"{socket.gethostname()}/{os.getpid()}-{secrets.token_hex(4)}"
     return f"{socket.gethostname()}/{settings.listen_address}"
 
 
@@ -159,6 +164,10 @@ class AgioApp:
     """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
     certificates: ServerCertificates | None = None
     """The TLS material, which `reload_certificates` re-reads; None for plaintext."""
+    members: MemberListener | None = None
+    """The member listener: the calls of the other servers of the database."""
+    member_calls: MemberCalls | None = None
+    """This server's calls to the other members."""
 
     @property
     def address(self) -> str:
@@ -194,14 +203,13 @@ class AgioApp:
         # Installed with tracing off too: the caller's trace context still becomes the run's
         # and its steps' trace ids (a no-op tracer carries the caller's span on).
         chain: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(telemetry.tracer_provider)]
+        own_id = worker.instance_id(instance_id(settings)) if worker else instance_id(settings)
         with opening_store(settings.database_url):
             sql_store = await open_store(
                 settings.database_url,
                 sqlite_synchronous=settings.sqlite_synchronous,
                 session_lease_s=settings.server.session_lease_s,
-                instance_id=(
-                    worker.instance_id(instance_id(settings)) if worker else instance_id(settings)
-                ),
+                instance_id=own_id,
                 quotas=TenantQuotas(
                     max_running_runs=settings.quotas.max_running_runs_per_tenant,
                     max_queued_runs=settings.quotas.max_queued_runs_per_tenant,
@@ -209,6 +217,8 @@ class AgioApp:
             )
         fake_model: FakeModelServer | None = None
         authenticator: Authenticator | None = None
+        members: MemberListener | None = None
+        member_calls: MemberCalls | None = None
         try:
             if mcp_servers is not None:
                 # Connections open now; a server not up keeps trying (tools unavailable).
@@ -235,6 +245,8 @@ class AgioApp:
             model = OpenAIModelDriver(base_url=base_url, api_key=api_key or "unused")
             tracer = OtelRunTracer(telemetry, provider=model.provider, base_url=base_url)
             store: StepStore = InstrumentedStepStore(sql_store, tracer.instruments)
+            member_token = (await sql_store.server_secret(MEMBER_TOKEN_SECRET)).hex()
+            member_calls = MemberCalls(sql_store, own_id, member_token)
             runtime = Runtime(
                 store=store,
                 agents=build_agents(settings),
@@ -244,6 +256,7 @@ class AgioApp:
                 hooks=hooks,
                 tracer=tracer,
                 leases=sql_store,
+                tell_owner=member_calls.tell_owner,
                 options=RuntimeOptions(
                     history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
                     max_queued_runs=settings.server.max_queued_runs,
@@ -252,6 +265,15 @@ class AgioApp:
                 ),
             )
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
+            members = MemberListener(runtime, sql_store, member_token)
+            bind, advertise = (
+                settings.server.member_address,
+                settings.server.member_advertise_address,
+            )
+            try:
+                await members.start(sql_store, bind, advertise)
+            except RuntimeError as error:  # grpc cannot bind it
+                raise cannot_listen(bind, one_line(error)) from error
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
             try:
@@ -260,7 +282,7 @@ class AgioApp:
                     [
                         (
                             agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                            AgentServicer(runtime, store, settings.server, pages),
+                            AgentServicer(runtime, store, settings.server, pages, member_calls),
                         ),
                         (
                             session_service_pb2_grpc.add_SessionServiceServicer_to_server,
@@ -282,6 +304,10 @@ class AgioApp:
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
         except BaseException:
+            if members is not None:
+                await members.stop()
+            if member_calls is not None:
+                await member_calls.close()
             if mcp_servers is not None:
                 await mcp_servers.stop()
             if fake_model is not None:
@@ -310,6 +336,8 @@ class AgioApp:
             mcp_servers,
             authenticator,
             certificates,
+            members,
+            member_calls,
         )
 
     def reload_certificates(self) -> bool:
@@ -332,6 +360,11 @@ class AgioApp:
         # Calls cancelled by the server's stop may have left runs to end and sessions to
         # release (Runtime._clean_up): they need the store.
         await self.runtime.settle()
+        # After the runs' ends: a member following one here got its terminal event.
+        if self.members is not None:
+            await self.members.stop()
+        if self.member_calls is not None:
+            await self.member_calls.close()
         if self.mcp_servers is not None:
             await self.mcp_servers.stop()
         await self.model.close()

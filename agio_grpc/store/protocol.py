@@ -88,6 +88,15 @@ def terminal_kind(run: Run) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Member:
+    """A server instance as the other members reach it (`MemberDirectory`)."""
+
+    instance_id: str
+    address: str
+    """Where its member listener takes calls from the other members (`host:port`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryMark:
     """The last step of a session's history a caller already holds."""
 
@@ -543,4 +552,20 @@ class SessionLeases(Protocol):
         finalising the holder's run as a take-over would, live lease or not; the run ids
         finalised. For a server starting (it runs nothing yet): the runs it left when it
         stopped need not wait for their leases. Nothing without an instance id."""
+        ...
+
+
+class MemberDirectory(Protocol):
+    """Where the server instances sharing the store take calls from each other: how a
+    `WatchRun` follows, and a `CancelRun` reaches, a run another member runs."""
+
+    async def register_member(self, address: str) -> None:
+        """Record `address` as this server instance's member address (its instance id's
+        row, made or overwritten). Raises ValueError without an instance id."""
+        ...
+
+    async def member_running(self, run_id: str) -> Member | None:
+        """The member holding the run's session for it (`lease_owner`), with the address it
+        registered; None when no instance holds the session for this run (it is not
+        running, or ran where leases have no owner) or that instance registered none."""
         ...

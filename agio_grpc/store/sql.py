@@ -98,6 +98,7 @@ from agio_grpc.store.protocol import (
     IdleEnd,
     Journal,
     JournalRecord,
+    Member,
     QueueRequest,
     RunContinuation,
     RunEnd,
@@ -126,6 +127,7 @@ from agio_grpc.store.rows import (
     stored_run,
     stored_session,
 )
+from agio_grpc.store.tables import members as member_table
 from agio_grpc.store.tables import run_events as event_table
 from agio_grpc.store.tables import runs as run_table
 from agio_grpc.store.tables import server_secrets as secret_table
@@ -1022,6 +1024,36 @@ class SqlStepStore:
             return str(conn.execute(query).scalar_one())
 
         return bytes.fromhex(await self._write(work))
+
+    async def register_member(self, address: str) -> None:
+        """See MemberDirectory.register_member."""
+        owner = self._lease.owner
+        if owner is None:
+            raise ValueError("a member needs an instance id")
+        row = {"instance_id": owner, "address": address, "update_time": utc_now()}
+
+        def work(conn: Connection) -> None:
+            updated = conn.execute(
+                update(member_table)
+                .where(member_table.c.instance_id == owner)
+                .values(address=address, update_time=row["update_time"])
+            )
+            if not updated.rowcount:
+                conn.execute(insert_ignoring_conflicts(self.backend, member_table), row)
+
+        await self._write(work)
+
+    async def member_running(self, run_id: str) -> Member | None:
+        """See MemberDirectory.member_running."""
+        query = (
+            select(member_table.c.instance_id, member_table.c.address)
+            .select_from(run_table)
+            .join(session_table, session_table.c.id == run_table.c.session_id)
+            .join(member_table, member_table.c.instance_id == session_table.c.lease_owner)
+            .where(run_table.c.id == run_id, session_table.c.active_run_id == run_id)
+        )
+        found = await self._read(lambda conn: conn.execute(query).first())
+        return Member(found.instance_id, found.address) if found is not None else None
 
     def key_store(self) -> KeyStore:
         """The API keys (`auth.mode: api_key`), on this store's database."""

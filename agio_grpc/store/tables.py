@@ -208,6 +208,16 @@ server_secrets = Table(
     Column("create_time", UTCDateTime, nullable=False),
 )
 
+# Where each server instance takes calls from the other members (revision 0009): the
+# address of its member listener, written as it starts.
+members = Table(
+    "members",
+    metadata,
+    Column("instance_id", String, primary_key=True),
+    Column("address", String, nullable=False),
+    Column("update_time", UTCDateTime, nullable=False),
+)
+
 # The keys of `auth.mode: api_key` (revision 0006): the SHA-256 of each secret (hex), never the
 # secret itself.
 api_keys = Table(

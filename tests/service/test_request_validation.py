@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -747,7 +749,9 @@ def test_a_step_limit_must_leave_room_in_a_message() -> None:
 def test_the_instance_id_is_configured_or_derived_from_the_listen_address() -> None:
     from agio_grpc.service.app import instance_id
 
-    assert instance_id(Settings(listen_address="127.0.0.1:0")) == ""
+    picked = Settings(listen_address="127.0.0.1:0")  # a port a restart never gets again
+    assert instance_id(picked) != instance_id(picked)
+    assert instance_id(picked).startswith(f"{socket.gethostname()}/{os.getpid()}-")
     derived = instance_id(Settings(listen_address="0.0.0.0:50051"))
     assert derived.endswith("/0.0.0.0:50051")
     named = Settings.model_validate({"server": {"instance_id": "replica-a"}})
