@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -201,6 +202,19 @@ class RunSettings:
 
 
 _SETTINGS_ADAPTER: TypeAdapter[RunSettings] = TypeAdapter(RunSettings)
+
+
+def check_agents(
+    agents: Mapping[str, AgentSpec], default_agent: str, tools: Container[str]
+) -> None:
+    """ValueError unless `default_agent` is one of `agents` and every tool an agent names is
+    one of `tools`."""
+    if default_agent not in agents:
+        raise ValueError(f"default agent {default_agent!r} is not among the agents")
+    for agent in agents.values():
+        missing = [name for name in agent.tools if name not in tools]
+        if missing:
+            raise ValueError(f"agent {agent.name!r} names unknown tools: {missing}")
 
 
 def resolve_settings(

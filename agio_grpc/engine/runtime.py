@@ -23,8 +23,8 @@ segment live, and replays any other run from the journal (engine/watching.py), e
 across restarts and replicas. Session leases and cancels across replicas are the
 `LeaseKeeper`'s (engine/leases.py).
 
-Each segment's trace (engine/tracing.py) starts where the segment is started, so it continues
-the caller's trace context (the gRPC server span); its first steps and run row keep its ids.
+A segment's trace (engine/tracing.py) continues the caller's trace context (the gRPC server
+span); its first steps and run row keep its ids.
 
 Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
 """
@@ -44,6 +44,7 @@ from agio_grpc.engine.agents import (
     RunOverrides,
     RunSettings,
     ToolOutput,
+    check_agents,
     check_outputs,
     resolve_settings,
 )
@@ -99,15 +100,9 @@ class Runtime:
         tell_owner: TellOwner | None = None,
     ) -> None:
         """`tracer` traces each run segment (nothing by default); `leases` renews the session
-        leases of this process's live runs (the store's takes set them; its
-        `session_lease_s` is the duration). Without `leases` nothing renews them: only for
-        runs shorter than a lease. `tell_owner`: see LeaseKeeper."""
-        if default_agent not in agents:
-            raise ValueError(f"default agent {default_agent!r} is not among the agents")
-        for agent in agents.values():
-            missing = [name for name in agent.tools if name not in registry]
-            if missing:
-                raise ValueError(f"agent {agent.name!r} names unknown tools: {missing}")
+        leases of this process's live runs (its `session_lease_s` long; without it, nothing
+        renews them: only for runs shorter than a lease); `tell_owner`: see LeaseKeeper."""
+        check_agents(agents, default_agent, registry)
         self.store = store
         self.agents = agents
         self.default_agent = default_agent
@@ -334,11 +329,10 @@ class Runtime:
         - a final assistant reply: nothing to regenerate — InvalidInputError (retry from the
           reply's own sequence to regenerate it).
         `sequence` may be one past the last step (delete nothing, regenerate the end: how a
-        retryable stop's `resume_from_sequence` is used). Sequence 1 leaves nothing to
-        regenerate from: InvalidInputError, as is an empty session. The run uses the agent and
-        settings of the run that wrote the remaining last step (the default agent if that run
-        is gone). The write checks that the session's log is still the one read (else
-        HistoryChangedError). The run is the caller's `tenant`'s, on a session of its only.
+        retryable stop's `resume_from_sequence` is used). Sequence 1, or an empty session,
+        is an InvalidInputError. The run has the agent and settings of the run that wrote the
+        remaining last step (else the default agent's); the write checks the log is still
+        the one read (else HistoryChangedError); `tenant`'s run, on a session of its only.
         Raises NotFoundError (also for another tenant's session, before anything is decided
         on it), InvalidInputError, SessionBusyError, RunRequiresActionError.
         """
@@ -395,9 +389,9 @@ class Runtime:
         A run here stops with it (open calls get error results; waited for up to
         `cancel_wait_s`), as does a REQUIRES_ACTION one; a QUEUED one never starts; an ended
         one is returned as it is. A run another process runs gets a cancel request on its
-        row (acted on within its `cancel_poll_s`, waited for alike); one whose process died
-        ends INTERRUPTED once its lease ran out. Never SESSION_BUSY. Raises NotFoundError,
-        also for a run that is not `tenant`'s (when given: it is left as it is).
+        row (that process is told at once, else finds it within its `cancel_poll_s`; waited
+        for alike); one whose process died ends INTERRUPTED once its lease ran out. Never
+        SESSION_BUSY. Raises NotFoundError, also for another `tenant`'s run (left as it is).
         """
         wait_s = self.options.cancel_wait_s
         deadline = asyncio.get_running_loop().time() + wait_s
@@ -432,11 +426,15 @@ class Runtime:
             self._histories.decide(self.store, run.session_id, end) if waits else end(None)
         )
 
+    def runs_here(self, run_id: str) -> bool:
+        """Whether a segment of the run is live in this process (`watch` follows it)."""
+        return self._segments.channel(run_id) is not None
+
     async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
         """The run's events after `after_seq` up to its next terminal event: live for a run
         segment this process runs, else from the journal (engine/watching.py), without the
         deltas of finished steps. Raises NotFoundError on the first iteration for an unknown
-        run, and RuntimeClosedError when the runtime closes while following one elsewhere."""
+        run, RuntimeClosedError when the runtime closes while following one elsewhere."""
         channel = self._segments.channel(run_id)
         if channel is not None and after_seq >= channel.first_seq - 1:
             async for event in channel.subscribe(after_seq):

@@ -264,7 +264,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         member running it when that is another one, then (or else) `Runtime.watch` from
         the last one relayed."""
         cursor = after_seq
-        if self._members is not None:
+        if self._members is not None and not self._runtime.runs_here(run_id):
             async for relayed in self._members.follow(run_id, cursor):
                 yield relayed
                 cursor = relayed.seq

@@ -48,9 +48,7 @@ async def test_a_member_registering_again_replaces_its_address(
     await first.register_member("10.0.0.1:7001")
     await first.register_member("10.0.0.1:7002")  # restarted on another port
     run = await start(first)
-    assert await second.member_running(run.id) == Member(
-        "host-a/127.0.0.1:50051", "10.0.0.1:7002"
-    )
+    assert await second.member_running(run.id) == Member("host-a/127.0.0.1:50051", "10.0.0.1:7002")
 
 
 async def test_no_member_for_an_unknown_run_or_an_instance_that_never_registered(
