@@ -47,7 +47,7 @@ class LevelResult:
     """CPU seconds of every process of the level (server, model, load) per wall second."""
 
 
-async def _generate(kind: str, target: str, runs: int) -> LoadResult:
+async def generate(kind: str, target: str, runs: int, per_channel: int = 100) -> LoadResult:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -56,6 +56,8 @@ async def _generate(kind: str, target: str, runs: int) -> LoadResult:
         target,
         "--runs",
         str(runs),
+        "--runs-per-channel",
+        str(per_channel),
         env=procs.clean_env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -66,7 +68,7 @@ async def _generate(kind: str, target: str, runs: int) -> LoadResult:
     return LoadResult(**json.loads(out.decode().strip().splitlines()[-1]))
 
 
-def _merge(parts: list[LoadResult]) -> LoadResult:
+def merge(parts: list[LoadResult]) -> LoadResult:
     merged = LoadResult()
     for part in parts:
         merged.runs += part.runs
@@ -92,7 +94,7 @@ async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
                 server_cpu = server.cpu_s() - cpu
                 others_cpu = model.cpu_s() - model_cpu + load.cpu_s
                 peak = server.peak_rss_mb()
-    return _level("agio-grpc", concurrency, load, server_cpu, peak, others_cpu)
+    return level_result("agio-grpc", concurrency, load, server_cpu, peak, others_cpu)
 
 
 async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
@@ -101,15 +103,15 @@ async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult
         load = await run_load("agio", server.ready, concurrency)
         server_cpu = server.cpu_s() - cpu
         peak = server.peak_rss_mb()
-    return _level("grpc floor", concurrency, load, server_cpu, peak, load.cpu_s)
+    return level_result("grpc floor", concurrency, load, server_cpu, peak, load.cpu_s)
 
 
 async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     async with procs.fake_model(tokens, rate, tool_first=True) as model:
         model_cpu = model.cpu_s()
-        load = await _generate("sdk", model.ready, concurrency)
+        load = await generate("sdk", model.ready, concurrency)
         model_cpu = model.cpu_s() - model_cpu
-    return _level("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb, model_cpu)
+    return level_result("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb, model_cpu)
 
 
 async def run_load(kind: str, target: str, concurrency: int) -> LoadResult:
@@ -117,11 +119,11 @@ async def run_load(kind: str, target: str, concurrency: int) -> LoadResult:
     generators = math.ceil(concurrency / RUNS_PER_GENERATOR)
     shares = [concurrency // generators] * generators
     shares[0] += concurrency - sum(shares)
-    parts = await asyncio.gather(*(_generate(kind, target, share) for share in shares))
-    return _merge(list(parts))
+    parts = await asyncio.gather(*(generate(kind, target, share) for share in shares))
+    return merge(list(parts))
 
 
-def _level(
+def level_result(
     system: str,
     concurrency: int,
     load: LoadResult,

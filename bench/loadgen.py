@@ -39,18 +39,17 @@ class LoadResult:
             self.error_samples.append(why[:300])
 
 
-async def agio_load(address: str, runs: int, result: LoadResult) -> None:
+async def agio_load(address: str, runs: int, result: LoadResult, per_channel: int = 100) -> None:
     import grpc
 
     from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
 
-    # Several channels: one HTTP/2 connection per ~100 streams, as a fleet of callers would.
-    # A local subchannel pool per channel: otherwise channels to one target share a single
-    # connection in this process.
+    # Several channels: one HTTP/2 connection per `per_channel` streams, as a fleet of
+    # callers would. A local subchannel pool per channel: otherwise channels to one target
+    # share a single connection in this process.
     options = [("grpc.use_local_subchannel_pool", 1)]
-    channels = [
-        grpc.aio.insecure_channel(address, options=options) for _ in range(max(1, runs // 100))
-    ]
+    count = max(1, runs // per_channel)
+    channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
     stubs = [agent_service_pb2_grpc.AgentServiceStub(channel) for channel in channels]
 
     async def one(index: int) -> None:
@@ -116,12 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=["agio", "sdk"])
     parser.add_argument("target", help="agio: host:port of the server; sdk: the model URL")
     parser.add_argument("--runs", type=int, required=True)
+    parser.add_argument(
+        "--runs-per-channel", type=int, default=100, help="agio: streams per connection"
+    )
     args = parser.parse_args(argv)
     result = LoadResult(runs=args.runs)
     cpu = time.process_time()
     started = time.perf_counter()
-    load = agio_load if args.kind == "agio" else sdk_load
-    asyncio.run(load(args.target, args.runs, result))
+    if args.kind == "agio":
+        asyncio.run(agio_load(args.target, args.runs, result, args.runs_per_channel))
+    else:
+        asyncio.run(sdk_load(args.target, args.runs, result))
     result.wall_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - cpu
     result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -10,9 +10,9 @@ of their own.
 
 - **Delta lag.** Runs started on A (the owner), `--concurrent` at a time, each a reply of
   `--tokens` one-word deltas the model paces at `--rate` tokens/s. Each run is watched at
-  once from this process through `WatchRun` on A and on B; for every delta, the time it
-  arrived from B minus the time it arrived from A (same seq). B follows the run from A
-  through A's member listener (service/members.py).
+  once from this process through `WatchRun` on A and on B; for every delta made once both
+  watches stream, the time it arrived from B minus the time it arrived from A (same seq).
+  B follows the run from A through A's member listener (service/members.py).
 - **LISTEN/NOTIFY.** The same number of messages sent with `NOTIFY` on one PostgreSQL
   connection and received with `LISTEN` on another: the latency of the database as the
   way across, without the owner's cost of one statement per delta.
@@ -25,14 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import asyncpg
 
@@ -56,48 +52,32 @@ class Figures:
     end_elsewhere_ms: list[float] = field(default_factory=list)
 
 
-@asynccontextmanager
-async def database(postgres: str) -> AsyncIterator[str]:
-    """A fresh database: on the PostgreSQL server `postgres` names, else a SQLite file."""
-    if not postgres:
-        with tempfile.TemporaryDirectory() as scratch:
-            yield f"sqlite+aiosqlite:///{Path(scratch) / 'members.db'}"
-        return
-    admin_url = postgres.replace("postgresql+asyncpg://", "postgresql://")
-    name = f"agio_bench_members_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        base, _, _ = admin_url.rpartition("/")
-        try:
-            yield f"postgresql+asyncpg://{base.removeprefix('postgresql://')}/{name}"
-        finally:
-            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
-async def arrivals(events: AsyncIterator[StepEvent]) -> dict[int, float]:
-    """When each delta of the stream arrived (perf_counter), by seq."""
+async def arrivals(events: AsyncIterator[StepEvent]) -> tuple[float, dict[int, float]]:
+    """When the stream's first event arrived, and when each of its deltas did, by seq
+    (perf_counter)."""
+    first = 0.0
     seen: dict[int, float] = {}
     async for event in events:
+        first = first or time.perf_counter()
         kind = event.WhichOneof("event")
         if kind == "step_delta":
             seen[event.seq] = time.perf_counter()
         elif kind in TERMINAL:
             break
-    return seen
+    return first, seen
 
 
 async def one_watched_run(owner: AgioClient, other: AgioClient, figures: Figures) -> None:
     run = await owner.start_run("Count for me.")
-    on_owner, elsewhere = await asyncio.gather(
+    (owner_attached, on_owner), (other_attached, elsewhere) = await asyncio.gather(
         arrivals(owner.watch_run(run.id)), arrivals(other.watch_run(run.id))
     )
     figures.deltas_on_owner += len(on_owner)
     figures.deltas_elsewhere += len(elsewhere)
+    attached = max(owner_attached, other_attached)
     for seq, arrived in elsewhere.items():
-        if seq in on_owner:
+        # Deltas made once both watches streamed: not the replay of those made before.
+        if seq in on_owner and on_owner[seq] > attached:
             figures.delta_lag_ms.append((arrived - on_owner[seq]) * 1000)
 
 
@@ -215,7 +195,7 @@ def tables(figures: Figures) -> str:
 
 async def measure(args: argparse.Namespace) -> Figures:
     figures = Figures()
-    async with database(args.postgres) as url:
+    async with procs.scratch_database(args.postgres) as url:
         await delta_lag(url, args.runs, args.concurrent, args.tokens, args.rate, figures)
         await cancels(url, args.cancels, figures)
     if args.postgres:

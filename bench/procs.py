@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,6 +42,19 @@ class Child:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants alive now (e.g. a supervisor and its workers)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child_pid in children:
+            found += process_tree(int(child_pid))
+    return found
 
 
 def process_cpu_s(pid: int) -> float:
@@ -137,3 +152,27 @@ async def grpc_floor(
         args += ["--relay", relay]
     async with child(args, LISTEN_LINE, clean_env(), "stderr") as started:
         yield started
+
+
+@asynccontextmanager
+async def scratch_database(postgres: str = "") -> AsyncIterator[str]:
+    """The URL of a fresh database, removed afterwards: made on the PostgreSQL server the
+    URL `postgres` names, else a SQLite file in a temporary directory."""
+    if not postgres:
+        with tempfile.TemporaryDirectory() as scratch:
+            yield f"sqlite+aiosqlite:///{Path(scratch) / 'bench.db'}"
+        return
+    import asyncpg
+
+    admin_url = postgres.replace("postgresql+asyncpg://", "postgresql://")
+    name = f"agio_bench_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        base = admin_url.rpartition("/")[0].removeprefix("postgresql://")
+        try:
+            yield f"postgresql+asyncpg://{base}/{name}"
+        finally:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

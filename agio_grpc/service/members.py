@@ -169,6 +169,8 @@ class MemberListener:
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         server.add_generic_rpc_handlers([self._handlers()])
         port = server.add_insecure_port(bind)
+        if port == 0:
+            raise RuntimeError(f"could not bind {bind}")
         await server.start()
         self._server = server
         self.address = advertised_address(f"{bind.rpartition(':')[0]}:{port}", advertise)
