@@ -82,6 +82,9 @@ PAGE_TOKEN_KEY = "page_tokens"
 """The name of the store's secret that signs page tokens."""
 
 
+MEMBER_ADDRESS_SETTING = "AGIO_SERVER__MEMBER_ADDRESS"
+
+
 def instance_id(settings: Settings) -> str:
     """The configured instance id, else `HOSTNAME/LISTEN_ADDRESS`: stable across restarts,
     and distinct for servers listening apart. On a port picked at bind time, which a restart
@@ -193,6 +196,7 @@ class AgioApp:
         auth_mode = choose_auth_mode(settings)
         if worker is None:
             check_bindable(settings.listen_address)
+        check_bindable(settings.server.member_address, MEMBER_ADDRESS_SETTING)
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
@@ -272,8 +276,10 @@ class AgioApp:
             )
             try:
                 await members.start(sql_store, bind, advertise)
-            except RuntimeError as error:  # grpc cannot bind it
-                raise cannot_listen(bind, one_line(error)) from error
+            except RuntimeError as error:  # bound by another process since the check
+                raise cannot_listen(
+                    bind, one_line(error), setting=MEMBER_ADDRESS_SETTING
+                ) from error
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
             try:

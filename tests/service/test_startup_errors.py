@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from agio_grpc.cli.serve import configuration_lines
-from agio_grpc.config import Settings
+from agio_grpc.config import ServerConfig, Settings
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.startup import StartupError, check_bindable
 from tests.service.conftest import make_settings
@@ -79,6 +79,17 @@ async def test_a_taken_port_fails_before_the_store_opens(tmp_path: Path) -> None
         error = await start_fails(tmp_path, listen_address=address)
     assert str(error).startswith(f"cannot listen on {address}: the port is in use")
     assert error.setting == "AGIO_LISTEN_ADDRESS"
+    assert not (tmp_path / "agio.db").exists()  # nothing was started
+
+
+async def test_a_taken_member_address_names_its_setting(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        error = await start_fails(tmp_path, server=ServerConfig(member_address=address))
+    assert str(error).startswith(f"cannot listen on {address}: the port is in use")
+    assert error.setting == "AGIO_SERVER__MEMBER_ADDRESS"
     assert not (tmp_path / "agio.db").exists()  # nothing was started
 
 
