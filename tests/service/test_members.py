@@ -1,7 +1,8 @@
 """Three servers on one PostgreSQL database act as one service: a run is followed live (its
 deltas included) and cancelled from any member, and when the member running it is killed
 with SIGKILL, watchers on the other two follow it to its INTERRUPTED end and the session
-takes a new run.
+takes a new run. The two workers of `serve --workers 2` on SQLite do the same for each
+other.
 
 The members are real `agio-grpc serve` processes; the model is the fake model of this
 test process. A reply streams its first piece and then waits an hour for the next, so the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import grpc
@@ -19,6 +21,7 @@ import pytest
 
 from agio_grpc.client import AgioClient
 from agio_grpc.service.members import FOLLOW, TOKEN_HEADER
+from agio_grpc.service.worker import WORKER_HEADER
 from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import agent_service_pb2 as pb
@@ -27,11 +30,14 @@ from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.postgres import TestDatabases
 from tests.service.test_leases import kill, start_serve
+from tests.service.test_serve import read_until, spawn_serve
+from tests.service.test_workers import SUPERVISOR_LISTENING
 
 # Real server processes, one of them killed (make test-slow).
 pytestmark = pytest.mark.slow
 
 LEASE_S = "1.0"
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 MID_STEP = Turn.text("Hello world", chunks=2, chunk_delay=3600)
 """Streams "Hello " at once, then holds the rest for an hour."""
 
@@ -187,3 +193,52 @@ async def member_address_of(members: Members, run_id: str) -> str:
         await store.close()
     assert member is not None
     return member.address
+
+
+async def test_the_workers_of_one_port_follow_and_cancel_each_other_s_runs(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """`serve --workers 2` on SQLite: a run on one worker, watched and cancelled through a
+    connection the other worker serves."""
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "OPENAI_BASE_URL": fake_model.base_url,
+            "OPENAI_API_KEY": "test-key",
+            "AGIO_SERVER__WORKERS": "2",
+        },
+    )
+    assert process.stderr is not None
+    try:
+        head, _ = await read_until(process.stderr, SUPERVISOR_LISTENING)
+        found = SUPERVISOR_LISTENING.search(head)
+        assert found is not None
+        address = found.group(1)
+        async with AsyncExitStack() as stack:
+            by_worker: dict[int, AgioClient] = {}
+            async with asyncio.timeout(120):
+                while len(by_worker) < 2:  # fresh connections until both workers answered
+                    # A subchannel pool of its own: a connection of its own.
+                    channel = grpc.aio.insecure_channel(address, options=OWN_CONNECTION)
+                    client = await stack.enter_async_context(AgioClient(address, channel=channel))
+                    by_worker.setdefault(await worker_of(client), client)
+            owner, other = by_worker.values()
+            run_id, _ = await start_mid_step(owner, fake_model)
+            async with asyncio.timeout(30):
+                watch = other.watch_run(run_id)
+                before = await until(watch, "step_delta")  # live, from the other worker
+                cancelled = await other.cancel_run(run_id, "from the other worker")
+                rest = [event async for event in watch]
+    finally:
+        await kill(process)
+    assert before[-1].step_delta.content == "Hello "
+    assert cancelled.status == RunStatus.RUN_STATUS_CANCELLED
+    assert kinds(rest) == ["run_completed"]
+
+
+async def worker_of(client: AgioClient) -> int:
+    """The pid of the worker serving the client's connection."""
+    call = client.agents.ListAgents(pb.ListAgentsRequest(), timeout=30)
+    await call
+    return int(dict(await call.initial_metadata())[WORKER_HEADER])
