@@ -345,15 +345,11 @@ class ServerConfig(_Strict):
     def _workers_or_auto(cls, value: object) -> object:
         return parse_workers(value)
 
-    @field_validator("member_address")
+    @field_validator("member_address", "member_advertise_address")
     @classmethod
-    def _check_member_address(cls, value: str) -> str:
-        return check_host_port(value)
-
-    @field_validator("member_advertise_address")
-    @classmethod
-    def _check_advertised(cls, value: str) -> str:
-        return check_host_port(value) if value else value
+    def _check_member_addresses(cls, value: str, info: ValidationInfo) -> str:
+        unset = not value and info.field_name == "member_advertise_address"
+        return value if unset else check_host_port(value)
 
 
 AuthMode = Literal["none", "api_key", "jwt", "mtls"]

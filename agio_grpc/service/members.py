@@ -73,6 +73,32 @@ def advertised_address(bound: str, configured: str) -> str:
     return f"{host}:{port}"
 
 
+@dataclass(frozen=True, slots=True)
+class _MemberStub:
+    """The member calls on one channel to one member."""
+
+    channel: grpc.aio.Channel
+    follow: grpc.aio.UnaryStreamMultiCallable
+    cancel_requested: grpc.aio.UnaryUnaryMultiCallable
+
+    @classmethod
+    def open(cls, address: str) -> _MemberStub:
+        channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        return cls(
+            channel,
+            channel.unary_stream(
+                FOLLOW,
+                request_serializer=pb.WatchRunRequest.SerializeToString,
+                response_deserializer=events_pb2.StepEvent.FromString,
+            ),
+            channel.unary_unary(
+                CANCEL_REQUESTED,
+                request_serializer=pb.CancelRunRequest.SerializeToString,
+                response_deserializer=empty_pb2.Empty.FromString,
+            ),
+        )
+
+
 @dataclass
 class MemberCalls:
     """This member's calls to the others (module docstring)."""
@@ -80,12 +106,12 @@ class MemberCalls:
     directory: MemberDirectory
     instance_id: str
     token: str
-    _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    _stubs: dict[str, _MemberStub] = field(default_factory=dict)
 
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            await channel.close()
+        stubs, self._stubs = self._stubs, {}
+        for stub in stubs.values():
+            await stub.channel.close()
 
     async def follow(self, run_id: str, after_seq: int) -> AsyncIterator[events_pb2.StepEvent]:
         """The run's events after `after_seq` as the member running it streams them, up to
@@ -94,13 +120,8 @@ class MemberCalls:
         member = await self._elsewhere(run_id)
         if member is None:
             return
-        call = self._channel(member).unary_stream(
-            FOLLOW,
-            request_serializer=pb.WatchRunRequest.SerializeToString,
-            response_deserializer=events_pb2.StepEvent.FromString,
-        )
         request = pb.WatchRunRequest(run_id=run_id, after_seq=after_seq)
-        stream = call(request, metadata=self._metadata())
+        stream = self._stub(member).follow(request, metadata=self._metadata())
         try:
             async for event in stream:
                 yield event
@@ -121,13 +142,10 @@ class MemberCalls:
             member = await self._elsewhere(run_id)
             if member is None:
                 return
-            call = self._channel(member).unary_unary(
-                CANCEL_REQUESTED,
-                request_serializer=pb.CancelRunRequest.SerializeToString,
-                response_deserializer=empty_pb2.Empty.FromString,
-            )
             request = pb.CancelRunRequest(run_id=run_id)
-            await call(request, timeout=max(timeout_s, 0.001), metadata=self._metadata())
+            await self._stub(member).cancel_requested(
+                request, timeout=max(timeout_s, 0.001), metadata=self._metadata()
+            )
         except grpc.aio.AioRpcError as error:
             log.info(
                 "run %s: could not reach the member running it (%s); it finds the cancel "
@@ -142,12 +160,11 @@ class MemberCalls:
         member = await self.directory.member_running(run_id)
         return member if member is not None and member.instance_id != self.instance_id else None
 
-    def _channel(self, member: Member) -> grpc.aio.Channel:
-        channel = self._channels.get(member.address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(member.address, options=_CHANNEL_OPTIONS)
-            self._channels[member.address] = channel
-        return channel
+    def _stub(self, member: Member) -> _MemberStub:
+        stub = self._stubs.get(member.address)
+        if stub is None:
+            stub = self._stubs[member.address] = _MemberStub.open(member.address)
+        return stub
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return ((TOKEN_HEADER, self.token),)

@@ -758,6 +758,19 @@ def test_the_instance_id_is_configured_or_derived_from_the_listen_address() -> N
     assert instance_id(named) == "replica-a"
 
 
+def test_member_addresses_are_host_and_port() -> None:
+    assert ServerConfig().member_address == "127.0.0.1:0"
+    assert ServerConfig().member_advertise_address == ""
+    fine = ServerConfig(member_address="0.0.0.0:50052", member_advertise_address="10.0.0.5:1")
+    assert fine.member_advertise_address == "10.0.0.5:1"
+    for field in ("member_address", "member_advertise_address"):
+        for wrong in ("50052", "host:", ":1", "host:65536", "host:port"):
+            with pytest.raises(ValidationError, match=field):
+                ServerConfig.model_validate({field: wrong})
+    with pytest.raises(ValidationError, match="member_address"):
+        ServerConfig(member_address="")
+
+
 async def test_the_agent_service_applies_the_configured_limits(app: AgioApp) -> None:
     config = ServerConfig(
         max_run_timeout_s=60,
