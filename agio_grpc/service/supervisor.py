@@ -12,7 +12,8 @@ the supervisor's environment plus the chosen address. The first starts alone (it
 the store) and the others once it listens; a worker that fails to start the first time
 stops the supervisor with exit code 2 (the worker has printed the one line saying why).
 A worker that exits later is restarted in its slot after a backoff (0.5 s, doubling with
-each start that fails in a row, at most 10 s), and five failed starts in a row stop the
+each start that fails in a row, at most 10 s; a worker that exits within `STABLE_AFTER_S`
+of listening counts as a start that failed), and five failed starts in a row stop the
 supervisor with exit code 2. SIGTERM or SIGINT is forwarded to every worker as SIGTERM; they
 drain, and those still running after the grace period plus `KILL_MARGIN_S` are killed;
 then the supervisor exits 0. SIGHUP is forwarded when the server speaks TLS (the workers
@@ -44,6 +45,8 @@ FIRST_RESTART_DELAY_S = 0.5
 MAX_RESTART_DELAY_S = 10.0
 MAX_FAILED_STARTS = 5
 """Starts of one slot that fail in a row before the supervisor gives up."""
+STABLE_AFTER_S = 10.0
+"""A worker that exits sooner than this after it listened counts as a start that failed."""
 KILL_MARGIN_S = 5.0
 """Past the grace period, how long draining workers get to close their stores."""
 STARTUP_FAILED = 2
@@ -56,6 +59,8 @@ class _Slot:
     index: int
     process: asyncio.subprocess.Process | None = None
     failed_starts: int = 0
+    ready_at: float = 0.0
+    """When its worker last said it listens (the event loop's clock)."""
     channel: socket.socket | None = field(default=None, repr=False)
 
 
@@ -156,39 +161,47 @@ class Supervisor:
             said = await asyncio.get_running_loop().sock_recv(ours, len(READY))
         except OSError:
             said = b""
+        if said == READY:
+            slot.ready_at = asyncio.get_running_loop().time()
         return said == READY
 
     async def _keep(self, slot: _Slot) -> None:
         """Restart the slot's worker whenever it exits, until the supervisor stops."""
+        loop = asyncio.get_running_loop()
         while True:
             assert slot.process is not None
             code = await slot.process.wait()
             if self._stopping.is_set():
                 return
-            delay = min(FIRST_RESTART_DELAY_S * 2**slot.failed_starts, MAX_RESTART_DELAY_S)
-            log.warning(
-                "worker %d (pid %d) %s: restarting it in %.1fs",
-                slot.index,
-                slot.process.pid,
-                _ended(code),
-                delay,
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
-                return
-            if await self._start(slot, restart=True):
-                slot.failed_starts = 0
-                continue
-            slot.failed_starts += 1
-            if slot.failed_starts >= MAX_FAILED_STARTS and not self._stopping.is_set():
-                log.error(
-                    "worker %d failed to start %d times in a row (%s): stopping",
+            # Gone within STABLE_AFTER_S of listening: a start that failed, as a crash loop.
+            stable = loop.time() - slot.ready_at >= STABLE_AFTER_S
+            slot.failed_starts = 0 if stable else slot.failed_starts + 1
+            while slot.failed_starts < MAX_FAILED_STARTS:
+                delay = min(FIRST_RESTART_DELAY_S * 2**slot.failed_starts, MAX_RESTART_DELAY_S)
+                log.warning(
+                    "worker %d (pid %d) %s: restarting it in %.1fs",
                     slot.index,
-                    slot.failed_starts,
-                    _ended(await slot.process.wait()),
+                    slot.process.pid,
+                    _ended(code),
+                    delay,
                 )
-                self._exit_code = STARTUP_FAILED
-                self._stopping.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                    return
+                if await self._start(slot, restart=True):
+                    break
+                slot.failed_starts += 1
+                code = await slot.process.wait()
+            else:
+                if not self._stopping.is_set():
+                    log.error(
+                        "worker %d failed to start %d times in a row (%s): stopping",
+                        slot.index,
+                        slot.failed_starts,
+                        _ended(code),
+                    )
+                    self._exit_code = STARTUP_FAILED
+                    self._stopping.set()
                 return
 
     async def _drain(self, keepers: list[asyncio.Task[None]], *, quietly: bool = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -222,6 +223,45 @@ async def test_a_worker_that_keeps_failing_to_restart_stops_the_supervisor(
     async with asyncio.timeout(60):
         assert await supervisor.Supervisor(settings, command).run() == 2
     starts = [(tmp_path / f"starts-{slot}").read_text() for slot in (1, 2)]
-    # One start that listened, then restarts until one slot failed five in a row.
-    assert 1 + supervisor.MAX_FAILED_STARTS in {len(count) for count in starts}
-    assert all(len(count) <= 1 + supervisor.MAX_FAILED_STARTS for count in starts)
+    # One start that listened and died at once (a failed start too), then restarts until
+    # one slot failed five in a row.
+    assert supervisor.MAX_FAILED_STARTS in {len(count) for count in starts}
+    assert all(len(count) <= supervisor.MAX_FAILED_STARTS for count in starts)
+
+
+CRASH_LOOPING_WORKER = """
+import socket, sys
+from pathlib import Path
+
+slot = sys.argv[sys.argv.index("--worker") + 1]
+fd = int(sys.argv[sys.argv.index("--supervisor-fd") + 1])
+starts = Path(sys.argv[1]) / f"starts-{slot}"
+starts.write_text(starts.read_text() + "x" if starts.exists() else "x")
+socket.socket(fileno=fd).sendall(b"ready\\n")  # listens, then dies: every time
+sys.exit(1)
+"""
+
+
+async def test_a_worker_that_dies_each_time_it_listens_backs_off_then_stops_the_supervisor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agio_grpc.service import supervisor
+
+    monkeypatch.setattr(supervisor, "FIRST_RESTART_DELAY_S", 0.05)
+    settings = Settings(
+        listen_address="127.0.0.1:0",
+        openai_base_url="http://127.0.0.1:9/v1",
+        server={"workers": 1},
+    )
+    command = [sys.executable, "-c", CRASH_LOOPING_WORKER, str(tmp_path)]
+    with caplog.at_level(logging.WARNING, logger=supervisor.__name__):
+        async with asyncio.timeout(60):
+            assert await supervisor.Supervisor(settings, command).run() == 2
+    assert len((tmp_path / "starts-1").read_text()) == supervisor.MAX_FAILED_STARTS
+    delays = [
+        float(found.group(1))
+        for record in caplog.records
+        if (found := re.search(r"restarting it in ([\d.]+)s", record.getMessage()))
+    ]
+    assert delays == [0.1, 0.2, 0.4, 0.8]  # backs off, never reset by a start that listened
+    assert "failed to start 5 times in a row" in caplog.text
