@@ -771,6 +771,16 @@ def test_member_addresses_are_host_and_port() -> None:
         ServerConfig(member_address="")
 
 
+def test_the_advertised_member_address_is_the_configured_one_else_the_bound_one() -> None:
+    from agio_grpc.service.members import advertised_address
+
+    assert advertised_address("127.0.0.1:40001", "") == "127.0.0.1:40001"
+    assert advertised_address("0.0.0.0:40001", "10.0.0.5:50052") == "10.0.0.5:50052"
+    host = socket.gethostname()
+    assert advertised_address("0.0.0.0:40001", "") == f"{host}:40001"  # a wildcard: this host
+    assert advertised_address("[::]:40001", "") == f"{host}:40001"
+
+
 async def test_the_agent_service_applies_the_configured_limits(app: AgioApp) -> None:
     config = ServerConfig(
         max_run_timeout_s=60,
