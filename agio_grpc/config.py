@@ -446,6 +446,18 @@ class QuotasConfig(_Strict):
     ROLLBACK), over all its sessions; `server.max_queued_runs` bounds each session's."""
 
 
+class HttpConfig(_Strict):
+    """The HTTP listener (`http_address`): the same services over Connect and gRPC-Web, for
+    browsers and HTTP clients (docs/browsers.md)."""
+
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Origins of the web pages that may call (`https://app.example.com`; `*`: any page).
+    Empty: only pages of the listener's own origin; clients that are not browsers send no
+    origin and are not concerned."""
+    keep_alive_s: int = Field(5, ge=1)
+    """How long an idle HTTP/1.1 connection is kept open."""
+
+
 class Settings(BaseSettings):
     """Everything `agio-grpc serve` needs. Environment variables win over the config file."""
 
@@ -455,6 +467,9 @@ class Settings(BaseSettings):
 
     listen_address: str = "127.0.0.1:50051"
     """host:port to listen on; port 0 picks a free port (the bound one is logged)."""
+    http_address: str | None = None
+    """host:port of the HTTP listener (Connect and gRPC-Web, `http`); unset: none."""
+    http: HttpConfig = Field(default_factory=HttpConfig)
     database_url: str = "sqlite+aiosqlite:///agio.db"
     """SQLAlchemy URL: `sqlite+aiosqlite:///file.db` or `postgresql+asyncpg://...`."""
     config: Path | None = None
@@ -490,9 +505,11 @@ class Settings(BaseSettings):
     present one they signed (mutual TLS). Needs `tls_cert_file` and `tls_key_file`."""
     quotas: QuotasConfig = Field(default_factory=QuotasConfig)
 
-    @field_validator("listen_address")
+    @field_validator("listen_address", "http_address")
     @classmethod
-    def _check_address(cls, value: str) -> str:
+    def _check_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError("must be host:port with a port in 0..65535")

@@ -80,13 +80,16 @@ def loading(what: str, setting: str) -> Iterator[None]:
 _FREE_PORT = "stop what uses that port or choose another one (port 0: any free port)"
 
 
-def cannot_listen(address: str, reason: str, fix: str = _FREE_PORT) -> StartupError:
-    return StartupError(f"cannot listen on {address}: {reason}", "AGIO_LISTEN_ADDRESS", fix)
+def cannot_listen(
+    address: str, reason: str, fix: str = _FREE_PORT, setting: str = "AGIO_LISTEN_ADDRESS"
+) -> StartupError:
+    return StartupError(f"cannot listen on {address}: {reason}", setting, fix)
 
 
-def check_bindable(address: str) -> None:
+def check_bindable(address: str, setting: str = "AGIO_LISTEN_ADDRESS") -> None:
     """Raise StartupError when no address `address` resolves to can be bound now (as gRPC
-    itself binds: the server listens if any of them binds). Port 0 always can."""
+    itself binds: the server listens if any of them binds). Port 0 always can. `setting`
+    names the address in the error."""
     host, _, port = address.rpartition(":")
     if port == "0":
         return
@@ -96,7 +99,9 @@ def check_bindable(address: str) -> None:
             host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
     except (OSError, ValueError) as error:
-        raise cannot_listen(address, f"the host does not resolve ({error})") from error
+        raise cannot_listen(
+            address, f"the host does not resolve ({error})", setting=setting
+        ) from error
     failures: list[OSError] = []
     for family, kind, protocol, _, socket_address in resolved:
         try:
@@ -110,12 +115,13 @@ def check_bindable(address: str) -> None:
         first = failures[0]
         if first.errno == errno.EADDRNOTAVAIL:
             fix = "use an address of this machine (127.0.0.1, or 0.0.0.0 for every interface)"
-            raise cannot_listen(address, "this machine has no such address", fix) from first
+            reason = "this machine has no such address"
+            raise cannot_listen(address, reason, fix, setting) from first
         if first.errno == errno.EACCES:
             fix = "use a port above 1023, or give the process the right to bind below"
-            raise cannot_listen(address, "permission denied", fix) from first
+            raise cannot_listen(address, "permission denied", fix, setting) from first
         reason = "the port is in use" if first.errno == errno.EADDRINUSE else one_line(first)
-        raise cannot_listen(address, reason) from first
+        raise cannot_listen(address, reason, setting=setting) from first
 
 
 def one_line(error: BaseException) -> str:
