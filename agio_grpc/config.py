@@ -507,9 +507,9 @@ class Settings(BaseSettings):
 
     @field_validator("listen_address", "http_address")
     @classmethod
-    def _check_address(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
+    def _check_address(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or (value == "" and info.field_name == "http_address"):
+            return None  # AGIO_HTTP_ADDRESS= turns the HTTP listener off
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError("must be host:port with a port in 0..65535")

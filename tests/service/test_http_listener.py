@@ -4,6 +4,7 @@ HTTP client as a browser calls them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,8 +15,9 @@ import httpx2
 import pytest
 
 from agio_grpc.client import AgioClient
-from agio_grpc.config import AgentConfig, LimitsConfig, ServerConfig
+from agio_grpc.config import AgentConfig, LimitsConfig, ServerConfig, Settings
 from agio_grpc.service.app import AgioApp
+from agio_grpc.service.auth import choose_auth_mode
 from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.sql import open_store
@@ -424,3 +426,44 @@ async def test_an_http_address_in_use_stops_the_start_naming_its_setting(
         with pytest.raises(StartupError) as refused:
             await AgioApp.start(taken)
     assert "AGIO_HTTP_ADDRESS" in str(refused.value)
+
+
+async def test_a_drain_ends_a_connect_stream_with_its_terminal_event(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """As on gRPC: health turns NOT_SERVING, and a run still going when the grace period is
+    nearly over is interrupted, its stream ending with its terminal event."""
+    fake_model.enqueue(Turn.hanging())
+    app = await AgioApp.start(http_settings(tmp_path, fake_model.base_url))
+    assert app.http is not None
+    request = agent_service_pb2.RunRequest(input="wait for the model")
+    stopping: asyncio.Future[None] | None = None
+    try:
+        async with httpx2.AsyncClient(base_url=f"http://{app.http.address}") as http:
+            await app.bound.health.enter_graceful_shutdown()
+            health = await http.post("/grpc.health.v1.Health/Check", json={})
+            assert health.json() == {"status": "NOT_SERVING"}
+            async with http.stream(
+                "POST", RUN, content=json_envelope(request), headers=CONNECT_STREAM_JSON
+            ) as response:
+                received = read_envelopes(response)
+                _, first = await anext(received)
+                assert "runStarted" in json.loads(first)
+                stopping = asyncio.ensure_future(app.stop(grace=1))
+                rest = [item async for item in received]
+    finally:
+        await (stopping if stopping is not None else app.stop(grace=0))
+    *events, (end_flags, end) = rest
+    assert end_flags == END_STREAM
+    assert json.loads(end) == {}
+    terminal = json.loads(events[-1][1])
+    run = (terminal.get("runFailed") or terminal.get("runCompleted"))["run"]
+    assert run["stopSignal"]["reason"] == "STOP_REASON_INTERRUPTED"
+
+
+def test_an_http_listener_other_machines_can_reach_needs_an_authentication_mode() -> None:
+    loopback = Settings(listen_address="127.0.0.1:0", http_address="127.0.0.1:0")
+    assert choose_auth_mode(loopback) == "none"
+    exposed = Settings(listen_address="127.0.0.1:0", http_address="0.0.0.0:8080")
+    with pytest.raises(StartupError, match=r"no authentication chosen for 0\.0\.0\.0:8080"):
+        choose_auth_mode(exposed)
