@@ -309,12 +309,12 @@ class AgioApp:
             telemetry.shutdown()
             raise
         log.info(
-            "agio-grpc %slistening on %s%s%s (authentication: %s)",
+            "agio-grpc %slistening on %s%s (authentication: %s)%s",
             f"{worker.name()} " if worker else "",
             bound.address,
             _transport(certificates),
-            f", HTTP (Connect, gRPC-Web) on {http.address}" if http else "",
             auth_mode,
+            f"; HTTP (Connect, gRPC-Web) on {http.address}" if http else "",
         )
         return cls(
             settings,
