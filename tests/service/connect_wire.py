@@ -1,27 +1,21 @@
 """The Connect and gRPC-Web wire as a browser writes and reads it, over a plain HTTP client
-(httpx2): envelopes, end-of-stream messages, trailers and error details. The tests check the
-service's answers against the protocol, not against a library that shares its code."""
+(httpx2): end-of-stream messages, trailers and error details (the envelopes are
+agio_grpc/testing/envelopes.py). The tests check the service's answers against the
+protocol, not against a library that shares its code."""
 
 from __future__ import annotations
 
 import base64
 import json
-import struct
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
+from agio_grpc.testing.envelopes import END_STREAM, TRAILERS, envelope, envelopes
 from agio_grpc.v1 import events_pb2
-
-END_STREAM = 0x02
-"""Connect: the flag of the envelope that ends a stream (a JSON EndStreamResponse)."""
-TRAILERS = 0x80
-"""gRPC-Web: the flag of the envelope that holds the trailers."""
 
 CONNECT_JSON = {"content-type": "application/json"}
 CONNECT_STREAM_JSON = {"content-type": "application/connect+json"}
@@ -29,37 +23,8 @@ CONNECT_STREAM_PROTO = {"content-type": "application/connect+proto"}
 GRPC_WEB_PROTO = {"content-type": "application/grpc-web+proto", "x-grpc-web": "1"}
 
 
-def envelope(payload: bytes, flags: int = 0) -> bytes:
-    return struct.pack(">BI", flags, len(payload)) + payload
-
-
 def json_envelope(request: Message) -> bytes:
     return envelope(json_format.MessageToJson(request).encode())
-
-
-def envelopes(data: bytes) -> list[tuple[int, bytes]]:
-    """Every (flags, payload) of a whole enveloped body; the body must end on a boundary."""
-    found = []
-    at = 0
-    while at < len(data):
-        flags, size = struct.unpack(">BI", data[at : at + 5])
-        found.append((flags, data[at + 5 : at + 5 + size]))
-        at += 5 + size
-    assert at == len(data), "the body ends inside an envelope"
-    return found
-
-
-async def read_envelopes(response: httpx2.Response) -> AsyncIterator[tuple[int, bytes]]:
-    """The envelopes of a streamed body, each as soon as it is whole."""
-    buffer = b""
-    async for chunk in response.aiter_bytes():
-        buffer += chunk
-        while len(buffer) >= 5:
-            flags, size = struct.unpack(">BI", buffer[:5])
-            if len(buffer) < 5 + size:
-                break
-            yield flags, buffer[5 : 5 + size]
-            buffer = buffer[5 + size :]
 
 
 @dataclass

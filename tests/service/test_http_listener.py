@@ -22,6 +22,7 @@ from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from agio_grpc.testing.envelopes import END_STREAM, envelope, read_envelopes
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
 from tests.service.auth_helpers import WHOAMI, auth_settings, bearer, serving
 from tests.service.conftest import make_settings
@@ -29,13 +30,10 @@ from tests.service.connect_wire import (
     CONNECT_JSON,
     CONNECT_STREAM_JSON,
     CONNECT_STREAM_PROTO,
-    END_STREAM,
     GRPC_WEB_PROTO,
     connect_stream,
-    envelope,
     grpc_web_stream,
     json_envelope,
-    read_envelopes,
     wire_error,
 )
 
@@ -296,7 +294,7 @@ async def test_a_client_that_leaves_a_connect_stream_cancels_its_run(
     async with http.stream(
         "POST", RUN, content=json_envelope(request), headers=CONNECT_STREAM_JSON
     ) as response:
-        async for flags, payload in read_envelopes(response):
+        async for flags, payload in read_envelopes(response.aiter_bytes()):
             assert flags != END_STREAM
             run_id = json.loads(payload)["runId"]
             break
@@ -446,7 +444,7 @@ async def test_a_drain_ends_a_connect_stream_with_its_terminal_event(
             async with http.stream(
                 "POST", RUN, content=json_envelope(request), headers=CONNECT_STREAM_JSON
             ) as response:
-                received = read_envelopes(response)
+                received = read_envelopes(response.aiter_bytes())
                 _, first = await anext(received)
                 assert "runStarted" in json.loads(first)
                 stopping = asyncio.ensure_future(app.stop(grace=1))
