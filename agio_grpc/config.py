@@ -456,6 +456,11 @@ class HttpConfig(_Strict):
     origin and are not concerned."""
     keep_alive_s: int = Field(5, ge=1)
     """How long an idle HTTP/1.1 connection is kept open."""
+    console: bool = True
+    """Serve the run console at `/` (docs/browsers.md)."""
+    trace_url_template: str = ""
+    """The console's link to a step's trace, `{trace_id}` replaced: e.g.
+    `http://127.0.0.1:16686/trace/{trace_id}` (Jaeger). "": no link."""
 
 
 class Settings(BaseSettings):

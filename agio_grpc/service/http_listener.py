@@ -32,6 +32,7 @@ from grpc_health.v1._async import HealthServicer
 
 from agio_grpc.config import HttpConfig, Settings
 from agio_grpc.service.connect import ConnectApplication, ConnectGateway, HandlerTable
+from agio_grpc.service.console import ConsolePages
 from agio_grpc.service.server import method_interceptors
 from agio_grpc.v1 import agent_service_pb2, session_service_pb2
 
@@ -227,7 +228,7 @@ class HttpListener:
         sock = bind_socket(address, share_port=share_port)
         server = uvicorn.Server(
             uvicorn.Config(
-                _Contained(CrossOriginPolicy(app, config.allowed_origins)),
+                _Contained(CrossOriginPolicy(ConsolePages(app, config), config.allowed_origins)),
                 http="h11",
                 ws="none",
                 lifespan="off",
