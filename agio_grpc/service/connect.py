@@ -255,19 +255,31 @@ class ConnectCall(grpc.aio.ServicerContext):  # type: ignore[misc]
         self._over = True
 
     def aborted_error(self) -> ConnectError:
-        """The ConnectError of the status the handler aborted with: same code and message,
-        the same `google.rpc` details, and any other trailing metadata as trailers."""
-        details: list[ErrorDetail] = []
-        for key, value in self._trailing:
-            if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
-                status = status_pb2.Status.FromString(value)
-                details.extend(
-                    ErrorDetail(WireAny(type_url=detail.type_url, value=detail.value))
-                    for detail in status.details
-                )
-            elif isinstance(value, str):
-                self._context.response_trailers.add(key, value)
-        return ConnectError(_connect_code(self._code), self._details or "", details)
+        """The ConnectError of the status the handler aborted with; trailing metadata other
+        than the status details goes out as the response's trailers."""
+        error, rest = connect_error(self._code, self._details or "", self._trailing)
+        for key, value in rest:
+            self._context.response_trailers.add(key, value)
+        return error
+
+
+def connect_error(
+    code: grpc.StatusCode | None, message: str, trailing_metadata: Sequence[tuple[str, Any]]
+) -> tuple[ConnectError, Metadata]:
+    """The ConnectError of a gRPC status: the same code and message, the same `google.rpc`
+    details (ErrorInfo, BadRequest, ...); and the status's other text metadata."""
+    details: list[ErrorDetail] = []
+    rest: list[tuple[str, str]] = []
+    for key, value in trailing_metadata:
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            details.extend(
+                ErrorDetail(WireAny(type_url=detail.type_url, value=detail.value))
+                for detail in status.details
+            )
+        elif isinstance(value, str):
+            rest.append((key, value))
+    return ConnectError(_connect_code(code), message, details), tuple(rest)
 
 
 def _connect_code(code: grpc.StatusCode | None) -> Code:
@@ -280,25 +292,7 @@ def _connect_code(code: grpc.StatusCode | None) -> Code:
 
 def status_error(status: grpc.Status) -> ConnectError:
     """The ConnectError of a status built by `errors.to_status` outside any handler."""
-    call = ConnectCall(_NO_CONTEXT, ())
-    call.set_code(status.code)
-    call.set_details(status.details)
-    call.set_trailing_metadata(status.trailing_metadata)
-    return call.aborted_error()
-
-
-_NO_CONTEXT: RequestContext[Any, Any] = RequestContext(
-    method=MethodInfo(
-        name="",
-        service_name="",
-        input=object,
-        output=object,
-        idempotency_level=IdempotencyLevel.UNKNOWN,
-        stream_type=StreamType.UNARY,
-    ),
-    http_method="POST",
-    request_headers=Headers(),
-)
+    return connect_error(status.code, status.details, status.trailing_metadata)[0]
 
 
 def call_metadata(headers: Headers) -> Metadata:

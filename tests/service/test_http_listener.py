@@ -135,6 +135,29 @@ async def test_a_connect_stream_in_binary_is_the_same_run_as_over_grpc(
     assert streamed == steps
 
 
+async def test_a_background_run_started_in_binary_is_watched_over_connect(
+    http: httpx2.AsyncClient,
+) -> None:
+    request = agent_service_pb2.RunRequest(input="hello there")
+    started = await http.post(
+        "/agio.v1.AgentService/StartRun",
+        content=request.SerializeToString(),
+        headers={"content-type": "application/proto"},
+    )
+    assert started.status_code == 200
+    assert started.headers["content-type"] == "application/proto"
+    run = agent_service_pb2.StartRunResponse.FromString(started.content).run
+    watch = agent_service_pb2.WatchRunRequest(run_id=run.id, after_seq=0)
+    watched = await http.post(
+        "/agio.v1.AgentService/WatchRun", content=json_envelope(watch), headers=CONNECT_STREAM_JSON
+    )
+    stream = connect_stream(watched.content, binary=False)
+    assert stream.error is None
+    assert [event.seq for event in stream.events] == list(range(1, len(stream.events) + 1))
+    assert stream.events[0].run_id == run.id
+    assert stream.events[-1].run_completed.run.status == resources_pb2.RUN_STATUS_COMPLETED
+
+
 async def test_a_grpc_web_stream_ends_with_its_status_in_the_trailers(
     http: httpx2.AsyncClient,
 ) -> None:
