@@ -172,6 +172,21 @@ async def test_a_fork_opens_the_new_session(browser: Browser, console_app: AgioA
     await expect(page.locator("#steps .step")).to_have_count(2)
 
 
+async def test_a_retry_from_a_step_streams_a_new_run(
+    browser: Browser, console_app: AgioApp, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(Turn.text("first answer"), Turn.text("second answer"))
+    async with AgioClient(console_app.address) as client:
+        first = await client.run_to_end("hello")
+    page = await open_console(browser, console_app)
+    await page.click(f"[data-session='{first.session_id}']")
+    await expect(page.locator("#steps .step.assistant .content")).to_have_text("first answer")
+    await page.locator("#steps .step[data-sequence='2'] .retry").click()
+    await expect(page.locator("#live .status")).to_have_text("COMPLETED", timeout=WAIT_MS)
+    await expect(page.locator("#steps .step.assistant .content")).to_have_text("second answer")
+    await expect(page.locator("#runs .run")).to_have_count(2)
+
+
 async def test_the_sessions_list_pages(browser: Browser, console_app: AgioApp) -> None:
     async with AgioClient(console_app.address) as client:
         for index in range(SESSION_PAGE + 1):
