@@ -43,6 +43,7 @@ from google.protobuf.message import Message
 from google.rpc import status_pb2
 from protobuf.wkt import Any as WireAny
 
+from agio_grpc.handlers import AGIO_METHODS
 from agio_grpc.service.errors import internal_error, malformed_request, to_status
 from agio_grpc.service.interceptors import Undecodable
 
@@ -427,19 +428,18 @@ async def _write_all(
 def _decode(
     path: str, handler: grpc.RpcMethodHandler, wire: WireRequest, message_class: type[Message]
 ) -> Any:
-    """The request the handler takes. Bytes that do not decode reach an `agio.v1` handler
-    as they do on gRPC (the error interceptor's deserializer never raises; its guard
-    refuses them after authentication); a JSON body that does not parse stands in as
-    `Undecodable` for the same guard."""
-    if not wire.json:
-        try:
-            return handler.request_deserializer(wire.data)
-        except Exception:  # a handler without the error interceptor (health checking)
-            raise status_error(to_status(malformed_request(path))) from None
+    """The request the handler takes. A body that does not decode reaches an `agio.v1`
+    handler as it does on gRPC: as `Undecodable` (what the error interceptor's deserializer
+    makes of bad bytes), which its guard refuses after authentication."""
     try:
+        if not wire.json:
+            return handler.request_deserializer(wire.data)
         return json_format.Parse(wire.data, message_class(), ignore_unknown_fields=True)
     except Exception as error:  # not JSON, not UTF-8, not the message, nested too deep
-        return Undecodable(type(error).__name__)
+        if path.startswith(AGIO_METHODS):
+            return Undecodable(type(error).__name__)
+        # Health checking has no error interceptor to refuse it: refused here.
+        raise status_error(to_status(malformed_request(path))) from None
 
 
 def _connect_error(error: BaseException, call: ConnectCall) -> BaseException:

@@ -194,6 +194,10 @@ def bind_socket(address: str, *, share_port: bool = False) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it: uvicorn writes a response's head and body
+        # apart, and with Nagle on a kept-alive connection the body waits ~40 ms for
+        # the client's delayed ACK of the head.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if share_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, int(port)))
