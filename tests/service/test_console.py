@@ -25,6 +25,9 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.service.auth_helpers import auth_settings, serving
 from tests.service.conftest import make_settings
 
+# A browser and a server each: `make test-slow`, which CI runs (keeps `make test` short).
+pytestmark = pytest.mark.slow
+
 SESSION_PAGE = 20  # clients/ts/console/main.ts
 WAIT_MS = 15_000
 
