@@ -24,7 +24,7 @@ from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
-from agio_grpc.testing.envelopes import END_STREAM, envelope, read_envelopes
+from agio_grpc.testing.envelopes import END_STREAM, TRAILERS, envelope, envelopes, read_envelopes
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
 from tests.service.auth_helpers import WHOAMI, auth_settings, bearer, serving
 from tests.service.conftest import make_settings
@@ -176,6 +176,19 @@ async def test_a_grpc_web_stream_ends_with_its_status_in_the_trailers(
     assert stream.trailers["grpc-status"] == "0"
     assert stream.events[0].HasField("run_started")
     assert stream.events[-1].run_completed.run.status == resources_pb2.RUN_STATUS_COMPLETED
+
+
+async def test_grpc_web_in_json_answers_a_unary_call(http: httpx2.AsyncClient) -> None:
+    response = await http.post(
+        LIST_AGENTS,
+        content=envelope(b"{}"),
+        headers={"content-type": "application/grpc-web+json", "x-grpc-web": "1"},
+    )
+    (flags, payload), (trailer_flags, trailers) = envelopes(response.content)
+    assert flags == 0
+    assert json.loads(payload)["agents"][0]["name"] == "assistant"
+    assert trailer_flags == TRAILERS
+    assert b"grpc-status: 0" in trailers
 
 
 async def test_the_callers_traceparent_becomes_the_runs_trace(http: httpx2.AsyncClient) -> None:
