@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from agio_grpc.config import HttpConfig, Settings
+from agio_grpc.service.auth import is_loopback
 from agio_grpc.service.connect import ConnectApplication, ConnectGateway, HandlerTable
 from agio_grpc.service.console import ConsolePages
 from agio_grpc.service.server import method_interceptors
@@ -87,19 +89,25 @@ def _connect_error_body(code: str, message: str) -> bytes:
 
 class CrossOriginPolicy:
     """CORS: which pages may call. Same-origin only unless `allowed_origins` names others
-    (`*`: any page, for development)."""
+    (`*`: any page, for development).
 
-    def __init__(self, app: AsgiApp, allowed_origins: list[str]) -> None:
+    On a loopback listener a page is of the listener's own origin only under a loopback
+    name (`localhost`, `127.0.0.1`, `[::1]`): a page of `http://attacker.example:8080` whose
+    name was made to resolve to 127.0.0.1 (DNS rebinding) sends that name as its Host, and
+    must not pass for the console."""
+
+    def __init__(self, app: AsgiApp, allowed_origins: list[str], *, loopback: bool) -> None:
         self._app = app
         self._any = "*" in allowed_origins
         self._allowed = frozenset(origin.rstrip("/") for origin in allowed_origins)
+        self._loopback = loopback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
         origin = _header(scope, b"origin")
-        if origin is None or origin == _own_origin(scope):
+        if origin is None or origin == self._own_origin(scope):
             await _refuse_plain_grpc(self._app, scope, receive, send)
             return
         if not (self._any or origin in self._allowed):
@@ -143,10 +151,16 @@ class CrossOriginPolicy:
 
         await _refuse_plain_grpc(self._app, scope, receive, send_with_cors)
 
-
-def _own_origin(scope: Scope) -> str | None:
-    host = _header(scope, b"host")
-    return None if host is None else f"{scope.get('scheme', 'http')}://{host}"
+    def _own_origin(self, scope: Scope) -> str | None:
+        """The origin of the request's own URL (None when it has no Host, or a name that
+        cannot be the loopback listener's own)."""
+        host = _header(scope, b"host")
+        if host is None:
+            return None
+        with_port = host if re.search(r":\d+$", host) else f"{host}:0"
+        if self._loopback and not is_loopback(with_port):
+            return None
+        return f"{scope.get('scheme', 'http')}://{host}"
 
 
 async def _refuse_plain_grpc(app: AsgiApp, scope: Scope, receive: Receive, send: Send) -> None:
@@ -232,7 +246,13 @@ class HttpListener:
         sock = bind_socket(address, share_port=share_port)
         server = uvicorn.Server(
             uvicorn.Config(
-                _Contained(CrossOriginPolicy(ConsolePages(app, config), config.allowed_origins)),
+                _Contained(
+                    CrossOriginPolicy(
+                        ConsolePages(app, config),
+                        config.allowed_origins,
+                        loopback=is_loopback(address),
+                    )
+                ),
                 http="h11",
                 ws="none",
                 lifespan="off",

@@ -493,6 +493,38 @@ async def test_by_default_only_the_listeners_own_origin_may_call(
     assert other.status_code == 403
 
 
+async def test_a_page_under_a_rebound_name_is_not_of_the_listeners_origin(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """DNS rebinding: a page of `http://rebound.example:PORT`, its name resolved to
+    127.0.0.1, sends that name as its Host; on a loopback listener it is another origin."""
+    async with serving(http_settings(tmp_path, fake_model.base_url)) as app:
+        assert app.http is not None
+        port = app.http.port
+        async with httpx2.AsyncClient(base_url=f"http://{app.http.address}") as http:
+            rebound = await http.post(
+                LIST_AGENTS,
+                content=b"{}",
+                headers={
+                    **CONNECT_JSON,
+                    "host": f"rebound.example:{port}",
+                    "origin": f"http://rebound.example:{port}",
+                },
+            )
+            localhost = await http.post(
+                LIST_AGENTS,
+                content=b"{}",
+                headers={
+                    **CONNECT_JSON,
+                    "host": f"localhost:{port}",
+                    "origin": f"http://localhost:{port}",
+                },
+            )
+    assert rebound.status_code == 403
+    assert wire_error(rebound.json()).code == "permission_denied"
+    assert localhost.status_code == 200
+
+
 # -- health and start-up -------------------------------------------------------------------
 
 
