@@ -26,9 +26,12 @@ $(TIKTOKEN_MARK): | $(UV)
 	-$(RUNTIME_RUN) python scripts/tokenizers.py $(TIKTOKEN_CACHE_DIR)
 
 # The service needs the runtime dependencies only: the development and benchmark groups
-# (pytest, linters, buf, the Agents SDK, matplotlib) come with `make test`.
+# (pytest, linters, buf, the Agents SDK, matplotlib) come with `make test`. It also serves
+# Connect and gRPC-Web for browsers on AGIO_HTTP_ADDRESS (`make serve AGIO_HTTP_ADDRESS=`
+# turns that off; docs/browsers.md).
+AGIO_HTTP_ADDRESS ?= 127.0.0.1:8080
 serve: $(UV) tokenizers
-	$(RUNTIME_RUN) agio-grpc serve
+	AGIO_HTTP_ADDRESS=$(AGIO_HTTP_ADDRESS) $(RUNTIME_RUN) agio-grpc serve
 
 # The default suite, in TEST_WORKERS pytest-xdist processes (most of a test is waiting on a
 # server, a database or the fake model, so more processes than cores pay); the slow one (real

@@ -472,6 +472,23 @@ class QuotasConfig(_Strict):
     ROLLBACK), over all its sessions; `server.max_queued_runs` bounds each session's."""
 
 
+class HttpConfig(_Strict):
+    """The HTTP listener (`http_address`): the same services over Connect and gRPC-Web, for
+    browsers and HTTP clients (docs/browsers.md)."""
+
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Origins of the web pages that may call (`https://app.example.com`; `*`: any page).
+    Empty: only pages of the listener's own origin; clients that are not browsers send no
+    origin and are not concerned."""
+    keep_alive_s: int = Field(5, ge=1)
+    """How long an idle HTTP/1.1 connection is kept open."""
+    console: bool = True
+    """Serve the run console at `/` (docs/browsers.md)."""
+    trace_url_template: str = ""
+    """The console's link to a step's trace, `{trace_id}` replaced: e.g.
+    `http://127.0.0.1:16686/trace/{trace_id}` (Jaeger). "": no link."""
+
+
 class Settings(BaseSettings):
     """Everything `agio-grpc serve` needs. Environment variables win over the config file."""
 
@@ -481,6 +498,9 @@ class Settings(BaseSettings):
 
     listen_address: str = "127.0.0.1:50051"
     """host:port to listen on; port 0 picks a free port (the bound one is logged)."""
+    http_address: str | None = None
+    """host:port of the HTTP listener (Connect and gRPC-Web, `http`); unset: none."""
+    http: HttpConfig = Field(default_factory=HttpConfig)
     database_url: str = "sqlite+aiosqlite:///agio.db"
     """SQLAlchemy URL: `sqlite+aiosqlite:///file.db` or `postgresql+asyncpg://...`."""
     config: Path | None = None
@@ -516,9 +536,11 @@ class Settings(BaseSettings):
     present one they signed (mutual TLS). Needs `tls_cert_file` and `tls_key_file`."""
     quotas: QuotasConfig = Field(default_factory=QuotasConfig)
 
-    @field_validator("listen_address")
+    @field_validator("listen_address", "http_address")
     @classmethod
-    def _check_address(cls, value: str) -> str:
+    def _check_address(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or (value == "" and info.field_name == "http_address"):
+            return None  # AGIO_HTTP_ADDRESS= turns the HTTP listener off
         return check_host_port(value)
 
     @field_validator("tls_key_file")

@@ -31,6 +31,8 @@ class Child:
 
     pid: int
     ready: str
+    line: str = ""
+    """The whole line `ready` was found in."""
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the process has used so far (all its threads)."""
@@ -92,7 +94,7 @@ async def child(
                 if found:
                     break
         drain = asyncio.create_task(_drain(reader))
-        yield Child(proc.pid, found.group(1))
+        yield Child(proc.pid, found.group(1), line)
     finally:
         if drain is not None:
             drain.cancel()

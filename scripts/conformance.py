@@ -13,9 +13,11 @@ starts, all on 127.0.0.1 with port 0 and throwaway SQLite files:
 
 and runs the one scenario (tests/conformance/scenario.py says what it checks) with each
 client over each transport: `python -m tests.conformance.scenario`, `go test -run
-TestConformance` in clients/go and `node dist/conformance/scenario.js` in clients/ts, over
-TLS with the CA file and a token in the variables every CLI reads (AGIO_CA_FILE,
-AGIO_TOKEN), over mutual TLS with the client's certificate and key as well
+TestConformance` in clients/go and `node dist/conformance/scenario.js` in clients/ts (and
+once more with `--protocol connect`: the TypeScript client's web transport on the plaintext
+servers' HTTP listeners, `AGIO_HTTP_ADDRESS`), over TLS with the CA file and a token in the
+variables every CLI reads (AGIO_CA_FILE, AGIO_TOKEN), over mutual TLS with the client's
+certificate and key as well
 (AGIO_CERT_FILE, AGIO_KEY_FILE). Then the examples scenario (`python -m
 tests.conformance.examples`: the Go and TypeScript quickstarts, the three CLIs reaching the
 plaintext server by `AGIO_ADDRESS` and the mutual TLS one by the variables, and
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agio_grpc.testing.certificates import CertificateAuthority
@@ -53,6 +55,7 @@ SCENARIO_TIMEOUT = 300.0
 PACED_MODEL = ["--port", "0", "--tokens", "200", "--tokens-per-second", "20"]
 FAILED_CHECK = re.compile(r"^(?:FAIL (\w+)|\s*--- FAIL: TestConformance/(\w+))", re.MULTILINE)
 TRANSPORTS = ("plaintext", "tls", "mutual_tls")
+HTTP_LISTENING = r"HTTP \(Connect, gRPC-Web\) on (\S+:\d+)"
 
 
 @dataclass
@@ -189,7 +192,9 @@ def make_transports(scratch: Path) -> dict[str, Transport]:
     api_key = {"AGIO_AUTH": "api_key", "AGIO_DATABASE_URL": keyed_database}
     client = {"AGIO_CA_FILE": str(ca_file)}
     return {
-        "plaintext": Transport("plaintext"),
+        # The plaintext servers also serve HTTP: the TypeScript client's web transport runs
+        # the scenario once more over Connect there.
+        "plaintext": Transport("plaintext", {"AGIO_HTTP_ADDRESS": "127.0.0.1:0"}),
         "tls": Transport(
             "tls", server | api_key, client | {"AGIO_TOKEN": make_api_key(keyed_database)}
         ),
@@ -208,6 +213,9 @@ class ServerPair:
     transport: Transport
     fast: str
     slow: str
+    fast_http: str | None = None
+    slow_http: str | None = None
+    """Their HTTP listeners (Connect, gRPC-Web), when the transport asks for them."""
 
 
 @contextlib.contextmanager
@@ -236,10 +244,19 @@ def live_servers(scratch: Path, transports: list[Transport]) -> Iterator[list[Se
             )
             for transport in transports
         ]
-        yield [
-            ServerPair(transport, fast_server.wait_for(listening), slow_server.wait_for(listening))
-            for transport, fast_server, slow_server in zip(transports, fast, slow, strict=True)
-        ]
+        pairs = []
+        for transport, fast_server, slow_server in zip(transports, fast, slow, strict=True):
+            pair = ServerPair(
+                transport, fast_server.wait_for(listening), slow_server.wait_for(listening)
+            )
+            if "AGIO_HTTP_ADDRESS" in transport.server_env:
+                pair = replace(
+                    pair,
+                    fast_http=fast_server.wait_for(HTTP_LISTENING),
+                    slow_http=slow_server.wait_for(HTTP_LISTENING),
+                )
+            pairs.append(pair)
+        yield pairs
     finally:
         processes.stop_all()
 
@@ -280,6 +297,8 @@ class ScenarioRun:
     servers: ServerPair
     mutual_tls: ServerPair | None = None
     """The examples only: the pair whose fast server their CLIs reach over mutual TLS."""
+    protocol: str = "grpc"
+    """`connect`: the TypeScript client's web transport, on the pair's HTTP listeners."""
 
     def env(self) -> dict[str, str]:
         env = base_env() | self.servers.transport.client_env
@@ -306,6 +325,8 @@ def plan_runs(clients: list[str], servers: list[ServerPair]) -> list[ScenarioRun
         for name, pair in by_name.items():
             label = client if name == "plaintext" else f"{client} over {name}"
             planned.append(ScenarioRun(label, client, pair))
+            if client == "ts" and pair.fast_http is not None:
+                planned.append(ScenarioRun(f"{label} over Connect", client, pair, None, "connect"))
     return planned
 
 
@@ -329,6 +350,11 @@ def scenario_command(run: ScenarioRun) -> tuple[list[str], Path]:
             ".",
         ]
         return command, ROOT / "clients" / "go"
+    if run.protocol != "grpc":
+        assert run.servers.fast_http is not None
+        assert run.servers.slow_http is not None
+        addresses = ["--address", run.servers.fast_http, "--slow-address", run.servers.slow_http]
+        addresses += ["--protocol", run.protocol]
     return ["node", "dist/conformance/scenario.js", *addresses], ROOT / "clients" / "ts"
 
 

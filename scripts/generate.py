@@ -14,6 +14,10 @@ are pinned: the Go ones below, installed with `go install` into .tools/go/bin; p
 by clients/ts/package-lock.json, installed with `npm ci`. Either is installed when missing or
 at another version, so a fresh clone needs only Go, Node and registry access.
 
+The run console: clients/ts/console type-checked and bundled with esbuild (`npm run
+console`, pinned by the same lock) into `agio_grpc/service/console/`, committed, so that the
+service serves it without Node.
+
 Run with `uv run python scripts/generate.py`; `--check` regenerates into a scratch folder and
 exits 1 when the committed code differs (CI's drift check).
 """
@@ -51,6 +55,7 @@ TS_DIR = ROOT / "clients" / "ts"
 TS_TEMPLATE = TS_DIR / "buf.gen.yaml"
 # Generated trees, relative to the root: buf writes into them under `--output`.
 GENERATED_TREES = [Path("clients/go/gen"), Path("clients/ts/src/gen")]
+CONSOLE_TREE = Path("agio_grpc/service/console")
 
 
 def proto_files() -> list[str]:
@@ -102,13 +107,26 @@ def install_go_plugins() -> None:
 
 
 def install_ts_plugin() -> None:
-    """`npm ci` in clients/ts unless protoc-gen-es is installed at the locked version."""
+    """`npm ci` in clients/ts unless protoc-gen-es and esbuild are installed at the locked
+    versions."""
     lock = json.loads((TS_DIR / "package-lock.json").read_text())
-    wanted = lock["packages"]["node_modules/@bufbuild/protoc-gen-es"]["version"]
-    installed = TS_DIR / "node_modules" / "@bufbuild" / "protoc-gen-es" / "package.json"
-    if installed.exists() and json.loads(installed.read_text())["version"] == wanted:
-        return
-    subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], check=True, cwd=TS_DIR)
+    for package in ("@bufbuild/protoc-gen-es", "esbuild"):
+        wanted = lock["packages"][f"node_modules/{package}"]["version"]
+        installed = TS_DIR / "node_modules" / package / "package.json"
+        if not installed.exists() or json.loads(installed.read_text())["version"] != wanted:
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], check=True, cwd=TS_DIR)
+            return
+
+
+def build_console(out: Path) -> None:
+    """The run console (clients/ts/console, type-checked and bundled by `npm run console`)
+    into `out`: index.html, console.css and console.js, served by the HTTP listener."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    command = ["npm", "run", "--silent", "console", "--", f"--outfile={out / 'console.js'}"]
+    subprocess.run(command, check=True, cwd=TS_DIR)
+    for name in ("index.html", "console.css"):
+        shutil.copy(TS_DIR / "console" / name, out / name)
 
 
 def generate_go_ts(out_root: Path) -> None:
@@ -155,23 +173,25 @@ def main() -> int:
     if not args.check:
         generate_python(PYTHON_OUT)
         generate_go_ts(ROOT)
-        for out in [PYTHON_OUT, *(ROOT / tree for tree in GENERATED_TREES)]:
+        build_console(ROOT / CONSOLE_TREE)
+        for out in [PYTHON_OUT, *(ROOT / tree for tree in (*GENERATED_TREES, CONSOLE_TREE))]:
             print(f"generated {out.relative_to(ROOT)}")
         return 0
     with tempfile.TemporaryDirectory() as scratch:
         fresh = Path(scratch)
         generate_python(fresh / "python")
         generate_go_ts(fresh)
+        build_console(fresh / CONSOLE_TREE)
         changed = [
             str(PYTHON_OUT.relative_to(ROOT) / name)
             for name in differs(PYTHON_OUT, fresh / "python")
         ]
-        for tree in GENERATED_TREES:
+        for tree in (*GENERATED_TREES, CONSOLE_TREE):
             changed += [str(tree / name) for name in differs(ROOT / tree, fresh / tree)]
     if changed:
         print("generated code is stale; run `uv run python scripts/generate.py`:", *changed)
         return 1
-    print("generated code is up to date (Python, Go, TypeScript)")
+    print("generated code is up to date (Python, Go, TypeScript, the console)")
     return 0
 
 

@@ -72,10 +72,12 @@ from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
 
 if TYPE_CHECKING:
     from agio_grpc.engine.mcp import McpServers
+    from agio_grpc.service.http_listener import HttpListener
 
 log = logging.getLogger(__name__)
 
 RUN_DRAIN_MARGIN_S = 0.5
+HTTP_ADDRESS_SETTING = "AGIO_HTTP_ADDRESS"
 
 
 PAGE_TOKEN_KEY = "page_tokens"
@@ -171,6 +173,8 @@ class AgioApp:
     """The member listener: the calls of the other servers of the database."""
     member_calls: MemberCalls | None = None
     """This server's calls to the other members."""
+    http: HttpListener | None = None
+    """The HTTP listener (Connect, gRPC-Web) when `http_address` is set."""
 
     @property
     def address(self) -> str:
@@ -196,6 +200,8 @@ class AgioApp:
         auth_mode = choose_auth_mode(settings)
         if worker is None:
             check_bindable(settings.listen_address)
+            if settings.http_address:
+                check_bindable(settings.http_address, HTTP_ADDRESS_SETTING)
         check_bindable(settings.server.member_address, MEMBER_ADDRESS_SETTING)
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
@@ -223,6 +229,7 @@ class AgioApp:
         authenticator: Authenticator | None = None
         members: MemberListener | None = None
         member_calls: MemberCalls | None = None
+        http: HttpListener | None = None
         try:
             if mcp_servers is not None:
                 # Connections open now; a server not up keeps trying (tools unavailable).
@@ -282,33 +289,43 @@ class AgioApp:
                 ) from error
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
+            register: list[tuple[object, object]] = [
+                (
+                    agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
+                    AgentServicer(runtime, store, settings.server, pages, member_calls),
+                ),
+                (
+                    session_service_pb2_grpc.add_SessionServiceServicer_to_server,
+                    SessionServicer(
+                        store,
+                        runtime,
+                        SessionCompactor(store, model, registry, tracer, runtime.agent),
+                        pages,
+                        page_bytes,
+                    ),
+                ),
+            ]
+            response_metadata = worker.response_metadata() if worker else ()
             try:
                 bound = await start_grpc_server(
                     settings,
-                    [
-                        (
-                            agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                            AgentServicer(runtime, store, settings.server, pages, member_calls),
-                        ),
-                        (
-                            session_service_pb2_grpc.add_SessionServiceServicer_to_server,
-                            SessionServicer(
-                                store,
-                                runtime,
-                                SessionCompactor(store, model, registry, tracer, runtime.agent),
-                                pages,
-                                page_bytes,
-                            ),
-                        ),
-                    ],
+                    register,
                     interceptors=[*chain, *interceptors],
                     reflection=reflection_enabled(settings, auth_mode),
                     credentials=certificates.credentials() if certificates else None,
                     share_port=worker is not None,
-                    response_metadata=worker.response_metadata() if worker else (),
+                    response_metadata=response_metadata,
                 )
             except OSError as error:  # bound by another process since check_bindable
                 raise cannot_listen(settings.listen_address, one_line(error)) from error
+            http = await _serve_over_http(
+                settings,
+                bound,
+                register,
+                [*chain, *interceptors],
+                share_port=worker is not None,
+                response_metadata=response_metadata,
+            )
         except BaseException:
             if members is not None:
                 await members.stop()
@@ -324,11 +341,12 @@ class AgioApp:
             telemetry.shutdown()
             raise
         log.info(
-            "agio-grpc %slistening on %s%s (authentication: %s)",
+            "agio-grpc %slistening on %s%s (authentication: %s)%s",
             f"{worker.name()} " if worker else "",
             bound.address,
             _transport(certificates),
             auth_mode,
+            f"; HTTP (Connect, gRPC-Web) on {http.address}" if http else "",
         )
         return cls(
             settings,
@@ -344,6 +362,7 @@ class AgioApp:
             certificates,
             members,
             member_calls,
+            http,
         )
 
     def reload_certificates(self) -> bool:
@@ -361,6 +380,7 @@ class AgioApp:
         # event still reaches its client before the server cancels the call.
         await asyncio.gather(
             self.bound.server.stop(grace_s),
+            *([self.http.stop(grace_s)] if self.http else []),
             self.runtime.shutdown(max(grace_s - RUN_DRAIN_MARGIN_S, 0.0)),
         )
         # Calls cancelled by the server's stop may have left runs to end and sessions to
@@ -381,6 +401,42 @@ class AgioApp:
         await self.store.close()
         # Last: the spans of runs interrupted above are flushed to the exporter.
         await asyncio.to_thread(self.telemetry.shutdown)  # exporting blocks
+
+
+async def _serve_over_http(
+    settings: Settings,
+    bound: BoundServer,
+    register: list[tuple[object, object]],
+    interceptors: Sequence[grpc.aio.ServerInterceptor],
+    *,
+    share_port: bool,
+    response_metadata: tuple[tuple[str, str], ...],
+) -> HttpListener | None:
+    """The HTTP listener beside the started gRPC server (None without `http_address`); the
+    gRPC server is stopped when the listener cannot start.
+
+    uvicorn and connectrpc take about a quarter of a second to import: only a service
+    configured with an HTTP listener imports them."""
+    if not settings.http_address:
+        return None
+    from agio_grpc.service.http_listener import serve_over_http
+
+    try:
+        return await serve_over_http(
+            settings,
+            register,
+            interceptors,
+            bound.health,
+            share_port=share_port,
+            response_metadata=response_metadata,
+        )
+    except BaseException as error:
+        await bound.server.stop(0)
+        if isinstance(error, OSError):
+            raise cannot_listen(
+                settings.http_address, one_line(error), setting=HTTP_ADDRESS_SETTING
+            ) from error
+        raise
 
 
 def _transport(certificates: ServerCertificates | None) -> str:

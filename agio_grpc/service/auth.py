@@ -177,13 +177,20 @@ def is_loopback(listen_address: str) -> bool:
 
 
 def choose_auth_mode(settings: Settings) -> AuthMode:
-    """The mode to serve with. Unset: `none` on a loopback address; elsewhere the server
-    must not start open to the network by default, so this raises StartupError."""
+    """The mode to serve with. Unset: `none` when every listener (gRPC, and HTTP when set)
+    is on a loopback address; elsewhere the server must not start open to the network by
+    default, so this raises StartupError."""
     mode = settings.auth.mode
     address = settings.listen_address
     if mode is None:
-        if is_loopback(address):
+        exposed = [
+            listener
+            for listener in (settings.listen_address, settings.http_address)
+            if listener and not is_loopback(listener)
+        ]
+        if not exposed:
             return "none"
+        address = exposed[0]
         raise StartupError(
             f"no authentication chosen for {address}, which other machines can reach",
             "AGIO_AUTH",

@@ -39,9 +39,10 @@ Metadata = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
-class _Undecodable:
+class Undecodable:
     """Stands in for a request whose bytes did not decode, so the handler wrapper, not
-    grpc, answers it (grpc would answer UNKNOWN and log a traceback)."""
+    grpc, answers it (grpc would answer UNKNOWN and log a traceback). The HTTP listener
+    (service/connect.py) hands one in for a JSON body that does not parse."""
 
     error: str
 
@@ -51,14 +52,14 @@ def _tolerant(deserialize: Deserializer) -> Deserializer:
         try:
             return deserialize(data)
         except DecodeError as error:
-            return _Undecodable(type(error).__name__)
+            return Undecodable(type(error).__name__)
 
     return decode
 
 
 def _admit(method: str, request: Any) -> None:
     """Raise the ServiceError for a request no handler may see."""
-    if isinstance(request, _Undecodable):
+    if isinstance(request, Undecodable):
         # The client's fault: one line, no traceback and none of the request's bytes.
         log.warning("refused an undecodable %s request (%s)", method, request.error)
         raise malformed_request(method)

@@ -56,6 +56,15 @@ def server_options(config: ServerConfig, *, share_port: bool = False) -> list[tu
     ]
 
 
+def method_interceptors(
+    interceptors: Sequence[grpc.aio.ServerInterceptor],
+    response_metadata: tuple[tuple[str, str], ...] = (),
+) -> list[grpc.aio.ServerInterceptor]:
+    """Every interceptor of a call, outermost first: `interceptors`, then the error mapping.
+    The gRPC server and the HTTP listener (service/http_listener.py) both serve with these."""
+    return [*interceptors, ErrorInterceptor(response_metadata)]
+
+
 @dataclass(slots=True)
 class BoundServer:
     """A started server and what shutting it down needs."""
@@ -84,7 +93,7 @@ async def start_grpc_server(
     cannot be bound."""
     config = settings.server
     server = grpc.aio.server(
-        interceptors=[*interceptors, ErrorInterceptor(response_metadata)],
+        interceptors=method_interceptors(interceptors, response_metadata),
         options=server_options(config, share_port=share_port),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import ab, concurrency, procs, store, streaming
+from bench import ab, concurrency, connect, procs, store, streaming
 from bench.store import measure_store
 
 # Benchmark smoke runs: processes of their own, tens of seconds each (make test-slow).
@@ -110,3 +110,12 @@ async def test_the_mcp_benchmark_times_both_paths() -> None:
         "MCP stdio echo": 3,
     }
     assert "| MCP stdio echo |" in mcp_bench.table(samples)
+
+
+async def test_the_connect_benchmark_runs_every_path_on_one_server() -> None:
+    samples = await connect.measure(runs=2, tokens=5, warmup=1)
+    assert set(samples) == set(connect.PATHS)
+    for name, measured in samples.items():
+        assert len(measured.ttft_ms) == 2, name
+        assert all(ttft > 0 for ttft in measured.ttft_ms), name
+    assert "| Connect, JSON |" in connect.table(samples)

@@ -3,7 +3,13 @@ import { readFileSync } from "node:fs";
 import type { SecureClientSessionOptions } from "node:http2";
 
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { Code, createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import {
+  Code,
+  createClient,
+  type Client,
+  type Interceptor,
+  type Transport,
+} from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
 import {
@@ -25,6 +31,7 @@ import {
   type GetContextResponse,
 } from "./gen/agio/v1/session_service_pb.js";
 import { Health, HealthCheckResponse_ServingStatus } from "./gen/grpc/health/v1/health_pb.js";
+import { bearerToken } from "./auth.js";
 import { addresses, dnsTarget, resolvedRoundRobin, roundRobin } from "./balancing.js";
 import { AgioError, decodeError } from "./errors.js";
 import { traceContextInterceptor } from "./tracing.js";
@@ -108,12 +115,31 @@ function secureSessionOptions(tls: TlsConfig): SecureClientSessionOptions {
   };
 }
 
-/** Sends `authorization: Bearer <token>` with every call. */
-function bearerToken(token: string): Interceptor {
-  return (next) => async (request) => {
-    request.header.set("authorization", `Bearer ${token}`);
-    return next(request);
-  };
+
+function isTransport(target: string | readonly string[] | Transport): target is Transport {
+  return typeof target === "object" && "unary" in target && "stream" in target;
+}
+
+/** gRPC over HTTP/2 (connect-node) to the servers `target` names, round robin. */
+function grpcTransport(target: string | readonly string[], options: AgioClientOptions): Transport {
+  const token = options.token ? [bearerToken(options.token)] : [];
+  const tls = options.tls ?? false;
+  const nodeOptions = typeof tls === "object" ? secureSessionOptions(tls) : {};
+  const interceptors = [traceContextInterceptor, ...token, ...(options.interceptors ?? [])];
+  const connect = (address: string, servername?: string) =>
+    createGrpcTransport({
+      baseUrl: baseUrl(address, tls),
+      nodeOptions: servername && tls ? { ...nodeOptions, servername } : nodeOptions,
+      interceptors,
+    });
+  return roundRobin(
+    addresses(target).map((address) => {
+      const name = dnsTarget(address);
+      if (!name) return connect(address);
+      // Certificates are checked against the name, not the address it resolved to.
+      return resolvedRoundRobin(name.host, name.port, (ip) => connect(ip, name.host));
+    }),
+  );
 }
 
 /** HTTP/2 connections to agio-grpc servers (one per server) and typed calls on them. */
@@ -131,27 +157,12 @@ export class AgioClient {
    * take it) or a URL: `http://host:port`, `https://…`; several of them (a list, or one
    * string separated by commas, as AGIO_ADDRESS holds them), or `dns:///host:port` (every
    * address the name resolves to), which the calls go to round robin (src/balancing.ts).
-   * Throws when a TLS file cannot be read.
+   * Or a ready `Transport`: `webTransport("http://127.0.0.1:8080")` (src/web.ts) reaches
+   * the HTTP listener over Connect or gRPC-Web; `token`, `tls` and `interceptors` are then
+   * the transport's business. Throws when a TLS file cannot be read.
    */
-  constructor(target: string | readonly string[], options: AgioClientOptions = {}) {
-    const token = options.token ? [bearerToken(options.token)] : [];
-    const tls = options.tls ?? false;
-    const nodeOptions = typeof tls === "object" ? secureSessionOptions(tls) : {};
-    const interceptors = [traceContextInterceptor, ...token, ...(options.interceptors ?? [])];
-    const connect = (address: string, servername?: string) =>
-      createGrpcTransport({
-        baseUrl: baseUrl(address, tls),
-        nodeOptions: servername && tls ? { ...nodeOptions, servername } : nodeOptions,
-        interceptors,
-      });
-    const transport = roundRobin(
-      addresses(target).map((address) => {
-        const name = dnsTarget(address);
-        if (!name) return connect(address);
-        // Certificates are checked against the name, not the address it resolved to.
-        return resolvedRoundRobin(name.host, name.port, (ip) => connect(ip, name.host));
-      }),
-    );
+  constructor(target: string | readonly string[] | Transport, options: AgioClientOptions = {}) {
+    const transport = isTransport(target) ? target : grpcTransport(target, options);
     this.agents = createClient(AgentService, transport);
     this.sessions = createClient(SessionService, transport);
     this.health = createClient(Health, transport);

@@ -3,6 +3,8 @@ export { AgioClient, terminalRun } from "./client.js";
 export type { AgioClientOptions, CallOptions, RunResult, TlsConfig } from "./client.js";
 export { AgioError, ERROR_DOMAIN, decodeError } from "./errors.js";
 export { traceContextInterceptor } from "./tracing.js";
+export { webTransport } from "./web.js";
+export type { WebTransportOptions } from "./web.js";
 export * from "./gen/agio/v1/agent_service_pb.js";
 export * from "./gen/agio/v1/events_pb.js";
 export * from "./gen/agio/v1/resources_pb.js";

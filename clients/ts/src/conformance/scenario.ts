@@ -2,6 +2,7 @@
 // as tests/conformance/scenario.py (which documents them) and clients/go/conformance_test.go.
 // scripts/conformance.py starts the servers and runs:
 //   node dist/conformance/scenario.js --address HOST:PORT --slow-address HOST:PORT
+// and once more with `--protocol connect` against the servers' HTTP listeners.
 // For its runs over TLS it also sets what the CLIs read: AGIO_CA_FILE (and for mutual TLS
 // AGIO_CERT_FILE and AGIO_KEY_FILE), and AGIO_TOKEN.
 // Prints `ok NAME` or `FAIL NAME: why` per check; exits 1 when any check failed.
@@ -12,10 +13,21 @@ import { context, propagation, trace, TraceFlags } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 
-import { AgioClient, AgioError, ERROR_DOMAIN, RunStatus, StopReason, terminalRun } from "../index.js";
+import {
+  AgioClient,
+  AgioError,
+  ERROR_DOMAIN,
+  RunStatus,
+  StopReason,
+  terminalRun,
+  webTransport,
+} from "../index.js";
 import type { AgioClientOptions, Run, StepEvent } from "../index.js";
 
 const CALL_TIMEOUT_MS = 10_000;
+/** gRPC on the gRPC port; Connect or gRPC-Web on the HTTP listener (AGIO_HTTP_ADDRESS). */
+const PROTOCOLS = ["grpc", "connect", "grpc-web"] as const;
+type Protocol = (typeof PROTOCOLS)[number];
 const RUN_TIMEOUT_MS = 30_000;
 const PAGE_SIZE = 2;
 
@@ -57,10 +69,17 @@ class Scenario {
   private readonly traceId = randomBytes(16).toString("hex");
   private toolRun: Run | undefined;
 
-  constructor(address: string, slowAddress: string) {
+  constructor(address: string, slowAddress: string, protocol: Protocol) {
     const options = { ...connectionFromEnv(), timeoutMs: CALL_TIMEOUT_MS };
-    this.client = new AgioClient(address, options);
-    this.slow = new AgioClient(slowAddress, options);
+    const client = (target: string) =>
+      protocol === "grpc"
+        ? new AgioClient(target, options)
+        : new AgioClient(
+            webTransport(`http://${target}`, { protocol, token: options.token }),
+            options,
+          );
+    this.client = client(address);
+    this.slow = client(slowAddress);
   }
 
   async health(): Promise<void> {
@@ -196,15 +215,22 @@ class Scenario {
 
 async function main(): Promise<number> {
   const { values } = parseArgs({
-    options: { address: { type: "string" }, "slow-address": { type: "string" } },
+    options: {
+      address: { type: "string" },
+      "slow-address": { type: "string" },
+      protocol: { type: "string", default: "grpc" },
+    },
   });
-  if (!values.address || !values["slow-address"]) {
-    console.error("usage: scenario.js --address HOST:PORT --slow-address HOST:PORT");
+  const protocol = values.protocol as Protocol;
+  if (!values.address || !values["slow-address"] || !PROTOCOLS.includes(protocol)) {
+    console.error(
+      "usage: scenario.js --address HOST:PORT --slow-address HOST:PORT [--protocol grpc|connect|grpc-web]",
+    );
     return 2;
   }
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
-  const scenario = new Scenario(values.address, values["slow-address"]);
+  const scenario = new Scenario(values.address, values["slow-address"], protocol);
   const checks: [string, () => Promise<void>][] = [
     ["health", () => scenario.health()],
     ["run_with_tool", () => scenario.runWithTool()],
