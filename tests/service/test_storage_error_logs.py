@@ -1,9 +1,12 @@
 """A write the database refuses during a run leaves no user or model content in the log, at
 any level, on both backends: the engines hide a statement's parameters (`hide_parameters`,
-store/database.py), so not even an exception's own text quotes what was written."""
+store/database.py), so not even an exception's own text quotes what was written. A refusal
+whose own text quotes the row (PostgreSQL's `DETAIL: Failing row contains`) is written, as
+every traceback is, without the exceptions' messages (telemetry/logs.py)."""
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import AsyncIterator
 
@@ -14,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.client import AgioClient, AgioError
 from agio_grpc.service.app import AgioApp
+from agio_grpc.telemetry import trace_log_handler
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import resources_pb2
 from tests.service.conftest import make_settings
@@ -109,3 +113,31 @@ async def test_a_refused_model_reply_ends_the_run_and_logs_no_content(
     assert MODEL_TEXT not in signal.message
     assert "refuses the step" in every_record.text
     assert_no_content(every_record, MODEL_TEXT, "tell me about herons")
+
+
+async def test_a_refusal_quoting_the_row_is_written_without_it(
+    backend: str,
+    store_url: str,
+    fake_model: FakeModelServer,
+    every_record: pytest.LogCaptureFixture,
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("SQLite's refusals quote no row")
+    app = await AgioApp.start(make_settings(store_url, fake_model.base_url))
+    check = "ALTER TABLE steps ADD CONSTRAINT refuse_secrets CHECK (content NOT LIKE '%secret%')"
+    await execute(store_url, [check])
+    try:
+        fake_model.enqueue(Turn.text(MODEL_TEXT))
+        async with AgioClient(app.address) as client:
+            ended = await client.run_to_end("tell me about herons")
+    finally:
+        await execute(store_url, ["ALTER TABLE steps DROP CONSTRAINT refuse_secrets"])
+        await app.stop(grace=0)
+    assert "violates check constraint" in ended.run.stop_signal.message
+    assert MODEL_TEXT not in ended.run.stop_signal.message
+    assert "Failing row contains" in every_record.text  # in an exception's text...
+    handler = trace_log_handler(logging.StreamHandler(io.StringIO()))
+    served = [handler.format(r) for r in every_record.records if handler.filter(r)]
+    assert any("run stopped by a storage error" in line for line in served)
+    assert not any(MODEL_TEXT in line for line in served)  # ...never in a line written
+    assert not any(MODEL_TEXT in r.getMessage() for r in every_record.records)
