@@ -345,7 +345,14 @@ class McpServer:
             self._relist = True
             self._attention.set()
         elif isinstance(message, Exception):
-            log.debug("mcp server %s: transport error: %s", self.spec.name, _describe(message))
+            # Its text may quote what the server sent (a tool's result): the type here, the
+            # text in the traceback, which log lines show only with content capture on.
+            log.debug(
+                "mcp server %s: transport error: %s",
+                self.spec.name,
+                type(_innermost(message)).__name__,
+                exc_info=message,
+            )
 
     # Calls.
 
@@ -462,9 +469,15 @@ def _decoded_size(data: str) -> int:
         return len(data) * 3 // 4
 
 
-def _describe(error: BaseException) -> str:
-    """An error in one line, through exception groups (anyio's task groups make them)."""
+def _innermost(error: BaseException) -> BaseException:
+    """The first error inside exception groups (anyio's task groups make them)."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
+    return error
+
+
+def _describe(error: BaseException) -> str:
+    """An error in one line, through exception groups."""
+    error = _innermost(error)
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

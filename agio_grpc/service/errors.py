@@ -244,6 +244,9 @@ def from_store_error(error: StoreError) -> ServiceError:
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the step store is unavailable"
         )
+    # A write the database refused (or a bug): the caller is sent to the log, so it is there
+    # (without the statement's parameters: store/database.py hides them).
+    log.error("storage error in a handler", exc_info=error)
     return internal_error()
 
 

@@ -7,10 +7,12 @@ code runs (its trace's context carries it, `with_log_tenant`), else the caller's
 `tenant` function the service hands over: the current call's caller); `LOG_FORMAT` prints
 them as `key=value` fields so a backend can join a line to its span and its tenant.
 
-No log line carries user or model content unless content capture is opted in (the switch
-spans use, `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`): the code logs ids, types
-and reasons, and a traceback shows its frames and exception types but not the exceptions'
-messages (a driver's, a tool's or a library's message may quote what it was given).
+No log line, at any level, carries user or model content unless content capture is opted in
+(the switch spans use, `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`): the code logs
+ids, types and reasons, a traceback shows its frames and exception types but not the
+exceptions' messages (a driver's, a tool's or a library's message may quote what it was
+given), and the libraries' DEBUG lines, which quote what they send and receive (the MCP SDK
+logs each message of a Streamable HTTP stream), are left out.
 """
 
 from __future__ import annotations
@@ -62,8 +64,23 @@ class TraceContextFilter(logging.Filter):
         return True
 
 
+class LibraryDebugFilter(logging.Filter):
+    """Drops the DEBUG records of every logger outside agio_grpc (a library's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG or record.name.partition(".")[0] == "agio_grpc"
+
+
 class ContentFreeFormatter(logging.Formatter):
     """Formats tracebacks without the exceptions' messages (each chained one included)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        # Another handler's formatter may have cached the traceback, messages and all.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = cached
 
     def formatException(self, ei: ExcInfo) -> str:
         if ei[1] is None:
@@ -94,10 +111,13 @@ def trace_log_handler(
     capture_content: bool = False,
     tenant: Callable[[], str] = _no_tenant,
 ) -> logging.Handler:
-    """`handler` with the trace filter and the `key=value` format; tracebacks without the
-    exceptions' messages unless `capture_content`. `tenant` says the current caller's tenant
-    (the service's `current_caller().tenant`)."""
+    """`handler` with the trace filter and the `key=value` format; unless `capture_content`,
+    tracebacks without the exceptions' messages and no library's DEBUG lines. `tenant` says
+    the current caller's tenant (the service's `current_caller().tenant`)."""
     handler.addFilter(TraceContextFilter(tenant))
-    formatter = logging.Formatter if capture_content else ContentFreeFormatter
-    handler.setFormatter(formatter(LOG_FORMAT))
+    if capture_content:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        return handler
+    handler.addFilter(LibraryDebugFilter())
+    handler.setFormatter(ContentFreeFormatter(LOG_FORMAT))
     return handler

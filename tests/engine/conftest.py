@@ -1,5 +1,6 @@
 """Fixtures of the engine tests: a real SQLite file store, the fake model over HTTP, and a
-runtime on both (see harness.py). Nothing is mocked."""
+runtime on both (see harness.py); `backend_harness` is the runtime on each backend's store
+(`store`, tests/conftest.py). Nothing is mocked."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ async def harness(
     sqlite_store: SqlStepStore, fake_model: FakeModelServer
 ) -> AsyncIterator[Harness]:
     built = build_runtime(sqlite_store, fake_model, Gate())
+    try:
+        yield built
+    finally:
+        built.gate.release.set()
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+
+@pytest.fixture
+async def backend_harness(
+    store: SqlStepStore, fake_model: FakeModelServer
+) -> AsyncIterator[Harness]:
+    """The runtime of `harness` on the backend under test (SQLite, then PostgreSQL)."""
+    built = build_runtime(store, fake_model, Gate())
     try:
         yield built
     finally:

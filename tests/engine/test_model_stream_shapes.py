@@ -264,20 +264,28 @@ async def test_an_unsafe_character_in_tool_arguments_is_replaced_and_the_tool_ru
     assert (tool.content, tool.is_error) == ("a\ufffdb", False)
 
 
-async def test_a_huge_token_count_is_clamped_and_the_run_completes(harness: Harness) -> None:
+@pytest.mark.parametrize(
+    ("reported", "stored_as"), [(2**40, 2**40), (2**70, MAX_TOKEN_COUNT)], ids=["2^40", "2^70"]
+)
+async def test_a_huge_token_count_is_clamped_and_the_run_completes(
+    backend_harness: Harness, reported: int, stored_as: int
+) -> None:
+    harness = backend_harness
     harness.model.enqueue(
-        Turn.text("ok", usage=UsageSpec(prompt_tokens=2**70, completion_tokens=2))
+        Turn.text("ok", usage=UsageSpec(prompt_tokens=reported, completion_tokens=2))
     )
     outcome = await harness.run("hello")
 
     assert outcome.reason is StopReason.COMPLETED
     (assistant,) = outcome.steps_of(Role.ASSISTANT)
     stored = await harness.store.get_step(outcome.session_id, assistant.sequence)
-    assert stored.metrics.input_tokens == MAX_TOKEN_COUNT
+    assert stored.metrics.input_tokens == stored_as
     assert stored.metrics.output_tokens == 2
-    assert stored.metrics.total_tokens == MAX_TOKEN_COUNT
+    assert stored.metrics.total_tokens == min(stored_as + 2, MAX_TOKEN_COUNT)
     run = await harness.store.get_run(outcome.run_id)
-    assert (run.status, run.usage.input_tokens) == (RunStatus.COMPLETED, MAX_TOKEN_COUNT)
+    assert (run.status, run.usage.input_tokens) == (RunStatus.COMPLETED, stored_as)
+    session = await harness.store.get_session(outcome.session_id)
+    assert session.active_run_id == ""
 
 
 async def test_an_in_band_invalid_api_key_is_not_retried_and_not_retryable(

@@ -1,11 +1,10 @@
 """A run's end that fails to be stored (engine/lifecycle.py `Lifecycle.end`): tried again,
 reduced to what any store takes when what was written failed, and when nothing works the
 session stays held so that its lease's take-over (or a restart) ends the run: never a run
-left RUNNING on a released session."""
+left RUNNING on a released session. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -47,10 +46,10 @@ def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_an_unavailable_store_is_tried_again_with_the_same_end(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    store = FailingEnds(sqlite_store, StoreUnavailableError("locked"), StoreUnavailableError("x"))
-    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    failing = FailingEnds(store, StoreUnavailableError("locked"), StoreUnavailableError("x"))
+    harness = build_runtime(cast(StepStore, failing), fake_model, Gate())
     fake_model.enqueue(
         Turn.tool_calls([ToolCallSpec("lookup_order", '{"order_id": "A1"}', id="call_1")])
     )
@@ -60,19 +59,19 @@ async def test_an_unavailable_store_is_tried_again_with_the_same_end(
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
     assert outcome.reason is StopReason.REQUIRES_ACTION
-    assert len(store.ends) == 3
-    stored = await sqlite_store.get_run(outcome.run_id)
+    assert len(failing.ends) == 3
+    stored = await store.get_run(outcome.run_id)
     assert stored.status is RunStatus.REQUIRES_ACTION
     assert stored.stop_signal is not None
     assert stored.stop_signal.context["tool_calls"][0]["id"] == "call_1"  # kept whole
-    assert (await sqlite_store.get_session(outcome.session_id)).active_run_id == ""
+    assert (await store.get_session(outcome.session_id)).active_run_id == ""
 
 
 async def test_an_end_the_store_refuses_is_stored_reduced(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    store: SqlStepStore, fake_model: FakeModelServer
 ) -> None:
-    store = FailingEnds(sqlite_store, StoreError("value out of range"))
-    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    failing = FailingEnds(store, StoreError("value out of range"))
+    harness = build_runtime(cast(StepStore, failing), fake_model, Gate())
     fake_model.enqueue(Turn.error(400, message="bad \x00 request " + "x" * 10_000))
     try:
         outcome = await harness.run("hi")
@@ -80,7 +79,7 @@ async def test_an_end_the_store_refuses_is_stored_reduced(
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
     assert outcome.reason is StopReason.MODEL_ERROR
-    stored = await sqlite_store.get_run(outcome.run_id)
+    stored = await store.get_run(outcome.run_id)
     assert stored.status is RunStatus.FAILED
     assert stored.stop_signal is not None
     assert stored.stop_signal.reason is StopReason.MODEL_ERROR
@@ -91,12 +90,11 @@ async def test_an_end_the_store_refuses_is_stored_reduced(
 
 
 async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_run(
-    tmp_path: Path, fake_model: FakeModelServer
+    store_url: str, fake_model: FakeModelServer
 ) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'ends.db'}"
-    real = await open_store(url, instance_id="host/127.0.0.1:50051")
-    store = FailingEnds(real, *[StoreUnavailableError("gone")] * 3)
-    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    real = await open_store(store_url, instance_id="host/127.0.0.1:50051")
+    failing = FailingEnds(real, *[StoreUnavailableError("gone")] * 3)
+    harness = build_runtime(cast(StepStore, failing), fake_model, Gate())
     fake_model.enqueue(Turn.text("done"))
     try:
         outcome = await harness.run("hi")
@@ -112,7 +110,7 @@ async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_ru
         True,
         3,
     )
-    restarted = await open_store(url, instance_id="host/127.0.0.1:50051")
+    restarted = await open_store(store_url, instance_id="host/127.0.0.1:50051")
     try:
         held = await restarted.get_session(outcome.session_id)
         assert held.active_run_id == outcome.run_id  # not released while RUNNING

@@ -1,5 +1,6 @@
 """The step limit (`Limits.max_step_bytes`): a model reply or a server tool's result over it
-is cut to it, stored as a readable step, and ends the run with a typed stop."""
+is cut to it, stored as a readable step, and ends the run with a typed stop. On SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -18,10 +19,8 @@ LIMIT = 1000
 
 
 @pytest.fixture
-async def limited(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
-) -> AsyncIterator[Harness]:
-    built = build_runtime(sqlite_store, fake_model, Gate(), max_step_bytes=LIMIT)
+async def limited(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+    built = build_runtime(store, fake_model, Gate(), max_step_bytes=LIMIT)
     try:
         yield built
     finally:

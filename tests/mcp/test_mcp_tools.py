@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest_asyncio
 from agio_grpc.config import McpServerConfig
 from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
 from agio_grpc.service.mcp_setup import mcp_server_spec
+from agio_grpc.telemetry import trace_log_handler
 from tests.mcp.conftest import (
     HttpToolbox,
     Toolbox,
@@ -31,6 +34,7 @@ from tests.mcp.conftest import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 LISTED_ENV = {"TOOLBOX_MODE": "test"}
+GARBLED = Path(__file__).parent / "servers" / "garbled.py"
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +149,31 @@ async def test_stdio_server_gets_only_the_environment_its_entry_names(
     names = set((await toolbox.call("environment")).content.splitlines())
     # Python itself sets LC_CTYPE when the locale is C (PEP 538).
     assert names - {"LC_CTYPE"} == set(LISTED_ENV)
+
+
+def written(records: list[logging.LogRecord], *, capture_content: bool) -> str:
+    """`records` as `agio-grpc serve` writes them."""
+    handler = trace_log_handler(
+        logging.StreamHandler(io.StringIO()), capture_content=capture_content
+    )
+    return "\n".join(handler.format(record) for record in records if handler.filter(record))
+
+
+async def test_a_line_that_is_not_a_message_logs_no_content_unless_opted_in(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "the tool's secret heron"
+    caplog.set_level(logging.DEBUG)
+    spec = stdio_spec(tmp_path / "events.txt", name="garbled", args=(str(GARBLED),))
+    async with connected(spec, tmp_path / "events.txt") as box:
+        result = await box.call("garble", json.dumps({"text": secret}))
+    assert (result.content, result.is_error) == ("garbled", False)
+    (noted,) = [r for r in caplog.records if "transport error" in r.getMessage()]
+    assert (noted.levelno, noted.name) == (logging.DEBUG, "agio_grpc.engine.mcp")
+    assert secret not in noted.getMessage()
+    assert "transport error" in written(caplog.records, capture_content=False)
+    assert secret not in written(caplog.records, capture_content=False)
+    assert secret in written(caplog.records, capture_content=True)
 
 
 async def test_crash_mid_call_is_a_tool_error_then_the_server_restarts(

@@ -1,5 +1,6 @@
 """Pages: cut by bytes as well as by count (no response can outgrow a message), GetContext a
-page at a time, and page tokens signed with the key every replica shares, on both backends."""
+page at a time, a run's replay with a step of the largest size, and page tokens signed with
+the key every replica shares, on both backends."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.service.errors import FieldViolation, ServiceError
 from agio_grpc.service.validation import PageTokens
 from agio_grpc.testing import FakeModelServer, Turn
-from agio_grpc.v1 import session_service_pb2
+from agio_grpc.v1 import agent_service_pb2, resources_pb2, session_service_pb2
 from tests.service.conftest import make_settings
 
 MESSAGE_BYTES = 8 * 1024  # pages hold at most 6 KiB
+STEP_BYTES = 4096  # the largest step: half a message
 TEXT = "x" * 1500  # each step about 1.5 KB
 
 
@@ -27,7 +29,7 @@ async def small_pages(store_url: str, fake_model: FakeModelServer) -> AsyncItera
         store_url,
         fake_model.base_url,
         server=ServerConfig(max_message_bytes=MESSAGE_BYTES),
-        agents=[AgentConfig(name="assistant", limits=LimitsConfig(max_step_bytes=4096))],
+        agents=[AgentConfig(name="assistant", limits=LimitsConfig(max_step_bytes=STEP_BYTES))],
     )
     app = await AgioApp.start(settings)
     try:
@@ -69,6 +71,56 @@ async def test_list_steps_pages_are_cut_by_bytes_and_join_up(
                 break
     assert sequences == list(range(1, 11))
     assert pages >= 3
+
+
+async def test_list_runs_pages_are_cut_by_bytes_and_join_up(
+    small_pages: AgioApp, fake_model: FakeModelServer
+) -> None:
+    async with AgioClient(small_pages.address) as client:
+        session_id = ""
+        run_ids: list[str] = []
+        for _ in range(8):  # each run about 1.5 KB (its metadata), ~12 KB in all
+            fake_model.enqueue(Turn.text("ok"))
+            run = await client.run_to_end("hi", session_id=session_id, metadata={"note": TEXT})
+            session_id = run.session_id
+            run_ids.append(run.run.id)
+        listed: list[str] = []
+        token = ""
+        pages = 0
+        while True:
+            page = await client.agents.ListRuns(
+                agent_service_pb2.ListRunsRequest(
+                    session_id=session_id, page_size=100, page_token=token
+                )
+            )
+            assert page.ByteSize() <= MESSAGE_BYTES * 3 // 4
+            assert page.runs
+            listed += [run.id for run in page.runs]
+            pages += 1
+            token = page.next_page_token
+            if not token:
+                break
+    assert sorted(listed) == sorted(run_ids)
+    assert len(set(listed)) == len(run_ids)
+    assert pages >= 3
+
+
+async def test_watch_run_replays_a_run_holding_a_step_of_the_largest_size(
+    small_pages: AgioApp, fake_model: FakeModelServer
+) -> None:
+    async with AgioClient(small_pages.address) as client:
+        fake_model.enqueue(Turn.text("é✓" * STEP_BYTES, chunks=20))  # cut to the step limit
+        ended = await client.run_to_end("write a lot")
+        assert ended.run.stop_signal.reason == resources_pb2.STOP_REASON_MAX_TOKENS
+        events = [event async for event in client.watch_run(ended.run.id)]
+    replayed = [e.step_completed.step for e in events if e.WhichOneof("event") == "step_completed"]
+    reply = replayed[-1]
+    assert reply.role == resources_pb2.ROLE_ASSISTANT
+    assert STEP_BYTES - 4 < len(reply.content.encode()) <= STEP_BYTES
+    assert reply.content == ended.steps[-1].content
+    assert all(event.ByteSize() <= MESSAGE_BYTES for event in events)
+    assert events[-1].WhichOneof("event") == "run_completed"
+    assert events[-1].run_completed.run == ended.run
 
 
 async def test_get_context_comes_a_page_at_a_time(

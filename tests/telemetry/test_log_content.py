@@ -1,10 +1,12 @@
-"""Log lines carry no user or model content unless content capture is opted in: tracebacks
-keep their frames and exception types, not the exceptions' messages."""
+"""Log lines, at any level, carry no user or model content unless content capture is opted in:
+tracebacks keep their frames and exception types, not the exceptions' messages, and the
+libraries' DEBUG lines are left out."""
 
 from __future__ import annotations
 
 import io
 import logging
+import sys
 
 import pytest
 
@@ -49,3 +51,43 @@ def test_a_traceback_keeps_its_frames_and_types_but_not_the_messages() -> None:
 @pytest.mark.parametrize("secret", [USER_TEXT, MODEL_TEXT])
 def test_opted_in_content_keeps_the_messages(secret: str) -> None:
     assert secret in logged(capture_content=True)
+
+
+def written(record: logging.LogRecord, *, capture_content: bool) -> str:
+    """`record` as `agio-grpc serve` writes it ("" when it is left out)."""
+    handler = trace_log_handler(
+        logging.StreamHandler(io.StringIO()), capture_content=capture_content
+    )
+    return handler.format(record) if handler.filter(record) else ""
+
+
+def test_a_librarys_debug_lines_are_left_out_unless_opted_in() -> None:
+    quoting = logging.LogRecord(
+        "mcp.client.streamable_http",
+        logging.DEBUG,
+        __file__,
+        1,
+        "SSE message: %s",
+        (USER_TEXT,),
+        None,
+    )
+    assert written(quoting, capture_content=False) == ""
+    assert USER_TEXT in written(quoting, capture_content=True)
+    ours = logging.LogRecord(
+        "agio_grpc.engine.mcp", logging.DEBUG, __file__, 1, "transport error: %s", ("X",), None
+    )
+    assert written(ours, capture_content=False).endswith("transport error: X")
+    warning = logging.LogRecord("mcp.client.stdio", logging.WARNING, __file__, 1, "slow", (), None)
+    assert written(warning, capture_content=False).endswith("slow")
+
+
+def test_a_traceback_another_handler_formatted_first_is_still_written_without_messages() -> None:
+    try:
+        raise ValueError(MODEL_TEXT)
+    except ValueError:
+        record = logging.LogRecord(
+            "agio_grpc.engine.lifecycle", logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
+        )
+    assert MODEL_TEXT in logging.Formatter().format(record)  # caches the traceback on it
+    assert MODEL_TEXT not in written(record, capture_content=False)
+    assert "builtins.ValueError: (message withheld" in written(record, capture_content=False)
