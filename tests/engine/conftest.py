@@ -5,6 +5,7 @@ runtime on both (see harness.py); `backend_harness` is the runtime on each backe
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -29,24 +30,9 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
         yield server
 
 
-@pytest.fixture
-async def harness(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
-) -> AsyncIterator[Harness]:
-    built = build_runtime(sqlite_store, fake_model, Gate())
-    try:
-        yield built
-    finally:
-        built.gate.release.set()
-        await built.runtime.shutdown(grace_s=0)
-        await built.driver.close()
-
-
-@pytest.fixture
-async def backend_harness(
-    store: SqlStepStore, fake_model: FakeModelServer
-) -> AsyncIterator[Harness]:
-    """The runtime of `harness` on the backend under test (SQLite, then PostgreSQL)."""
+@asynccontextmanager
+async def running(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+    """A runtime on `store`, shut down afterwards (its gate released first)."""
     built = build_runtime(store, fake_model, Gate())
     try:
         yield built
@@ -54,3 +40,20 @@ async def backend_harness(
         built.gate.release.set()
         await built.runtime.shutdown(grace_s=0)
         await built.driver.close()
+
+
+@pytest.fixture
+async def harness(
+    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+) -> AsyncIterator[Harness]:
+    async with running(sqlite_store, fake_model) as built:
+        yield built
+
+
+@pytest.fixture
+async def backend_harness(
+    store: SqlStepStore, fake_model: FakeModelServer
+) -> AsyncIterator[Harness]:
+    """The runtime of `harness` on the backend under test (SQLite, then PostgreSQL)."""
+    async with running(store, fake_model) as built:
+        yield built
