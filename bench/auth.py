@@ -17,8 +17,6 @@ api_key path adds at most 0.3 ms to the baseline's p50.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from agio_grpc.client import AgioClient, TlsConfig
 from agio_grpc.testing.certificates import CertificateAuthority
 from bench import procs
 from bench.stats import median, percentile
-from bench.streaming import Samples, service_run
+from bench.streaming import Samples, service_run, ttft_main
 
 PATHS = ("none, plaintext", "api_key, plaintext", "api_key over TLS")
 
@@ -102,15 +100,7 @@ def table(samples: dict[str, Samples]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=300, help="runs a path (default 300)")
-    parser.add_argument("--tokens", type=int, default=50, help="chunks a run (default 50)")
-    parser.add_argument("--warmup", type=int, default=20, help="unmeasured runs a path")
-    args = parser.parse_args(argv)
-    samples = asyncio.run(measure(args.runs, args.tokens, args.warmup))
-    print(f"B1 time to first token, {args.runs} runs a path, {args.tokens} tokens a run:")
-    print(table(samples))
-    return 0
+    return ttft_main(__doc__.splitlines()[0], measure, table, argv)
 
 
 if __name__ == "__main__":

@@ -114,12 +114,21 @@ async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     return level_result("agents-sdk", concurrency, load, load.cpu_s, load.peak_rss_mb, model_cpu)
 
 
-async def run_load(kind: str, target: str, concurrency: int) -> LoadResult:
-    """`concurrency` runs at once, over as many load generator processes as it takes."""
-    generators = math.ceil(concurrency / RUNS_PER_GENERATOR)
+async def run_load(
+    kind: str, targets: str | list[str], concurrency: int, per_channel: int = 100
+) -> LoadResult:
+    """`concurrency` runs at once, over as many load generator processes as it takes (at
+    least one per target), split evenly over `targets`; `per_channel` streams a connection."""
+    targets = [targets] if isinstance(targets, str) else targets
+    generators = max(len(targets), math.ceil(concurrency / RUNS_PER_GENERATOR))
     shares = [concurrency // generators] * generators
     shares[0] += concurrency - sum(shares)
-    parts = await asyncio.gather(*(generate(kind, target, share) for share in shares))
+    parts = await asyncio.gather(
+        *(
+            generate(kind, targets[i % len(targets)], share, per_channel)
+            for i, share in enumerate(shares)
+        )
+    )
     return merge(list(parts))
 
 

@@ -20,8 +20,6 @@ between the paths, so drift in the machine's load hits all of them.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import re
 import sys
@@ -38,7 +36,7 @@ from agio_grpc.testing.envelopes import END_STREAM, TRAILERS, envelope, read_env
 from agio_grpc.v1 import agent_service_pb2, events_pb2
 from bench import procs
 from bench.stats import median, percentile
-from bench.streaming import Samples, service_run
+from bench.streaming import Samples, service_run, ttft_main
 
 RUN = "/agio.v1.AgentService/Run"
 LISTENING = re.compile(r"agio-grpc listening on (\S+) .*HTTP \(Connect, gRPC-Web\) on (\S+)")
@@ -152,15 +150,7 @@ def table(samples: dict[str, Samples]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=300, help="runs a path (default 300)")
-    parser.add_argument("--tokens", type=int, default=50, help="chunks a run (default 50)")
-    parser.add_argument("--warmup", type=int, default=20, help="unmeasured runs a path")
-    args = parser.parse_args(argv)
-    samples = asyncio.run(measure(args.runs, args.tokens, args.warmup))
-    print(f"B1 time to first token, {args.runs} runs a path, {args.tokens} tokens a run:")
-    print(table(samples))
-    return 0
+    return ttft_main(__doc__.splitlines()[0], measure, table, argv)
 
 
 if __name__ == "__main__":

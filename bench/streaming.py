@@ -19,11 +19,15 @@ model's CPU is in none of them.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -189,3 +193,22 @@ async def traced_runs(
 
 def machine_cpus() -> int:
     return os.cpu_count() or 1
+
+
+def ttft_main(
+    description: str,
+    measure: Callable[[int, int, int], Coroutine[Any, Any, dict[str, Samples]]],
+    table: Callable[[dict[str, Samples]], str],
+    argv: list[str] | None,
+) -> int:
+    """The command line of a B1 comparison of paths (`bench.auth`, `bench.connect`): runs,
+    tokens and warm-up runs a path; the table of what `measure` sampled."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs", type=int, default=300, help="runs a path (default 300)")
+    parser.add_argument("--tokens", type=int, default=50, help="chunks a run (default 50)")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured runs a path")
+    args = parser.parse_args(argv)
+    samples = asyncio.run(measure(args.runs, args.tokens, args.warmup))
+    print(f"B1 time to first token, {args.runs} runs a path, {args.tokens} tokens a run:")
+    print(table(samples))
+    return 0

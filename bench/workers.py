@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from bench import procs
-from bench.concurrency import RUNS_PER_GENERATOR, generate, merge
+from bench.concurrency import run_load
 from bench.loadgen import LoadResult
 from bench.stats import percentile
 
@@ -54,17 +53,8 @@ class Row:
 
 
 async def load(targets: list[str], runs: int) -> LoadResult:
-    """`runs` runs at once, split evenly over `targets` and over load generators."""
-    generators = max(len(targets), math.ceil(runs / RUNS_PER_GENERATOR))
-    shares = [runs // generators] * generators
-    shares[0] += runs - sum(shares)
-    parts = await asyncio.gather(
-        *(
-            generate("agio", targets[i % len(targets)], share, RUNS_PER_CONNECTION)
-            for i, share in enumerate(shares)
-        )
-    )
-    return merge(list(parts))
+    """`runs` runs at once, split evenly over `targets`."""
+    return await run_load("agio", targets, runs, RUNS_PER_CONNECTION)
 
 
 def row(system: str, runs: int, result: LoadResult, server_cpu_s: float, others: float) -> Row:

@@ -119,3 +119,32 @@ async def test_the_connect_benchmark_runs_every_path_on_one_server() -> None:
         assert len(measured.ttft_ms) == 2, name
         assert all(ttft > 0 for ttft in measured.ttft_ms), name
     assert "| Connect, JSON |" in connect.table(samples)
+
+
+async def test_the_members_benchmark_follows_and_cancels_across_two_servers() -> None:
+    from argparse import Namespace
+
+    from bench import members
+
+    args = Namespace(postgres="", runs=2, concurrent=2, tokens=3, rate=50.0, cancels=1)
+    figures = await members.measure(args)
+    assert figures.deltas_on_owner <= 6  # a watch that attaches after a step misses its deltas
+    assert (len(figures.cancel_local_ms), len(figures.cancel_elsewhere_ms)) == (1, 1)
+    assert (len(figures.end_local_ms), len(figures.end_elsewhere_ms)) == (1, 1)
+    assert "| CancelRun on another member: answered | 1 |" in members.tables(figures)
+
+
+async def test_the_workers_benchmark_measures_floors_and_workers() -> None:
+    from argparse import Namespace
+
+    from bench import workers
+
+    rows = await workers.measure(Namespace(runs=4, tokens=3, rate=100.0, postgres=""))
+    assert [row.system.split(" (")[0] for row in rows] == [
+        "gRPC floor, 1 process",
+        "gRPC floor, 2 processes",
+        "agio-grpc, 1 worker, SQLite",
+        "agio-grpc, 2 workers, SQLite",
+    ]
+    assert all((row.runs, row.errors) == (4, 0) for row in rows), rows
+    assert "| agio-grpc, 2 workers, SQLite" in workers.table(rows, 100.0)
