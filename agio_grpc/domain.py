@@ -253,6 +253,15 @@ def status_for(reason: StopReason) -> RunStatus:
     return RunStatus.CANCELLED
 
 
+LEASE_EXPIRED_MESSAGE = "the server running this run stopped (its lease expired)"
+"""Why a run whose server stopped renewing its session's lease ended (a take-over)."""
+ABANDONED_MESSAGE = "the server running this run stopped before it stored the run's end"
+"""Why a run whose server let go of its session without storing its end ended."""
+RESTARTED_MESSAGE = "the server running this run restarted before the run ended"
+"""Why a run ended that its own server, restarted under the same instance id, found left
+RUNNING."""
+
+
 def abandoned_run_signal(message: str, resume_from_sequence: int) -> StopSignal:
     """The stop of a run whose server is gone (its lease expired, or it let go of the
     session without storing the run's end): INTERRUPTED, retryable from the step after the

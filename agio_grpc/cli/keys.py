@@ -93,7 +93,7 @@ async def _on_store(settings: Settings, command: KeysCommand, args: argparse.Nam
             settings.database_url, sqlite_synchronous=settings.sqlite_synchronous
         )
     try:
-        return await command(store.key_store(), args)
+        return await command(store.keys(), args)
     finally:
         await store.close()
 

@@ -1,8 +1,8 @@
 """The agent engine: the run loop, model driver, tools, context building and run events.
 
 Pure asyncio. Never imports grpc, protobuf, SQLAlchemy, OpenTelemetry, the service layer or
-the SQL store: it speaks the domain types and the `StepStore` protocol only. The service
-layer drives it through `Runtime`.
+the SQL store: it speaks the domain types and the store's role protocols only
+(agio_grpc.store). The service layer drives it through `Runtime`.
 """
 
 from agio_grpc.engine.agents import (

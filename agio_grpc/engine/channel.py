@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from agio_grpc.domain import Run, Step, utc_now
 from agio_grpc.engine.events import Event, SequencedEvent, StepDelta
 from agio_grpc.engine.journal import record_of
-from agio_grpc.store.protocol import Journal, JournalRecord
+from agio_grpc.store.records import Journal, JournalRecord
 
 Announce = Callable[[Run | None, Sequence[Step]], list[Event]]
 """The events a store write announces, made from what it stored (as `Journal` is called)."""

@@ -3,7 +3,7 @@
 A run reads its session's whole history before its first model call; on a long session that
 read is most of what the run pays before the model starts (B5). With the history its
 previous run ended with, a new run on the session asks the store only for the steps after
-it (`StepStore.start_run`'s `since`; SubmitToolOutputs and Retry use `get_history_since`),
+it (`RunLedger.start_run`'s `since`; SubmitToolOutputs and Retry use `get_history_since`),
 and the store checks in the same read that the last cached step is still stored at its
 sequence. That check is enough: a stored step never changes, deletes (Retry, DeleteSteps)
 only cut the end of the log, and a step id is never reused, so when the last cached step is
@@ -12,11 +12,11 @@ between is thus seen, never served stale.
 
 What goes in must be the stored log exactly: the loop hands its history over only when the
 history was read while its run held the session and the run still held it at its end
-(`StepStore.release_session` says so); a history read before the session was taken, or
+(`RunLedger.release_session` says so); a history read before the session was taken, or
 extended while another holder rewrote the log, is never kept. Bounded by an estimate of the
 memory the cached steps take (`step_bytes`; the least recently used sessions go first), so a
 few sessions with long tool outputs cannot take more than a crowd of short ones. Holds only
-whole histories (sequences 1..N). Reads the store only through the `StepStore` a caller
+whole histories (sequences 1..N). Reads the store only through the `SessionLog` a caller
 hands it (`read_through`, `decide`).
 """
 
@@ -31,7 +31,8 @@ from typing import Final, TypeVar
 from agio_grpc.domain import DEFAULT_TENANT, Step
 from agio_grpc.engine.errors import InvalidInputError
 from agio_grpc.store.errors import HistoryChangedError
-from agio_grpc.store.protocol import HistoryMark, StepStore
+from agio_grpc.store.log import SessionLog
+from agio_grpc.store.records import HistoryMark
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class CachedHistory:
 
     @property
     def mark(self) -> HistoryMark | None:
-        """The last cached step, for `StepStore.start_run(since=...)`."""
+        """The last cached step, for `RunLedger.start_run(since=...)`."""
         if not self.steps:
             return None
         last = self.steps[-1]
@@ -124,7 +125,7 @@ class HistoryCache:
 
     async def decide(
         self,
-        store: StepStore,
+        store: SessionLog,
         session_id: str,
         decide: Callable[[list[Step], int], Awaitable[T]],
         *,
@@ -146,7 +147,7 @@ class HistoryCache:
         return await decide(history, kept)
 
     async def read_through(
-        self, store: StepStore, session_id: str, *, tenant: str | None = None
+        self, store: SessionLog, session_id: str, *, tenant: str | None = None
     ) -> tuple[list[Step], int]:
         """The session's whole history: what is cached, then the steps `store` has after it;
         with how many came from the cache. Raises NotFoundError (also for a session that

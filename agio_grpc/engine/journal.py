@@ -27,7 +27,7 @@ from agio_grpc.engine.events import (
     StepDelta,
     StepStarted,
 )
-from agio_grpc.store.protocol import JournalRecord
+from agio_grpc.store.records import JournalRecord
 
 
 def is_journaled(event: Event) -> bool:

@@ -1,6 +1,6 @@
 """`LeaseKeeper`: this process's side of the session leases shared with other replicas.
 
-The store holds each session for its run under a lease (store/protocol.py). One task
+The store holds each session for its run under a lease (store/leases.py). One task
 renews the leases of every run live in this process every third of the lease, so a session
 outlives a crashed process by at most one lease; a run whose lease was found taken over
 (this process stalled past it) is stopped as INTERRUPTED. Another task polls for cancel
@@ -19,9 +19,11 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from agio_grpc.domain import Run, StopSignal
 from agio_grpc.engine.control import RunControl
-from agio_grpc.engine.lifecycle import lease_lost
+from agio_grpc.engine.lifecycle import Lifecycle, lease_lost
 from agio_grpc.store.errors import StoreError
-from agio_grpc.store.protocol import SessionLeases, StepStore
+from agio_grpc.store.leases import SessionLeases
+from agio_grpc.store.log import SessionLog
+from agio_grpc.store.runs import RunRecords
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,9 @@ class LeaseKeeper:
     def __init__(
         self,
         leases: SessionLeases,
-        store: StepStore,
+        log: SessionLog,
+        runs: RunRecords,
+        lifecycle: Lifecycle,
         live: LiveRuns,
         cancel_poll_s: float,
         *,
@@ -51,7 +55,9 @@ class LeaseKeeper:
         """`on_tick` runs after each renewal (every third of the lease): the runtime starts
         the queues a crash left with no one to start them."""
         self.leases = leases
-        self._store = store
+        self._log = log
+        self._runs = runs
+        self._lifecycle = lifecycle
         self._live = live
         self._cancel_poll_s = cancel_poll_s
         self._on_tick = on_tick
@@ -79,8 +85,8 @@ class LeaseKeeper:
         take-over would end it; else a cancel request is recorded for that process, and this
         waits up to `wait_s` for the run to end and let go of its session, as a local cancel
         does. Returns the run as last read."""
-        if await self.leases.interrupt_abandoned_run(run.id):
-            return await self._store.get_run(run.id)
+        if await self._lifecycle.interrupt_abandoned(run.id):
+            return await self._runs.get_run(run.id)
         logger.info("run %s runs elsewhere: cancel requested", run.id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -93,13 +99,13 @@ class LeaseKeeper:
                 tell = None
                 continue
             if loop.time() >= deadline:
-                return await self._store.get_run(run.id)
+                return await self._runs.get_run(run.id)
             await asyncio.sleep(_CANCEL_WAIT_POLL_S)
-        while (await self._store.get_session(run.session_id)).active_run_id == run.id:
+        while (await self._log.get_session(run.session_id)).active_run_id == run.id:
             if loop.time() >= deadline:
                 break
             await asyncio.sleep(_CANCEL_WAIT_POLL_S)
-        return await self._store.get_run(run.id)
+        return await self._runs.get_run(run.id)
 
     async def _renew_forever(self) -> None:
         # A third of the lease: a renewal may fail (or be slow) twice before the lease ends.

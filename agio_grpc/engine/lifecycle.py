@@ -6,6 +6,13 @@
     RUNNING ──end──> COMPLETED | FAILED | CANCELLED | INTERRUPTED | REQUIRES_ACTION
     REQUIRES_ACTION ──resume (SubmitToolOutputs)──> RUNNING
     REQUIRES_ACTION | QUEUED ──end_idle (CancelRun, a superseding run)──> CANCELLED
+    RUNNING, its server gone ──interrupt_abandoned | recover_expired | recover_own──> INTERRUPTED
+
+Each transition is one method here and one of the `RunLedger` (store/ledger.py), which only
+this class holds: begin → `start_run`, begin_queued → `start_queued_run`, resume →
+`continue_run`, restart → `restart_run`, end → `end_run`, end_idle → `end_idle_run`,
+interrupt_abandoned → `interrupt_abandoned_run`, recover_expired → `recover_expired_runs`,
+recover_own → `recover_own_runs` (each in store/sql/runs.py).
 
 Every transition is ONE store transaction that also journals the events it announces
 (engine/journal.py): `begin` takes the session, stores the input, the run and `run_started`
@@ -29,7 +36,7 @@ unclear (the store became unavailable: a COMMIT may have landed) the run is read
 ended if it is stored RUNNING. A write that failed wrote nothing: every transition takes
 the session in its own transaction, so there is no session to give back either.
 
-Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
+Never imports grpc, SQLAlchemy or OpenTelemetry; runs change only through its `RunLedger`.
 """
 
 from __future__ import annotations
@@ -57,13 +64,14 @@ from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.engine.events import Event, RunStarted, StepCompleted, terminal_event
 from agio_grpc.store.errors import NotFoundError, StoreError, StoreUnavailableError
-from agio_grpc.store.protocol import (
+from agio_grpc.store.ledger import RunLedger
+from agio_grpc.store.log import SessionLog
+from agio_grpc.store.records import (
     HistoryMark,
     IdleEnd,
     QueueRequest,
     RunContinuation,
     RunStart,
-    StepStore,
 )
 
 logger = logging.getLogger(__name__)
@@ -221,10 +229,15 @@ class Lifecycle:
     """Every change of a run's state, each one store transaction (module docstring)."""
 
     def __init__(
-        self, store: StepStore, on_session_free: Callable[[str], None] = lambda _: None
+        self,
+        ledger: RunLedger,
+        log: SessionLog,
+        on_session_free: Callable[[str], None] = lambda _: None,
     ) -> None:
-        self.store = store
-        self._on_session_free = on_session_free
+        self._ledger = ledger
+        self._log = log
+        self.on_session_free = on_session_free
+        """Told the id of a session a transition freed that has queued runs."""
         # Undo work of failed or cancelled calls still running (`_clean_up`).
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -243,7 +256,7 @@ class Lifecycle:
         """A new run on its session (or a new one), its input stored; on a busy session,
         refused, or with `queue` stored QUEUED. The store's refusals (busy, waiting,
         duplicate request_id, a full queue, unknown session) write nothing."""
-        write = self.store.start_run(
+        write = self._ledger.start_run(
             run,
             steps,
             new_session=new_session,
@@ -259,7 +272,7 @@ class Lifecycle:
         self, run: Run, steps: list[Step], channel: RunChannel, since: HistoryMark | None
     ) -> RunStart:
         """The run heading its free session's queue starts, its input stored."""
-        write = self.store.start_queued_run(
+        write = self._ledger.start_queued_run(
             run, steps, since=since, journal=channel.journal_for(opened)
         )
         started = await self._commit(write, run, channel, lambda started: started.run)
@@ -271,7 +284,7 @@ class Lifecycle:
     ) -> RunContinuation:
         """A waiting run going on with its client's tool outputs, if it still waits on the
         log the call read (`expect`)."""
-        write = self.store.continue_run(
+        write = self._ledger.continue_run(
             run, steps, expect=expect, journal=channel.journal_for(opened)
         )
         continued = await self._commit(write, run, channel, lambda continued: continued.run)
@@ -283,7 +296,7 @@ class Lifecycle:
     ) -> Run:
         """A Retry's new run, the steps from `delete_from` on deleted, if the session's log
         is still the one the call read (`expect`)."""
-        write = self.store.restart_run(
+        write = self._ledger.restart_run(
             run, delete_from, expect=expect, journal=channel.journal_for(opened)
         )
         # Ended before it went on, it resumes where it was to regenerate from.
@@ -307,7 +320,7 @@ class Lifecycle:
             if pause_s:
                 await asyncio.sleep(pause_s)
             try:
-                stored = await self.store.end_run(ended, journal=channel.journal_for(closed))
+                stored = await self._ledger.end_run(ended, journal=channel.journal_for(closed))
             except Exception as error:
                 # The error's type only: a driver's message may quote what was written.
                 logger.warning(
@@ -320,7 +333,7 @@ class Lifecycle:
                     ended.stop_signal = storable(signal)
                 continue
             if stored.queued:
-                self._on_session_free(run.session_id)
+                self.on_session_free(run.session_id)
             if stored.earlier_end is not None:
                 # Ended first by the server that took the session over once this run's
                 # lease ran out (this one stalled past it): that end is the run's.
@@ -347,7 +360,7 @@ class Lifecycle:
         pending: list[ToolCall] = []
         if run.status is RunStatus.REQUIRES_ACTION:
             if history is None:
-                history = await self.store.get_history(run.session_id, run.first_sequence or 1)
+                history = await self._log.get_history(run.session_id, run.first_sequence or 1)
             pending = open_tool_calls(history)[1]
         expect = HistoryMark(history[-1].sequence, history[-1].id) if history else None
         why = unfinished_reason(signal)
@@ -355,12 +368,27 @@ class Lifecycle:
         ended = run.ended(signal)
         ended.last_event_seq = run.last_event_seq + len(results) + 1
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
-        stored = await self.store.end_idle_run(
+        stored = await self._ledger.end_idle_run(
             ended, results, expect=expect, journal=channel.journal_for(closed)
         )
         if stored is not None and stored.queued:
-            self._on_session_free(run.session_id)  # it may have held up the queue
+            self.on_session_free(run.session_id)  # it may have held up the queue
         return stored
+
+    async def interrupt_abandoned(self, run_id: str) -> bool:
+        """End the run INTERRUPTED if its server is gone (RunLedger.interrupt_abandoned_run):
+        for a watcher that found its live stream gone. Whether it did."""
+        return await self._ledger.interrupt_abandoned_run(run_id)
+
+    async def recover_own(self) -> list[str]:
+        """At start, before serving: end the runs this server's instance left RUNNING when
+        it stopped, and release their sessions; the run ids ended."""
+        return await self._ledger.recover_own_runs()
+
+    async def recover_expired(self) -> list[str]:
+        """End the runs whose servers stopped renewing their leases, and release their
+        sessions (safe beside live replicas); the run ids ended."""
+        return await self._ledger.recover_expired_runs()
 
     # -- the undo path ----------------------------------------------------------------------
 
@@ -418,10 +446,10 @@ class Lifecycle:
         ended = run.ended(call_ended(resume_from or run.last_sequence + 1))
         ended.last_event_seq = channel.last_seq + 1
         try:
-            stored = await self.store.end_run(ended, journal=channel.journal_for(closed))
+            stored = await self._ledger.end_run(ended, journal=channel.journal_for(closed))
             channel.publish_journaled()  # to a caller following the run, if one does
             if stored.queued:
-                self._on_session_free(run.session_id)
+                self.on_session_free(run.session_id)
         except NotFoundError:  # the run was never stored
             await self.release(run.session_id, run.id)
         except Exception:
@@ -435,7 +463,7 @@ class Lifecycle:
         fail again."""
         try:
             async with asyncio.timeout(UNCLEAR_WRITE_CHECK_S):
-                run = await self.store.get_run(run_id)
+                run = await self._ledger.get_run(run_id)
         except Exception:  # TimeoutError included
             return None
         return run if run.status is RunStatus.RUNNING else None
@@ -443,7 +471,7 @@ class Lifecycle:
     async def release(self, session_id: str, run_id: str) -> None:
         """Let go of the session if the run still holds it. Never raises."""
         try:
-            await self.store.release_session(session_id, run_id)
+            await self._ledger.release_session(session_id, run_id)
         except Exception:
             logger.exception("could not release session %s held by run %s", session_id, run_id)
 

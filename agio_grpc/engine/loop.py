@@ -30,7 +30,8 @@ Tracing goes through `segment.trace` (engine/tracing.py): one child per model ca
 tool call, whose ids the produced step keeps; `_finish` ends the segment's trace just before
 the terminal event, so a client that saw the end can find the whole trace.
 
-Never imports grpc, SQLAlchemy or OpenTelemetry; talks to storage only through StepStore.
+Never imports grpc, SQLAlchemy or OpenTelemetry; stores steps only through the `SessionLog`,
+and changes runs only through the lifecycle.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ from agio_grpc.engine.model_call import ModelCall, model_request
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.log import SessionLog
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class LoopServices:
     """What every loop uses: storage, tools, the model, the hooks, the histories kept
     between runs (a loop hands its history over when it ends) and the run lifecycle."""
 
-    store: StepStore
+    log: SessionLog
     registry: ToolRegistry
     model: ModelDriver
     hooks: Hooks
@@ -118,7 +119,7 @@ class RunSegment:
     settings: RunSettings
     history: list[Step]
     """The session's steps so far, including the ones this segment already stored. Steps
-    read back from the store carry the conversation only (`StepStore.get_history`): their
+    read back from the store carry the conversation only (`SessionLog.get_history`): their
     metrics, create_time and trace ids are defaults. Build messages from them, not totals."""
     channel: RunChannel
     control: RunControl
@@ -540,7 +541,7 @@ class RunLoop:
     async def _append(self, steps: list[Step], announce: Announce = completed) -> list[Step]:
         """Store the run's steps with the events `announce` makes of them (their
         `step_completed`s), then publish those."""
-        stored = await self.services.store.append_steps(
+        stored = await self.services.log.append_steps(
             steps, held_by=self.run_row.id, journal=self.channel.journal_for(announce)
         )
         self._record_stored(stored)

@@ -36,7 +36,8 @@ from agio_grpc.store.errors import (
     RunStateConflictError,
     SessionBusyError,
 )
-from agio_grpc.store.protocol import HistoryMark, QueueRequest, RunStart, StepStore
+from agio_grpc.store.records import HistoryMark, QueueRequest, RunStart
+from agio_grpc.store.runs import RunRecords
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class RunQueues:
 
     def __init__(
         self,
-        store: StepStore,
+        runs: RunRecords,
         lifecycle: Lifecycle,
         segments: Segments,
         histories: HistoryCache,
@@ -64,7 +65,7 @@ class RunQueues:
         stop: Stop,
     ) -> None:
         """`stop` is `Runtime.stop` (a run wherever it is: queued, here or elsewhere)."""
-        self._store = store
+        self._runs = runs
         self._lifecycle = lifecycle
         self._segments = segments
         self._histories = histories
@@ -106,7 +107,7 @@ class RunQueues:
             except RunRequiresActionError as waiting:
                 if queue is None or not queue.ahead:
                     raise
-                blocking = await self._store.get_run(waiting.active_run_id)
+                blocking = await self._runs.get_run(waiting.active_run_id)
                 await self._lifecycle.end_idle(blocking, superseded(run.id, policy.value))
                 if queue.rollback:
                     run.supersedes = blocking.id
@@ -181,7 +182,7 @@ class RunQueues:
                     continue
                 here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
                 if not events and not here:
-                    run = await self._store.get_run(run_id)
+                    run = await self._runs.get_run(run_id)
                     here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
                     if run.status is not RunStatus.QUEUED and not here:
                         async for event in self._watch_until(run_id, cursor, watch, deadline_at):
@@ -244,7 +245,7 @@ class RunQueues:
 
     async def start_ready(self) -> None:
         """Start the queues whose session freed with no one to start them (a crash)."""
-        for session_id in await self._store.ready_queues():
+        for session_id in await self._runs.ready_queues():
             self.start_next_soon(session_id)
 
     async def settle(self, wait_s: float) -> None:
@@ -259,7 +260,7 @@ class RunQueues:
         by the sweep of ready queues."""
         run: Run | None = None
         try:
-            run = await self._store.next_queued_run(session_id)
+            run = await self._runs.next_queued_run(session_id)
             if run is None or self.closing:
                 return
             settings = self._settings_of(run)
@@ -297,7 +298,7 @@ class RunQueues:
         look at the queue again."""
         policy = BusyPolicy.ROLLBACK if run.rollback_from else BusyPolicy.INTERRUPT
         try:
-            waiting = await self._store.get_run(waiting_id)
+            waiting = await self._runs.get_run(waiting_id)
             await self._lifecycle.end_idle(waiting, superseded(run.id, policy.value))
         except Exception:
             logger.exception("could not end run %s, which run %s interrupts", waiting_id, run.id)

@@ -16,7 +16,7 @@ Verbs and their store calls, with the session's history cached (as after a run h
   create).
 - `cancel` of a run waiting for its client: read the run; `end_idle_run`.
 A write refused for a log that changed is decided again once, on the log read afresh. A
-verb on a caller's ids takes its `tenant`: another tenant's is missing (store/protocol.py).
+verb on a caller's ids takes its `tenant`: another tenant's is missing (store/log.py).
 
 Live segments are engine/segments.py's, queued runs engine/queues.py's; `watch` follows a
 segment live, and replays any other run from the journal (engine/watching.py), exactly,
@@ -26,7 +26,8 @@ across restarts and replicas. Session leases and cancels across replicas are the
 A segment's trace (engine/tracing.py) continues the caller's trace context (the gRPC server
 span); its first steps and run row keep its ids.
 
-Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `StepStore`.
+Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through the store's roles
+(`Storage`), runs changed only by the lifecycle.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from agio_grpc.domain import DEFAULT_TENANT, Role, Run, RunStatus, Session, Step, StopSignal
 from agio_grpc.engine.admission import RunSlots, Slot
@@ -75,11 +76,26 @@ from agio_grpc.store import (
     RunStateConflictError,
     SessionBusyError,
 )
-from agio_grpc.store.protocol import SessionLeases, StepStore
+from agio_grpc.store.leases import SessionLeases
+from agio_grpc.store.log import SessionLog
+from agio_grpc.store.runs import RunRecords
 
 logger = logging.getLogger(__name__)
 
 _CANCEL_AGAIN_S = 0.01  # how soon a cancel looks again at a run that was just continued
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """The store's roles a runtime uses. Runs change only through `lifecycle`, the one holder
+    of the store's `RunLedger`."""
+
+    log: SessionLog
+    runs: RunRecords
+    lifecycle: Lifecycle
+    leases: SessionLeases | None = None
+    """Renews the session leases of this process's live runs (its `session_lease_s` long);
+    without it nothing renews them: only for runs shorter than a lease."""
 
 
 class Runtime:
@@ -87,7 +103,7 @@ class Runtime:
 
     def __init__(
         self,
-        store: StepStore,
+        storage: Storage,
         agents: dict[str, AgentSpec],
         default_agent: str,
         registry: ToolRegistry,
@@ -96,31 +112,30 @@ class Runtime:
         *,
         options: RuntimeOptions | None = None,
         tracer: RunTracer | None = None,
-        leases: SessionLeases | None = None,
         tell_owner: TellOwner | None = None,
     ) -> None:
-        """`tracer` traces each run segment (nothing by default); `leases` renews the session
-        leases of this process's live runs (its `session_lease_s` long; without it, nothing
-        renews them: only for runs shorter than a lease); `tell_owner`: see LeaseKeeper."""
+        """`tracer` traces each run segment (nothing by default); `tell_owner`: see
+        LeaseKeeper."""
         check_agents(agents, default_agent, registry)
-        self.store = store
+        self.log = storage.log
+        self.runs = storage.runs
+        leases = storage.leases
         self.agents = agents
         self.default_agent = default_agent
         self.registry = registry
         self.options = options or RuntimeOptions()
-        self.lifecycle = Lifecycle(
-            store, lambda session_id: self._queues.start_next_soon(session_id)
-        )
+        self.lifecycle = storage.lifecycle
+        self.lifecycle.on_session_free = lambda session_id: self._queues.start_next_soon(session_id)
         self._histories = HistoryCache(self.options.history_cache_bytes)
         services = LoopServices(
-            store, registry, model, hooks or Hooks(), self._histories, self.lifecycle
+            self.log, registry, model, hooks or Hooks(), self._histories, self.lifecycle
         )
         slots = RunSlots(self.options.max_running_runs, self.options.admission_wait_s)
         self._segments = Segments(services, self.start, slots)
         self._closing = False
         self._tracer = tracer or NO_TRACER
         self._queues = RunQueues(
-            store,
+            self.runs,
             self.lifecycle,
             self._segments,
             self._histories,
@@ -133,7 +148,9 @@ class Runtime:
         self._keeper = (
             LeaseKeeper(
                 leases,
-                store,
+                self.log,
+                self.runs,
+                self.lifecycle,
                 self._segments.controls,
                 self.options.cancel_poll_s,
                 on_tick=self._queues.start_ready,
@@ -144,7 +161,10 @@ class Runtime:
         )
         closing, spawned = (lambda: self._closing), (lambda: self._segments.spawned)
         poll_s = self.options.watch_poll_s
-        self._watching = Watching(store, leases, self._segments.channel, closing, poll_s, spawned)
+        lease_s = leases.session_lease_s if leases is not None else 0.0
+        self._watching = Watching(
+            self.runs, self.lifecycle, lease_s, self._segments.channel, closing, poll_s, spawned
+        )
 
     # -- agents and context -----------------------------------------------------------------
 
@@ -163,7 +183,7 @@ class Runtime:
         NotFoundError (also for a session that is not `tenant`'s, when given).
         """
         spec = self.agent(agent)
-        steps = await self.store.get_steps(session_id, tenant=tenant)
+        steps = await self.log.get_steps(session_id, tenant=tenant)
         return context_steps(spec.instructions, steps, spec.limits.max_history_messages)
 
     # -- the verbs --------------------------------------------------------------------------
@@ -247,7 +267,7 @@ class Runtime:
         while the call decided).
         """
         self._check_open()
-        run = RunStateError.unless_waiting(await self.store.get_run(run_id, tenant=tenant))
+        run = RunStateError.unless_waiting(await self.runs.get_run(run_id, tenant=tenant))
         settings = self._settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
@@ -255,9 +275,9 @@ class Runtime:
 
         with await self._segments.admit(deadline_at) as slot:
             try:
-                return await self._histories.decide(self.store, run.session_id, submit)
+                return await self._histories.decide(self.log, run.session_id, submit)
             except InvalidInputError:  # no calls left to answer: ended meanwhile?
-                RunStateError.unless_waiting(await self.store.get_run(run_id, tenant=tenant))
+                RunStateError.unless_waiting(await self.runs.get_run(run_id, tenant=tenant))
                 raise
 
     async def _submit(
@@ -343,7 +363,7 @@ class Runtime:
             return await self._retry(run, sequence, whole, kept, deadline_at, slot)
 
         with await self._segments.admit(deadline_at) as slot:
-            return await self._histories.decide(self.store, session_id, retry, tenant=tenant)
+            return await self._histories.decide(self.log, session_id, retry, tenant=tenant)
 
     async def _retry(
         self,
@@ -397,8 +417,8 @@ class Runtime:
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             if await self._segments.stop(run_id, signal, wait_s, tenant=tenant):
-                return await self.store.get_run(run_id)
-            run = await self.store.get_run(run_id, tenant=tenant)
+                return await self.runs.get_run(run_id)
+            run = await self.runs.get_run(run_id, tenant=tenant)
             if run.status is RunStatus.RUNNING and self._keeper is not None:
                 run = await self._keeper.cancel_elsewhere(run, signal, wait_s)
             if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
@@ -422,9 +442,7 @@ class Runtime:
             return ended.run if ended is not None else None
 
         waits = run.status is RunStatus.REQUIRES_ACTION
-        return await (
-            self._histories.decide(self.store, run.session_id, end) if waits else end(None)
-        )
+        return await (self._histories.decide(self.log, run.session_id, end) if waits else end(None))
 
     def runs_here(self, run_id: str) -> bool:
         """Whether a segment of the run is live in this process (`watch` follows it)."""
@@ -490,7 +508,7 @@ class Runtime:
     async def _settings_of_step(self, step: Step) -> tuple[str, RunSettings]:
         """The agent name and settings of the run that wrote `step` (else the default)."""
         try:
-            run = await self.store.get_run(step.run_id) if step.run_id else None
+            run = await self.runs.get_run(step.run_id) if step.run_id else None
         except NotFoundError:
             run = None
         if run is None or run.agent not in self.agents:

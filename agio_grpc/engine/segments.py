@@ -56,7 +56,7 @@ class RunPlan:
     """Where a segment starts: the history, and tool calls to run before the model."""
 
     history: list[Step]
-    """As `StepStore.get_history` reads it: the conversation, not the metrics; the stored
+    """As `SessionLog.get_history` reads it: the conversation, not the metrics; the stored
     log exactly (every transition checks the log it was decided on)."""
     resume_calls: list[ToolCall] = field(default_factory=list)
     kept_steps: int = 0

@@ -26,7 +26,7 @@ from agio_grpc.engine.model import ModelDriver, ModelError
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTracer
 from agio_grpc.store.errors import RunRequiresActionError, SessionBusyError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.log import SessionLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class SessionCompactor:
 
     def __init__(
         self,
-        store: StepStore,
+        store: SessionLog,
         model: ModelDriver,
         registry: ToolRegistry,
         tracer: RunTracer,

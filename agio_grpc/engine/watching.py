@@ -5,7 +5,7 @@
 no live channel here runs elsewhere (another process or replica), and a QUEUED run waits
 for its session: the journal is read again every `poll_s` (at once when a run starts
 here), and whether its server died is asked as often as live servers renew their
-leases (`SessionLeases.interrupt_abandoned_run` ends it INTERRUPTED, with its terminal
+leases (`Lifecycle.interrupt_abandoned` ends it INTERRUPTED, with its terminal
 event journaled). Should a run start here meanwhile, the live channel takes over
 (`live`), with the deltas of its step in progress.
 
@@ -28,16 +28,20 @@ from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.errors import RuntimeClosedError
 from agio_grpc.engine.events import SequencedEvent, terminal_event
 from agio_grpc.engine.journal import event_of
-from agio_grpc.store.protocol import TERMINAL_KINDS, SessionLeases, StepStore
+from agio_grpc.engine.lifecycle import Lifecycle
+from agio_grpc.store.records import TERMINAL_KINDS
+from agio_grpc.store.runs import RunRecords
 
 
 @dataclass(frozen=True, slots=True)
 class Watching:
-    """What `follow` reads from: the store, the leases (to find dead servers), the live
-    channels of this process, and whether the runtime is closing."""
+    """What `follow` reads from: the runs and their journals, the lifecycle (to end the runs
+    of dead servers, checked every `lease_s / 3`; never when 0), the live channels of this
+    process, and whether the runtime is closing."""
 
-    store: StepStore
-    leases: SessionLeases | None
+    runs: RunRecords
+    lifecycle: Lifecycle
+    lease_s: float
     live: Callable[[str], RunChannel | None]
     closing: Callable[[], bool]
     poll_s: float
@@ -50,9 +54,9 @@ async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterat
     """The run's events after `after_seq`, up to its next terminal event (module docstring).
     Raises NotFoundError for an unknown run, RuntimeClosedError when the runtime closes
     while the run goes on elsewhere."""
-    store = watching.store
+    store = watching.runs
     loop = asyncio.get_running_loop()
-    check_every = watching.leases.session_lease_s / 3 if watching.leases is not None else 0.0
+    check_every = watching.lease_s / 3
     next_check = loop.time() + check_every
     cursor = after_seq
     while True:
@@ -80,16 +84,12 @@ async def follow(watching: Watching, run_id: str, after_seq: int) -> AsyncIterat
             raise RuntimeClosedError(
                 "the server is shutting down: watch the run again through another one"
             )
-        if (
-            run.status is RunStatus.RUNNING
-            and watching.leases is not None
-            and loop.time() >= next_check
-        ):
+        if run.status is RunStatus.RUNNING and check_every > 0 and loop.time() >= next_check:
             next_check = loop.time() + check_every
-            await watching.leases.interrupt_abandoned_run(run_id)
+            await watching.lifecycle.interrupt_abandoned(run_id)
 
 
-async def _end_after(store: StepStore, run: Run, cursor: int) -> SequencedEvent | None:
+async def _end_after(store: RunRecords, run: Run, cursor: int) -> SequencedEvent | None:
     """The terminal event a watch from `cursor` still gets when the journal has nothing
     after it and the run is not running: the last one when the cursor is past it (see the
     module docstring); for a run that ended before the journal existed, its end as the run

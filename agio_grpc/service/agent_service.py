@@ -47,7 +47,6 @@ from agio_grpc.service.validation import (
     raise_if_any,
     time_key,
 )
-from agio_grpc.store.protocol import StepStore
 from agio_grpc.v1 import agent_service_pb2 as pb
 from agio_grpc.v1 import agent_service_pb2_grpc, events_pb2, resources_pb2
 
@@ -223,12 +222,11 @@ def _encoded(event: SequencedEvent) -> tuple[events_pb2.StepEvent, bool]:
 
 
 class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
-    """Serves AgentService from the engine runtime and the store."""
+    """Serves AgentService from the engine runtime (and its reads of runs and sessions)."""
 
     def __init__(
         self,
         runtime: Runtime,
-        store: StepStore,
         config: ServerConfig | None = None,
         pages: PageTokens | None = None,
         members: MemberCalls | None = None,
@@ -236,7 +234,6 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         """`pages` signs page tokens (the store's shared key: `PageTokens`); `members`
         follows a watched run live from the member running it (service/members.py)."""
         self._runtime = runtime
-        self._store = store
         self._members = members
         self._config = config or ServerConfig()
         self._pages = pages or PageTokens()
@@ -377,7 +374,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             check_non_negative("after_seq", request.after_seq),
         )
         # NOT_FOUND (a run of another tenant's too) before the stream starts.
-        await self._store.get_run(request.run_id, tenant=current_caller().tenant)
+        await self._runtime.runs.get_run(request.run_id, tenant=current_caller().tenant)
         events = self._watch(request.run_id, request.after_seq)
         await self._relay(request.run_id, events, context, owns_run=False)
 
@@ -402,7 +399,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetRunResponse:
         raise_if_any(check_id("run_id", request.run_id))
-        run = await self._store.get_run(request.run_id, tenant=current_caller().tenant)
+        run = await self._runtime.runs.get_run(request.run_id, tenant=current_caller().tenant)
         return pb.GetRunResponse(run=convert.run_to_proto(run))
 
     async def ListRuns(
@@ -414,8 +411,10 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         limit = page_size(request.page_size, DEFAULT_RUN_PAGE)
         query: dict[str, object] = {"rpc": "ListRuns", "session": request.session_id}
         after = time_key(pages.decode(request.page_token, query))
-        await self._store.get_session(request.session_id, tenant=tenant)
-        runs = await self._store.list_runs(request.session_id, limit + 1, after, tenant=tenant)
+        await self._runtime.log.get_session(request.session_id, tenant=tenant)
+        runs = await self._runtime.runs.list_runs(
+            request.session_id, limit + 1, after, tenant=tenant
+        )
         page = [convert.run_to_proto(r) for r in runs[:limit]]
         del page[fitting(page, self._page_bytes) :]
         runs, token = pages.trim_time_keyed(runs, len(page), query)

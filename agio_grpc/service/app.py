@@ -15,6 +15,7 @@ untouched).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -31,9 +32,10 @@ from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
 from agio_grpc.engine.hooks import Hooks
+from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.engine.model import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
-from agio_grpc.engine.runtime import Runtime
+from agio_grpc.engine.runtime import Runtime, Storage
 from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.agent_service import AgentServicer
@@ -58,13 +60,18 @@ from agio_grpc.service.startup import (
 from agio_grpc.service.tls import ServerCertificates
 from agio_grpc.service.validation import PageTokens
 from agio_grpc.service.worker import WorkerRole
-from agio_grpc.store.protocol import StepStore, TenantQuotas
-from agio_grpc.store.sql import open_store
+from agio_grpc.store.keys import KeyStore
+from agio_grpc.store.leases import MemberDirectory, SessionLeases
+from agio_grpc.store.log import SessionLog
+from agio_grpc.store.records import TenantQuotas
+from agio_grpc.store.runs import RunRecords
+from agio_grpc.store.sql import SqlStore, open_store
 from agio_grpc.telemetry import (
-    InstrumentedStepStore,
+    Instruments,
     OtelRunTracer,
     Telemetry,
     TracingInterceptor,
+    instrumented,
     telemetry_from_environment,
 )
 from agio_grpc.testing import FakeModelServer
@@ -155,7 +162,8 @@ class AgioApp:
     """A started service. `stop` drains it; it is safe to call once."""
 
     settings: Settings
-    store: StepStore
+    log: SessionLog
+    """The store's session log (instrumented), as the services read it."""
     runtime: Runtime
     model: OpenAIModelDriver
     bound: BoundServer
@@ -165,6 +173,8 @@ class AgioApp:
     """Signs and checks page tokens with the key every replica shares."""
     mcp_servers: McpServers | None
     """The connections to the configured MCP servers (None: none configured)."""
+    _resources: contextlib.AsyncExitStack
+    """What `start` opened, closed in reverse by `stop` once the calls and runs drained."""
     authenticator: Authenticator | None = None
     """Who may call (None: `auth.mode: none`, everyone in the default tenant)."""
     certificates: ServerCertificates | None = None
@@ -196,7 +206,11 @@ class AgioApp:
         """Start the service; `telemetry` defaults to what the `OTEL_*` variables configure
         (the app then owns it and shuts it down on `stop`). `interceptors` go after the
         service's own, just before the error mapping (an embedder's, a test's). As a
-        `worker` of `serve --workers N` it shares the port its supervisor checked."""
+        `worker` of `serve --workers N` it shares the port its supervisor checked.
+
+        Everything it opens goes on one exit stack as it opens, so a start that fails closes
+        what it opened (in reverse), and `stop` closes the rest the same way once the calls
+        and runs are drained."""
         auth_mode = choose_auth_mode(settings)
         if worker is None:
             check_bindable(settings.listen_address)
@@ -210,63 +224,44 @@ class AgioApp:
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
             hooks = Hooks.load(**settings.hooks.model_dump())
         telemetry = telemetry or telemetry_from_environment()
-        # Installed with tracing off too: the caller's trace context still becomes the run's
-        # and its steps' trace ids (a no-op tracer carries the caller's span on).
-        chain: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(telemetry.tracer_provider)]
         own_id = worker.instance_id(instance_id(settings)) if worker else instance_id(settings)
-        with opening_store(settings.database_url):
-            sql_store = await open_store(
-                settings.database_url,
-                sqlite_synchronous=settings.sqlite_synchronous,
-                session_lease_s=settings.server.session_lease_s,
-                instance_id=own_id,
-                quotas=TenantQuotas(
-                    max_running_runs=settings.quotas.max_running_runs_per_tenant,
-                    max_queued_runs=settings.quotas.max_queued_runs_per_tenant,
-                ),
-            )
-        fake_model: FakeModelServer | None = None
-        authenticator: Authenticator | None = None
-        members: MemberListener | None = None
-        member_calls: MemberCalls | None = None
-        http: HttpListener | None = None
-        try:
+        async with contextlib.AsyncExitStack() as opened:
+            # Last: the spans of what closes before it are flushed (exporting blocks).
+            opened.push_async_callback(asyncio.to_thread, telemetry.shutdown)
+            with opening_store(settings.database_url):
+                sql_store = await open_store(
+                    settings.database_url,
+                    sqlite_synchronous=settings.sqlite_synchronous,
+                    session_lease_s=settings.server.session_lease_s,
+                    instance_id=own_id,
+                    quotas=TenantQuotas(
+                        max_running_runs=settings.quotas.max_running_runs_per_tenant,
+                        max_queued_runs=settings.quotas.max_queued_runs_per_tenant,
+                    ),
+                )
+            opened.push_async_callback(sql_store.close)
             if mcp_servers is not None:
                 # Connections open now; a server not up keeps trying (tools unavailable).
+                opened.push_async_callback(mcp_servers.stop)
                 await mcp_servers.start()
-            authenticator = build_authenticator(settings, auth_mode, sql_store.key_store())
-            if authenticator is not None:
-                chain.append(AuthInterceptor(authenticator))
-            # Only this instance's and expired leases: safe beside live replicas.
-            recovered = await sql_store.recover_own_runs()
-            recovered += await sql_store.recover_expired_runs()
-            if recovered:
-                log.warning(
-                    "interrupted %d run(s) left running by a stopped server: %s",
-                    len(recovered),
-                    ", ".join(recovered),
-                )
-            base_url = settings.openai_base_url
-            api_key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
-            if base_url is None:
-                fake_model = FakeModelServer()
-                await fake_model.start()
-                base_url = fake_model.base_url
-                log.warning("no OPENAI_BASE_URL set: using the built-in fake model at %s", base_url)
-            model = OpenAIModelDriver(base_url=base_url, api_key=api_key or "unused")
+            model, fake_model, base_url = await _open_model(settings, opened)
             tracer = OtelRunTracer(telemetry, provider=model.provider, base_url=base_url)
-            store: StepStore = InstrumentedStepStore(sql_store, tracer.instruments)
+            roles = _instrumented_roles(sql_store, tracer.instruments)
+            authenticator = build_authenticator(settings, auth_mode, roles.keys)
+            if authenticator is not None:
+                opened.push_async_callback(authenticator.close)  # its last writes of keys' use
+            await _recover(roles.lifecycle)
             member_token = (await sql_store.server_secret(MEMBER_TOKEN_SECRET)).hex()
-            member_calls = MemberCalls(sql_store, own_id, member_token)
+            member_calls = MemberCalls(roles.members, own_id, member_token)
+            opened.push_async_callback(member_calls.close)
             runtime = Runtime(
-                store=store,
+                storage=Storage(roles.log, roles.runs, roles.lifecycle, roles.leases),
                 agents=build_agents(settings),
                 default_agent=settings.default_agent,
                 registry=registry,
                 model=model,
                 hooks=hooks,
                 tracer=tracer,
-                leases=sql_store,
                 tell_owner=member_calls.tell_owner,
                 options=RuntimeOptions(
                     history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
@@ -276,13 +271,17 @@ class AgioApp:
                 ),
             )
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
-            members = MemberListener(runtime, sql_store, member_token)
+            members = MemberListener(runtime, roles.leases, member_token)
+            # Stopped after the runs end: a member following one here gets its terminal event.
+            opened.push_async_callback(members.stop)
+            # Only on a failed start: a started app's stop drains the runtime before this.
+            opened.push_async_callback(runtime.shutdown, 0.0)
             bind, advertise = (
                 settings.server.member_address,
                 settings.server.member_advertise_address,
             )
             try:
-                await members.start(sql_store, bind, advertise)
+                await members.start(roles.members, bind, advertise)
             except RuntimeError as error:  # bound by another process since the check
                 raise cannot_listen(
                     bind, one_line(error), setting=MEMBER_ADDRESS_SETTING
@@ -292,25 +291,32 @@ class AgioApp:
             register: list[tuple[object, object]] = [
                 (
                     agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                    AgentServicer(runtime, store, settings.server, pages, member_calls),
+                    AgentServicer(runtime, settings.server, pages, member_calls),
                 ),
                 (
                     session_service_pb2_grpc.add_SessionServiceServicer_to_server,
                     SessionServicer(
-                        store,
+                        roles.log,
                         runtime,
-                        SessionCompactor(store, model, registry, tracer, runtime.agent),
+                        SessionCompactor(roles.log, model, registry, tracer, runtime.agent),
                         pages,
                         page_bytes,
                     ),
                 ),
+            ]
+            chain: list[grpc.aio.ServerInterceptor] = [
+                # Installed with tracing off too: the caller's trace context still becomes
+                # the run's and its steps' trace ids (a no-op tracer carries it on).
+                TracingInterceptor(telemetry.tracer_provider),
+                *([AuthInterceptor(authenticator)] if authenticator is not None else []),
+                *interceptors,
             ]
             response_metadata = worker.response_metadata() if worker else ()
             try:
                 bound = await start_grpc_server(
                     settings,
                     register,
-                    interceptors=[*chain, *interceptors],
+                    interceptors=chain,
                     reflection=reflection_enabled(settings, auth_mode),
                     credentials=certificates.credentials() if certificates else None,
                     share_port=worker is not None,
@@ -322,24 +328,11 @@ class AgioApp:
                 settings,
                 bound,
                 register,
-                [*chain, *interceptors],
+                chain,
                 share_port=worker is not None,
                 response_metadata=response_metadata,
             )
-        except BaseException:
-            if members is not None:
-                await members.stop()
-            if member_calls is not None:
-                await member_calls.close()
-            if mcp_servers is not None:
-                await mcp_servers.stop()
-            if fake_model is not None:
-                await fake_model.stop()
-            if authenticator is not None:
-                await authenticator.close()
-            await sql_store.close()
-            telemetry.shutdown()
-            raise
+            resources = opened.pop_all()
         log.info(
             "agio-grpc %slistening on %s%s (authentication: %s)%s",
             f"{worker.name()} " if worker else "",
@@ -350,7 +343,7 @@ class AgioApp:
         )
         return cls(
             settings,
-            store,
+            roles.log,
             runtime,
             model,
             bound,
@@ -358,6 +351,7 @@ class AgioApp:
             telemetry,
             pages,
             mcp_servers,
+            resources,
             authenticator,
             certificates,
             members,
@@ -386,21 +380,66 @@ class AgioApp:
         # Calls cancelled by the server's stop may have left runs to end and sessions to
         # release (Runtime._clean_up): they need the store.
         await self.runtime.settle()
-        # After the runs' ends: a member following one here got its terminal event.
-        if self.members is not None:
-            await self.members.stop()
-        if self.member_calls is not None:
-            await self.member_calls.close()
-        if self.mcp_servers is not None:
-            await self.mcp_servers.stop()
-        await self.model.close()
-        if self.fake_model is not None:
-            await self.fake_model.stop()
-        if self.authenticator is not None:
-            await self.authenticator.close()  # its last writes of keys' use go first
-        await self.store.close()
-        # Last: the spans of runs interrupted above are flushed to the exporter.
-        await asyncio.to_thread(self.telemetry.shutdown)  # exporting blocks
+        # Then what start opened, in reverse: the members, the model, the authenticator,
+        # the store, and last the telemetry (the spans of runs interrupted above flushed).
+        await self._resources.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class _Roles:
+    """The store's roles, each wrapped once in telemetry; the ledger only inside the
+    lifecycle, which is the only thing given it."""
+
+    log: SessionLog
+    runs: RunRecords
+    lifecycle: Lifecycle
+    leases: SessionLeases
+    members: MemberDirectory
+    keys: KeyStore
+
+
+def _instrumented_roles(store: SqlStore, instruments: Instruments) -> _Roles:
+    log = instrumented(store.log, instruments)
+    return _Roles(
+        log=log,
+        runs=instrumented(store.runs, instruments),
+        lifecycle=Lifecycle(instrumented(store.ledger, instruments), log),
+        leases=instrumented(store.leases, instruments),
+        members=instrumented(store.members, instruments),
+        keys=instrumented(store.keys(), instruments),
+    )
+
+
+async def _recover(lifecycle: Lifecycle) -> None:
+    """End the runs a stopped server left RUNNING: this instance's (it restarted), and those
+    whose leases expired. Only those: safe beside live replicas."""
+    recovered = await lifecycle.recover_own()
+    recovered += await lifecycle.recover_expired()
+    if recovered:
+        log.warning(
+            "interrupted %d run(s) left running by a stopped server: %s",
+            len(recovered),
+            ", ".join(recovered),
+        )
+
+
+async def _open_model(
+    settings: Settings, opened: contextlib.AsyncExitStack
+) -> tuple[OpenAIModelDriver, FakeModelServer | None, str]:
+    """The model driver for the configured endpoint, or for the built-in fake model started
+    here when none is configured (both closed by `opened`), and its URL."""
+    base_url = settings.openai_base_url
+    api_key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
+    fake_model: FakeModelServer | None = None
+    if base_url is None:
+        fake_model = FakeModelServer()
+        await fake_model.start()
+        opened.push_async_callback(fake_model.stop)
+        base_url = fake_model.base_url
+        log.warning("no OPENAI_BASE_URL set: using the built-in fake model at %s", base_url)
+    model = OpenAIModelDriver(base_url=base_url, api_key=api_key or "unused")
+    opened.push_async_callback(model.close)
+    return model, fake_model, base_url
 
 
 async def _serve_over_http(

@@ -34,7 +34,8 @@ from google.protobuf import empty_pb2
 
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
-from agio_grpc.store.protocol import Member, MemberDirectory, SessionLeases
+from agio_grpc.store.leases import MemberDirectory, SessionLeases
+from agio_grpc.store.records import Member
 from agio_grpc.v1 import agent_service_pb2 as pb
 from agio_grpc.v1 import events_pb2
 

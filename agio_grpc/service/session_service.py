@@ -29,7 +29,7 @@ from agio_grpc.service.validation import (
     time_key,
 )
 from agio_grpc.store.errors import NotFoundError
-from agio_grpc.store.protocol import StepStore
+from agio_grpc.store.log import SessionLog
 from agio_grpc.v1 import session_service_pb2 as pb
 from agio_grpc.v1 import session_service_pb2_grpc
 
@@ -72,11 +72,11 @@ class Compactor(Protocol):
 
 
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
-    """Serves SessionService from a StepStore."""
+    """Serves SessionService from the store's `SessionLog`."""
 
     def __init__(
         self,
-        store: StepStore,
+        log: SessionLog,
         context: ContextSource,
         compactor: Compactor,
         pages: PageTokens | None = None,
@@ -84,7 +84,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     ) -> None:
         """`pages` signs page tokens (the store's shared key, `PageTokens` docstring);
         `page_bytes` bounds each page of steps or messages, whatever its page size."""
-        self._store = store
+        self._log = log
         self._context = context
         self._compactor = compactor
         self._pages = pages or PageTokens()
@@ -94,7 +94,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
         raise_if_any(check_id("session_id", request.session_id))
-        session = await self._store.get_session(request.session_id, tenant=_tenant())
+        session = await self._log.get_session(request.session_id, tenant=_tenant())
         return pb.GetSessionResponse(session=convert.session_to_proto(session))
 
     async def ListSessions(
@@ -106,7 +106,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         query: dict[str, object] = {"rpc": "ListSessions"}
         after = time_key(pages.decode(request.page_token, query))
         sessions, token = pages.trim_time_keyed(
-            await self._store.list_sessions(limit + 1, after, tenant=tenant), limit, query
+            await self._log.list_sessions(limit + 1, after, tenant=tenant), limit, query
         )
         return pb.ListSessionsResponse(
             sessions=[convert.session_to_proto(s) for s in sessions], next_page_token=token
@@ -117,7 +117,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     ) -> pb.DeleteSessionResponse:
         raise_if_any(check_id("session_id", request.session_id))
         # The store refuses an edit of a session a run holds (SESSION_BUSY).
-        deleted = await self._store.delete_session(request.session_id, tenant=_tenant())
+        deleted = await self._log.delete_session(request.session_id, tenant=_tenant())
         return pb.DeleteSessionResponse(deleted_steps=deleted)
 
     async def ListSteps(
@@ -145,9 +145,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         start = resume if resume is not None else max(request.start_sequence, 1)
         end = request.end_sequence or None
         # NOT_FOUND for an unknown session, or another tenant's.
-        steps = await self._store.get_steps(
-            request.session_id, start, end, limit + 1, tenant=tenant
-        )
+        steps = await self._log.get_steps(request.session_id, start, end, limit + 1, tenant=tenant)
         page = [convert.step_to_proto(s) for s in steps[:limit]]
         del page[fitting(page, self._page_bytes) :]
         token = ""
@@ -162,7 +160,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             check_id("session_id", request.session_id),
             check_positive("sequence", request.sequence),
         )
-        step = await self._store.get_step(request.session_id, request.sequence, tenant=_tenant())
+        step = await self._log.get_step(request.session_id, request.sequence, tenant=_tenant())
         return pb.GetStepResponse(step=convert.step_to_proto(step))
 
     async def DeleteSteps(
@@ -176,7 +174,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         await self._refuse_open_calls(
             request.session_id, start - 1, "start_sequence", f"deleting from {start}"
         )
-        deleted = await self._store.delete_steps_from(
+        deleted = await self._log.delete_steps_from(
             request.session_id, request.start_sequence, tenant=_tenant()
         )
         return pb.DeleteStepsResponse(deleted_count=deleted)
@@ -191,12 +189,12 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         tenant = _tenant()
         sequence = request.sequence
         if sequence == 0:
-            sequence = (await self._store.get_session(request.session_id, tenant=tenant)).step_count
+            sequence = (await self._log.get_session(request.session_id, tenant=tenant)).step_count
         await self._refuse_open_calls(
             request.session_id, sequence, "sequence", f"forking at {sequence}"
         )
         # The fork is the parent's tenant's: the caller's.
-        fork = await self._store.fork_session(request.session_id, sequence, tenant=tenant)
+        fork = await self._log.fork_session(request.session_id, sequence, tenant=tenant)
         return pb.ForkSessionResponse(session=convert.session_to_proto(fork))
 
     async def _refuse_open_calls(
@@ -212,7 +210,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         while end >= 1:
             start = max(1, end - TAIL_READ + 1)
             try:
-                read = await self._store.get_steps(session_id, start, end, tenant=_tenant())
+                read = await self._log.get_steps(session_id, start, end, tenant=_tenant())
                 tail = [*read, *tail]
             except NotFoundError:
                 return  # the store's own edit names the missing session
@@ -245,7 +243,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         pages = self._pages.for_tenant(tenant)
         limit = page_size(request.page_size, MAX_CONTEXT_PAGE)
         steps = await self._context.next_context(request.session_id, request.agent, tenant=tenant)
-        summary = await self._store.context_summary(request.session_id, tenant=tenant)
+        summary = await self._log.context_summary(request.session_id, tenant=tenant)
         # Bound to the session as it is: a page of a context that changed since is refused.
         query: dict[str, object] = {
             "rpc": "GetContext",

@@ -1,6 +1,14 @@
-"""Storage of sessions, steps and runs: the StepStore protocol and its SQL implementation.
+"""Storage of sessions, steps and runs: one protocol per role, and their SQL implementation.
 
-This package's top level imports no database driver; `open_store` loads SQLAlchemy lazily.
+    SessionLog       log.py     sessions and their step logs
+    RunRecords       runs.py    reads of runs and of their event journal
+    RunLedger        ledger.py  the run transitions (the engine's `Lifecycle` only)
+    SessionLeases    leases.py  lease renewals and cancel requests across members
+    MemberDirectory  leases.py  where the members take each other's calls
+    records.py       the values they take and give; errors.py, what they raise
+
+`agio_grpc.store.sql` implements every role on SQLAlchemy (SQLite, PostgreSQL). This
+package's top level imports no database driver; `open_store` loads SQLAlchemy lazily.
 """
 
 from agio_grpc.store.errors import (
@@ -18,7 +26,9 @@ from agio_grpc.store.errors import (
     StoreUnavailableError,
     TenantQuotaError,
 )
-from agio_grpc.store.protocol import StepStore, TenantQuotas
+from agio_grpc.store.log import SessionLog
+from agio_grpc.store.records import TenantQuotas
+from agio_grpc.store.runs import RunRecords
 
 __all__ = [
     "DuplicateRequestError",
@@ -27,11 +37,12 @@ __all__ = [
     "LeaseLostError",
     "NotFoundError",
     "QueueFullError",
+    "RunRecords",
     "RunRequiresActionError",
     "RunStateConflictError",
     "SequenceConflictError",
     "SessionBusyError",
-    "StepStore",
+    "SessionLog",
     "StoreError",
     "StoreUnavailableError",
     "TenantQuotaError",

@@ -1,4 +1,4 @@
-"""Errors raised by every StepStore implementation.
+"""Errors raised by every implementation of the store's roles.
 
 The service layer maps each to one gRPC status and `ErrorInfo` reason; the engine catches
 them by type. Never imports SQLAlchemy, so callers can catch them without a driver.

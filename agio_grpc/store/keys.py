@@ -6,7 +6,7 @@ secret (hex), never the secret itself: the caller is shown the whole key once, w
 made. Random secrets of this size need no slow password hash; a verifier looks the key up by
 its id and compares hashes in constant time.
 
-`KeyStore` runs on the store's `Database` (`SqlStepStore.key_store()`), one transaction per
+`KeyStore` runs on the store's `Database` (`SqlStore.keys()`), one transaction per
 operation, and raises only `StoreError` subclasses (NotFoundError for an unknown id), or
 ValueError for a tenant or name it cannot store. Never imports grpc or the engine.
 """

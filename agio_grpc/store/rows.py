@@ -28,7 +28,7 @@ from agio_grpc.domain import (
     Usage,
     clean_text,
 )
-from agio_grpc.store.protocol import JournalRecord
+from agio_grpc.store.records import JournalRecord
 from agio_grpc.store.tables import steps as step_table
 
 
@@ -327,7 +327,7 @@ RUN_MUTABLE_COLUMNS: Final = (
 
 
 def run_mutable_values(run: Run) -> dict[str, Any]:
-    """The columns `update_run` overwrites (and `create_run` sets)."""
+    """The columns a run's transitions overwrite (and its insert sets)."""
     return {
         "status": run.status.value,
         "stop_signal": stop_signal_json(run.stop_signal),

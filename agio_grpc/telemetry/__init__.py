@@ -6,7 +6,7 @@
 - `OtelRunTracer` is the engine's `RunTracer`: `invoke_agent` / `chat` / `execute_tool`
   spans with GenAI semantic-convention attributes, and the GenAI and agio metrics.
 - `TracingInterceptor` starts the gRPC server span from the caller's `traceparent`.
-- `InstrumentedStepStore` records step-store latency, steps written and forks.
+- `instrumented(role, instruments)` records a store role's latency, steps written and forks.
 - `trace_metadata()` (client side) and `trace_log_handler()` (log lines with trace ids).
 
 Message content is recorded only when `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`
@@ -25,17 +25,17 @@ if TYPE_CHECKING:
     from agio_grpc.telemetry.propagation import trace_metadata
     from agio_grpc.telemetry.runs import OtelRunTracer
     from agio_grpc.telemetry.setup import Telemetry, telemetry_from_environment
-    from agio_grpc.telemetry.store import InstrumentedStepStore
+    from agio_grpc.telemetry.store import instrumented
 
 # Imported on first use, so the Python client (which needs only `propagation`, on the
 # OpenTelemetry API) does not load the SDK, the engine or the store.
 _HOMES = {
-    "InstrumentedStepStore": "store",
     "Instruments": "instruments",
     "OtelRunTracer": "runs",
     "Telemetry": "setup",
     "TraceContextFilter": "logs",
     "TracingInterceptor": "grpc_server",
+    "instrumented": "store",
     "telemetry_from_environment": "setup",
     "trace_log_handler": "logs",
     "trace_metadata": "propagation",
@@ -50,12 +50,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "InstrumentedStepStore",
     "Instruments",
     "OtelRunTracer",
     "Telemetry",
     "TraceContextFilter",
     "TracingInterceptor",
+    "instrumented",
     "telemetry_from_environment",
     "trace_log_handler",
     "trace_metadata",

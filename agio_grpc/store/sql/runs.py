@@ -1,0 +1,505 @@
+"""`SqlRunLedger`: the run transitions (store/ledger.py), each one transaction, and the
+reads of runs and their journal (store/runs.py) on one `Database`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Final, cast
+
+from sqlalchemy import (
+    Connection,
+    or_,
+    select,
+    update,
+)
+
+from agio_grpc.domain import (
+    ABANDONED_MESSAGE,
+    LEASE_EXPIRED_MESSAGE,
+    RESTARTED_MESSAGE,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    utc_now,
+)
+from agio_grpc.store.database import Database
+from agio_grpc.store.errors import (
+    NotFoundError,
+    RunRequiresActionError,
+    RunStateConflictError,
+    SessionBusyError,
+)
+from agio_grpc.store.prepared import Prepared
+from agio_grpc.store.records import (
+    HistoryMark,
+    IdleEnd,
+    Journal,
+    JournalRecord,
+    QueueRequest,
+    RunContinuation,
+    RunEnd,
+    RunStart,
+)
+from agio_grpc.store.rows import (
+    journal_from_row,
+    run_from_row,
+    stored_run,
+    stored_session,
+)
+from agio_grpc.store.sql.starts import (
+    CONTINUE_RUN,
+    IDLE_STATUSES,
+    QUEUED_RUN,
+    Quotas,
+    blockers,
+    enqueue,
+    live_holder,
+    refuse_duplicate,
+    store_start,
+)
+from agio_grpc.store.sql.steps import (
+    SELECT_JOURNAL,
+    append,
+    check_last_step,
+    check_limit,
+    delete_steps,
+    older_than,
+    require_session,
+    write_journal,
+)
+from agio_grpc.store.sql.takes import (
+    HELD,
+    RELEASE_SESSION,
+    UPDATE_RUN,
+    Lease,
+    SqlRole,
+    acquire,
+    insert_run,
+    insert_session,
+    interrupt_run,
+    lease_expired,
+    lease_live,
+    run_update,
+)
+from agio_grpc.store.tables import runs as run_table
+from agio_grpc.store.tables import sessions as session_table
+
+# A run's end, unless another server ended it first (a take-over after its lease ran out).
+END_RUNNING_RUN: Final = Prepared(UPDATE_RUN.where(run_table.c.status == RunStatus.RUNNING.value))
+
+
+class SqlRunLedger(SqlRole):
+    """A `RunLedger` on one `Database`: each transition one transaction (store/ledger.py)."""
+
+    def __init__(self, database: Database, lease: Lease, quotas: Quotas) -> None:
+        super().__init__(database, lease)
+        self._quotas = quotas
+
+    async def start_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        new_session: Session | None = None,
+        since: HistoryMark | None = None,
+        journal: Journal | None = None,
+        queue: QueueRequest | None = None,
+    ) -> RunStart:
+        if not steps:
+            raise ValueError("start_run needs the run's first steps")
+        if new_session is not None and new_session.id != run.session_id:
+            raise ValueError("start_run: the new session must be the run's session")
+        if new_session is not None and new_session.tenant != run.tenant:
+            raise ValueError("start_run: the new session must be the run's tenant's")
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("start_run takes steps of the run's session")
+        if not run.id:
+            raise ValueError("start_run needs a run id")
+        fresh = stored_session(new_session) if new_session is not None else None
+        session_id = run.session_id
+        quotas = self._quotas
+
+        def work(conn: Connection) -> RunStart:
+            if fresh is not None:
+                insert_session(
+                    conn, fresh, last_sequence=0, lease=self._lease, active_run_id=run.id
+                )
+                quotas.check_running(conn, run.tenant)
+                return store_start(conn, run, steps, since, journal, insert=True)
+            # The session row first (the lock order of every take): what is read below, the
+            # runs in the way and a reused request_id, stays true until this commits. Only
+            # the run's tenant's: another's is missing, busy or not.
+            require_session(conn, session_id, lock=True, tenant=run.tenant)
+            if run.request_id:
+                refuse_duplicate(conn, session_id, run.request_id)
+            waiting, queued = blockers(conn, session_id)
+            if waiting is None and not queued:
+                try:
+                    acquire(conn, session_id, run.id, self._lease)
+                except SessionBusyError as busy:
+                    if queue is None:
+                        raise
+                    quotas.check_queued(conn, run.tenant)
+                    return enqueue(conn, run, steps, queued, busy.active_run_id, queue, journal)
+                quotas.check_running(conn, run.tenant)
+                return store_start(conn, run, steps, since, journal, insert=True)
+            if queue is None or (queue.ahead and waiting is not None):
+                if waiting is not None:
+                    raise RunRequiresActionError(session_id, waiting)
+                raise SessionBusyError(session_id, queued[0][0])
+            holder = live_holder(conn, session_id)
+            quotas.check_queued(conn, run.tenant)
+            return enqueue(conn, run, steps, queued, holder, queue, journal)
+
+        return await self._write(work)
+
+    async def start_queued_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        since: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunStart:
+        if not steps or any(step.session_id != run.session_id for step in steps):
+            raise ValueError("start_queued_run needs the run's first steps, of its session")
+        session_id = run.session_id
+
+        def work(conn: Connection) -> RunStart:
+            status = conn.execute(
+                select(run_table.c.status).where(run_table.c.id == run.id)
+            ).scalar()
+            if status is None:
+                raise NotFoundError("run", run.id)
+            if status != RunStatus.QUEUED.value:
+                raise RunStateConflictError(run.id, str(status), RunStatus.QUEUED.value)
+            acquire(conn, session_id, run.id, self._lease)
+            waiting, queued = blockers(conn, session_id)
+            if waiting is not None:
+                raise RunRequiresActionError(session_id, waiting)
+            if not queued:  # cancelled since it was read
+                raise RunStateConflictError(run.id, "ended", RunStatus.QUEUED.value)
+            if queued[0][0] != run.id:
+                raise SessionBusyError(session_id, queued[0][0])  # another is ahead of it
+            return store_start(conn, run.resumed(), steps, since, journal, insert=False)
+
+        return await self._write(work)
+
+    async def continue_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> RunContinuation:
+        if not steps:
+            raise ValueError("continue_run needs the steps that continue the run")
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("continue_run takes steps of the run's session")
+
+        def work(conn: Connection) -> RunContinuation:
+            acquire(conn, run.session_id, run.id, self._lease)
+            check_last_step(conn, run.session_id, expect)
+            status = conn.execute(
+                select(run_table.c.status).where(run_table.c.id == run.id)
+            ).scalar()
+            if status is None:
+                raise NotFoundError("run", run.id)
+            if status != RunStatus.REQUIRES_ACTION.value:
+                raise RunStateConflictError(run.id, str(status))
+            self._quotas.check_running(conn, run.tenant)
+            stored = append(conn, run.session_id, steps, held_by=run.id)
+            continued = stored_run(
+                replace(
+                    run.resumed(),
+                    step_count=run.step_count + len(stored),
+                    last_sequence=stored[-1].sequence,
+                )
+            )
+            if CONTINUE_RUN.execute(conn, run_update(continued)) != 1:
+                raise NotFoundError("run", run.id)
+            if journal is not None:
+                write_journal(conn, run.id, journal(continued, stored))
+            return RunContinuation(continued, stored)
+
+        return await self._write(work)
+
+    async def restart_run(
+        self,
+        run: Run,
+        delete_from: int,
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> Run:
+        def work(conn: Connection) -> Run:
+            # Only a session of the run's tenant (another's is missing, even when busy).
+            require_session(conn, run.session_id, tenant=run.tenant)
+            acquire(conn, run.session_id, run.id, self._lease)
+            waiting, queued = blockers(conn, run.session_id)
+            if waiting is not None:
+                raise RunRequiresActionError(run.session_id, waiting)
+            if queued:  # the queue goes first
+                raise SessionBusyError(run.session_id, queued[0][0])
+            last = check_last_step(conn, run.session_id, expect)
+            self._quotas.check_running(conn, run.tenant)
+            if delete_from <= last:
+                delete_steps(conn, run.session_id, delete_from)
+            started = stored_run(run)
+            insert_run(conn, started)
+            if journal is not None:
+                write_journal(conn, run.id, journal(started, ()))
+            return started
+
+        if delete_from < 1:
+            raise ValueError(f"delete_from must be at least 1, got {delete_from}")
+        return await self._write(work)
+
+    async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
+        values = run_update(run)
+        ended = stored_run(run)
+        released = {"session_id": run.session_id, "run_id": run.id}
+
+        def work(conn: Connection) -> RunEnd:
+            # The session row first, as every take does (then the run's): one lock order,
+            # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
+            release = RELEASE_SESSION.execute(conn, released) == 1
+            if END_RUNNING_RUN.execute(conn, values) == 1:
+                if journal is not None:
+                    write_journal(conn, run.id, journal(ended, ()))
+                session = {"session_id": run.session_id}
+                queued = release and QUEUED_RUN.first(conn, session) is not None
+                return RunEnd(release, queued=queued)
+            row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
+            if row is None:
+                raise NotFoundError("run", run.id)
+            return RunEnd(release, run_from_row(row))  # ended first by a take-over
+
+        return await self._write(work)
+
+    async def end_idle_run(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        *,
+        expect: HistoryMark | None = None,
+        journal: Journal | None = None,
+    ) -> IdleEnd | None:
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("end_idle_run takes steps of the run's session")
+
+        def work(conn: Connection) -> IdleEnd | None:
+            # The session row first (the lock order of every take), then the run's.
+            holder = conn.execute(
+                select(session_table.c.active_run_id)
+                .where(session_table.c.id == run.session_id)
+                .with_for_update()
+            ).first()
+            if holder is None:
+                raise NotFoundError("session", run.session_id)
+            status = conn.execute(
+                select(run_table.c.status).where(run_table.c.id == run.id).with_for_update()
+            ).scalar()
+            if status is None:
+                raise NotFoundError("run", run.id)
+            if status not in IDLE_STATUSES:
+                return None
+            if steps and holder.active_run_id:  # a SubmitToolOutputs is continuing it now
+                raise SessionBusyError(run.session_id, str(holder.active_run_id))
+            if steps:  # the results answer the calls of the log the caller read
+                check_last_step(conn, run.session_id, expect)
+            stored = append(conn, run.session_id, steps) if steps else []
+            ended = stored_run(
+                replace(
+                    run,
+                    step_count=run.step_count + len(stored),
+                    last_sequence=stored[-1].sequence if stored else run.last_sequence,
+                )
+            )
+            conn.execute(UPDATE_RUN, run_update(ended))
+            if journal is not None:
+                write_journal(conn, run.id, journal(ended, stored))
+            queued = QUEUED_RUN.first(conn, {"session_id": run.session_id}) is not None
+            return IdleEnd(ended, stored, queued=queued)
+
+        return await self._write(work)
+
+    async def release_session(self, session_id: str, run_id: str) -> bool:
+        def work(conn: Connection) -> bool:
+            held = {"session_id": session_id, "run_id": run_id}
+            return RELEASE_SESSION.execute(conn, held) == 1
+
+        return await self._write(work)
+
+    async def interrupt_abandoned_run(self, run_id: str) -> bool:
+        def work(conn: Connection) -> bool:
+            now = utc_now()
+            run = conn.execute(
+                select(run_table.c.session_id, run_table.c.status).where(run_table.c.id == run_id)
+            ).first()
+            if run is None:
+                raise NotFoundError("run", run_id)
+            if run.status != RunStatus.RUNNING.value:
+                return False
+            # The session row first (the lock order of every take), then the run's.
+            holder = conn.execute(
+                select(
+                    session_table.c.active_run_id,
+                    session_table.c.lease_expires_at,
+                    session_table.c.last_sequence,
+                )
+                .where(session_table.c.id == run.session_id)
+                .with_for_update()
+            ).one()
+            message = ABANDONED_MESSAGE
+            if holder.active_run_id == run_id:
+                if lease_live(holder.lease_expires_at, now):
+                    return False  # its server renews it: alive
+                RELEASE_SESSION.execute(conn, {"session_id": run.session_id, "run_id": run_id})
+                message = LEASE_EXPIRED_MESSAGE
+            last_sequence = int(holder.last_sequence)
+            return interrupt_run(conn, run.session_id, run_id, last_sequence, now, message)
+
+        return await self._write(work)
+
+    async def recover_expired_runs(self) -> list[str]:
+        return await self._recover(lambda now: lease_expired(now), LEASE_EXPIRED_MESSAGE)
+
+    async def recover_own_runs(self) -> list[str]:
+        """End INTERRUPTED the runs this server's instance left RUNNING when it stopped, live
+        lease or not (it runs none yet), and release their sessions; their run ids. Call it
+        at start, before serving: nothing when the store has no instance id."""
+        owner = self._lease.owner
+        if owner is None:
+            return []
+        return await self._recover(
+            lambda _: session_table.c.lease_owner == owner, RESTARTED_MESSAGE
+        )
+
+    async def _recover(self, which: Callable[[datetime], Any], message: str) -> list[str]:
+        def work(conn: Connection) -> list[str]:
+            now = utc_now()
+            # SKIP LOCKED: a session another transaction is taking over is its business.
+            expired = conn.execute(
+                select(
+                    session_table.c.id,
+                    session_table.c.active_run_id,
+                    session_table.c.last_sequence,
+                )
+                .where(HELD, which(now))
+                .with_for_update(skip_locked=True)
+            ).all()
+            interrupted = [
+                row.active_run_id
+                for row in expired
+                if interrupt_run(conn, row.id, row.active_run_id, row.last_sequence, now, message)
+            ]
+            if expired:
+                conn.execute(
+                    update(session_table)
+                    .where(session_table.c.id.in_([row.id for row in expired]))
+                    .values(active_run_id=None, lease_expires_at=None, lease_owner=None)
+                )
+            return interrupted
+
+        return await self._write(work)
+
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
+        query = select(run_table).where(run_table.c.id == run_id)
+        if tenant is not None:
+            query = query.where(run_table.c.tenant == tenant)
+
+        def work(conn: Connection) -> Any:
+            return conn.execute(query).first()
+
+        row = await self._read(work)
+        if row is None:
+            raise NotFoundError("run", run_id)
+        return run_from_row(row)
+
+    async def list_runs(
+        self,
+        session_id: str,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Run]:
+        check_limit(limit)
+        created, run_id = run_table.c.create_time, run_table.c.id
+        query = (
+            select(run_table)
+            .where(run_table.c.session_id == session_id)
+            .order_by(created.desc(), run_id.desc())
+            .limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(run_table.c.tenant == tenant)
+        if after is not None:
+            query = query.where(older_than(created, run_id, after))
+
+        def work(conn: Connection) -> list[Run]:
+            rows = conn.execute(query).all()
+            if not rows:
+                require_session(conn, session_id, tenant=tenant)
+            return [run_from_row(row) for row in rows]
+
+        return await self._read(work)
+
+    async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:
+        params = {"run_id": run_id, "after": after_seq}
+
+        def work(conn: Connection) -> list[JournalRecord]:
+            with SELECT_JOURNAL.cursor(conn, params) as cursor:
+                rows = cast("Iterable[Sequence[Any]]", cursor)
+                return [journal_from_row(*row) for row in rows]
+
+        return await self._read(work)
+
+    async def next_queued_run(self, session_id: str) -> Run | None:
+        def work(conn: Connection) -> Any:
+            return conn.execute(
+                select(run_table)
+                .where(
+                    run_table.c.session_id == session_id,
+                    run_table.c.status == RunStatus.QUEUED.value,
+                )
+                .order_by(run_table.c.queue_position, run_table.c.create_time, run_table.c.id)
+                .limit(1)
+            ).first()
+
+        row = await self._read(work)
+        return run_from_row(row) if row is not None else None
+
+    async def ready_queues(self, limit: int = 100) -> list[str]:
+        check_limit(limit)
+
+        def work(conn: Connection) -> list[str]:
+            now = utc_now()
+            other = run_table.alias("waiting")
+            waiting = (
+                select(other.c.id)
+                .where(
+                    other.c.session_id == session_table.c.id,
+                    other.c.status == RunStatus.REQUIRES_ACTION.value,
+                )
+                .exists()
+            )
+            rows = conn.execute(
+                select(run_table.c.session_id)
+                .distinct()
+                .join(session_table, session_table.c.id == run_table.c.session_id)
+                .where(
+                    run_table.c.status == RunStatus.QUEUED.value,
+                    or_(~HELD, lease_expired(now)),
+                    ~waiting,
+                )
+                .limit(limit)
+            ).scalars()
+            return [str(session_id) for session_id in rows]
+
+        return await self._read(work)
