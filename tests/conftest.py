@@ -1,4 +1,4 @@
-"""Shared fixtures: a fresh StepStore on each backend, a real SQLite file and a real PostgreSQL.
+"""Shared fixtures: a fresh StoreRoles on each backend, a real SQLite file and a real PostgreSQL.
 
 `store` (and the URL behind it, `store_url`) is parametrized over `sqlite` and `postgres`, so a
 test written once runs on both. PostgreSQL comes from `AGIO_TEST_POSTGRES_URL` or a throwaway
@@ -21,7 +21,6 @@ import pytest
 
 from agio_grpc.domain import StepMetrics
 from agio_grpc.store.rows import HISTORY_METRICS
-from agio_grpc.store.sql import SqlStepStore, open_store
 from tests.fuzz.harness import Tally
 from tests.fuzz.profiles import BUDGET
 from tests.postgres import (
@@ -30,6 +29,7 @@ from tests.postgres import (
     postgres_required,
     start_postgres,
 )
+from tests.roles import StoreRoles, open_roles
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -135,9 +135,9 @@ async def store_url(
 
 
 @pytest.fixture
-async def store(store_url: str) -> AsyncIterator[SqlStepStore]:
+async def store(store_url: str) -> AsyncIterator[StoreRoles]:
     """A fresh store, migrated, on the backend under test."""
-    opened = await open_store(store_url)
+    opened = await open_roles(store_url)
     try:
         yield opened
     finally:

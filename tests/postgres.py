@@ -32,7 +32,7 @@ import asyncpg
 from sqlalchemy import make_url
 
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
-from agio_grpc.store.sql import open_store
+from tests.roles import open_roles
 
 ENV_URL = "AGIO_TEST_POSTGRES_URL"
 ENV_REQUIRE = "AGIO_REQUIRE_POSTGRES"
@@ -313,7 +313,7 @@ class TestDatabases:
             raise PostgresUnavailableError(f"the test user needs CREATEDB: {error}") from error
         finally:
             await connection.close()
-        store = await open_store(self.url_of(self.template))
+        store = await open_roles(self.url_of(self.template))
         await store.close()
         connection = await asyncpg.connect(asyncpg_dsn(self.url_of(self.template)), timeout=10)
         try:

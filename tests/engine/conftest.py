@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from agio_grpc.store.sql import SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer
 from tests.engine.harness import Gate, Harness, build_runtime
+from tests.roles import StoreRoles, open_roles
 
 
 @pytest.fixture
-async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqlStepStore]:
-    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}")
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[StoreRoles]:
+    store = await open_roles(f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}")
     try:
         yield store
     finally:
@@ -31,7 +31,7 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
 
 
 @asynccontextmanager
-async def running(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+async def running(store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     """A runtime on `store`, shut down afterwards (its gate released first)."""
     built = build_runtime(store, fake_model, Gate())
     try:
@@ -43,17 +43,13 @@ async def running(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIter
 
 
 @pytest.fixture
-async def harness(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
-) -> AsyncIterator[Harness]:
+async def harness(sqlite_store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     async with running(sqlite_store, fake_model) as built:
         yield built
 
 
 @pytest.fixture
-async def backend_harness(
-    store: SqlStepStore, fake_model: FakeModelServer
-) -> AsyncIterator[Harness]:
+async def backend_harness(store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     """The runtime of `harness` on the backend under test (SQLite, then PostgreSQL)."""
     async with running(store, fake_model) as built:
         yield built

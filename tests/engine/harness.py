@@ -34,8 +34,11 @@ from agio_grpc.engine import (
 from agio_grpc.engine.builtin_tools import TOOLS
 from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.store.protocol import SessionLeases, StepStore
+from agio_grpc.engine.lifecycle import Lifecycle
+from agio_grpc.engine.runtime import Storage
+from agio_grpc.store.leases import SessionLeases
 from agio_grpc.testing import FakeModelServer
+from tests.roles import StoreRoles
 
 E = TypeVar("E", bound=Event)
 
@@ -184,7 +187,7 @@ class Outcome:
 @dataclass
 class Harness:
     runtime: Runtime
-    store: StepStore
+    store: StoreRoles
     model: FakeModelServer
     gate: Gate
     driver: OpenAIModelDriver
@@ -227,8 +230,14 @@ class Harness:
         return await self.store.get_steps(session_id)
 
 
+def storage_of(store: StoreRoles, leases: SessionLeases | None = None) -> Storage:
+    """The runtime's storage on `store` (or a wrapper passing through to it): every role,
+    the ledger inside a lifecycle; `leases` renews the sessions of its live runs."""
+    return Storage(store, store, Lifecycle(store, store), leases)
+
+
 def build_runtime(
-    store: StepStore,
+    store: StoreRoles,
     model: FakeModelServer,
     gate: Gate,
     *,
@@ -243,7 +252,7 @@ def build_runtime(
 ) -> Harness:
     driver = OpenAIModelDriver(base_url=model.base_url, api_key="test-key", retry=retry)
     runtime = Runtime(
-        store,
+        storage_of(store, leases),
         make_agents(**limits),
         "assistant",
         make_registry(gate),
@@ -255,7 +264,6 @@ def build_runtime(
             watch_poll_s=watch_poll_s,
             max_queued_runs=max_queued_runs,
         ),
-        leases=leases,
     )
     return Harness(runtime, store, model, gate, driver)
 

@@ -32,7 +32,6 @@ from agio_grpc.store.errors import (
     RunRequiresActionError,
     SessionBusyError,
 )
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import (
     LOOKUP,
@@ -42,12 +41,13 @@ from tests.engine.harness import (
     assert_valid_messages,
     build_runtime,
 )
+from tests.roles import StoreRoles
 
 REPETITIONS = 20
 
 
 @pytest.fixture
-async def policies(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+async def policies(store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     """A runtime on the store of the backend under test (both backends)."""
     built = build_runtime(store, fake_model, Gate(), leases=store, max_queued_runs=2)
     try:
@@ -322,7 +322,7 @@ async def test_a_rollback_queued_behind_a_later_interrupt_still_starts(
 
 
 async def test_an_interrupt_whose_run_went_to_wait_for_its_client_ends_that_run(
-    policies: Harness, store: SqlStepStore
+    policies: Harness, store: StoreRoles
 ) -> None:
     # The run to interrupt runs elsewhere and stops to wait for its client before it sees
     # the request (its end clears the request): the interrupting run ends it and starts.

@@ -13,15 +13,15 @@ import pytest
 from agio_grpc.domain import Run, RunStatus, StopReason
 from agio_grpc.engine import RunHandle, RunInput, ToolOutput
 from agio_grpc.engine.errors import RunStateError
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import LOOKUP, Gate, Harness, assert_valid_messages, build_runtime
+from tests.roles import StoreRoles
 
 REPETITIONS = 15
 
 
 @pytest.fixture
-async def harness_on(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+async def harness_on(store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     built = build_runtime(store, fake_model, Gate(), leases=store, cancel_poll_s=0.05)
     try:
         yield built

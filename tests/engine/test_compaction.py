@@ -26,11 +26,19 @@ from agio_grpc.engine.events import ContextCompacted
 from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.tracing import NO_TRACER
 from agio_grpc.store.errors import RunRequiresActionError, SessionBusyError
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.testing.chat_request import estimate_prompt_tokens
-from tests.engine.harness import FAST_RETRIES, INSTRUCTIONS, LOOKUP, Gate, Harness, make_registry
+from tests.engine.harness import (
+    FAST_RETRIES,
+    INSTRUCTIONS,
+    LOOKUP,
+    Gate,
+    Harness,
+    make_registry,
+    storage_of,
+)
 from tests.engine.test_runtime import segment_task_done, without_deltas
+from tests.roles import StoreRoles
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa "
 
@@ -54,10 +62,10 @@ async def fake() -> AsyncIterator[FakeModelServer]:
         yield server
 
 
-async def running(store: SqlStepStore, fake: FakeModelServer, agent: AgentSpec) -> Harness:
+async def running(store: StoreRoles, fake: FakeModelServer, agent: AgentSpec) -> Harness:
     driver = OpenAIModelDriver(base_url=fake.base_url, api_key="k", retry=FAST_RETRIES)
     runtime = Runtime(
-        store,
+        storage_of(store),
         {"assistant": agent},
         "assistant",
         make_registry(Gate()),
@@ -68,7 +76,7 @@ async def running(store: SqlStepStore, fake: FakeModelServer, agent: AgentSpec) 
 
 
 @pytest.fixture
-async def small(store: SqlStepStore, fake: FakeModelServer) -> AsyncIterator[Harness]:
+async def small(store: StoreRoles, fake: FakeModelServer) -> AsyncIterator[Harness]:
     """A window of 1,000 tokens, compacting above half of it, keeping 2 steps."""
     built = await running(store, fake, compacting_agent(1_000))
     try:
@@ -78,7 +86,7 @@ async def small(store: SqlStepStore, fake: FakeModelServer) -> AsyncIterator[Har
         await built.driver.close()
 
 
-def compactor_of(harness: Harness, store: SqlStepStore) -> SessionCompactor:
+def compactor_of(harness: Harness, store: StoreRoles) -> SessionCompactor:
     """CompactSession's engine side, on the harness's runtime, model and store."""
     return SessionCompactor(
         store, harness.driver, make_registry(Gate()), NO_TRACER, harness.runtime.agent
@@ -152,7 +160,7 @@ async def test_the_compaction_event_replays_from_the_journal_as_it_was_streamed(
 
 
 async def test_a_cut_never_splits_a_tool_call_from_its_result(
-    store: SqlStepStore, fake: FakeModelServer
+    store: StoreRoles, fake: FakeModelServer
 ) -> None:
     built = await running(store, fake, compacting_agent(1_000, keep=1))
     try:
@@ -201,7 +209,7 @@ async def test_fork_and_retry_before_a_summary_use_the_original_steps(small: Har
 
 
 async def test_a_provider_overflow_compacts_once_and_calls_again(
-    store: SqlStepStore, fake: FakeModelServer
+    store: StoreRoles, fake: FakeModelServer
 ) -> None:
     # A window the service's own estimate never nears: only the provider refuses.
     built = await running(store, fake, compacting_agent(100_000))
@@ -233,7 +241,7 @@ async def test_a_context_that_cannot_fit_stops_context_window(small: Harness) ->
     assert not outcome.of(ContextCompacted)
 
 
-async def test_compact_session_between_runs(small: Harness, store: SqlStepStore) -> None:
+async def test_compact_session_between_runs(small: Harness, store: StoreRoles) -> None:
     small.model.context_window = None
     first = await small.run(WORDS * 2)
     session = first.session_id
@@ -253,9 +261,9 @@ async def test_compact_session_between_runs(small: Harness, store: SqlStepStore)
 
 
 async def test_compact_session_summarizes_a_long_backlog_a_part_at_a_time(
-    small: Harness, store: SqlStepStore
+    small: Harness, store: StoreRoles
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     roles = (Role.USER, Role.ASSISTANT)
     await store.append_steps(
         [Step(session.id, "run_old", roles[n % 2], content=f"{n}: {WORDS * 5}") for n in range(40)]
@@ -273,7 +281,7 @@ async def test_compact_session_summarizes_a_long_backlog_a_part_at_a_time(
 
 
 async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(
-    small: Harness, store: SqlStepStore
+    small: Harness, store: StoreRoles
 ) -> None:
     small.model.enqueue(Turn.tool_calls([ToolCallSpec("lookup", "{}")]))
     first = await small.run(WORDS, client_tools=[LOOKUP])
@@ -284,17 +292,17 @@ async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(
 
 
 async def test_compact_session_refuses_a_held_session_and_writes_nothing(
-    small: Harness, store: SqlStepStore
+    small: Harness, store: StoreRoles
 ) -> None:
     session_id = await two_turns(small)
-    await store.acquire_session(session_id, "run_holding")
+    await store.take_session(session_id, "run_holding")
     with pytest.raises(SessionBusyError):
         await compactor_of(small, store).compact(session_id, keep_recent_steps=0)
     assert Role.SUMMARY not in {s.role for s in await small.history(session_id)}
 
 
 async def test_a_failing_summary_call_is_a_compaction_failed_error(
-    small: Harness, store: SqlStepStore
+    small: Harness, store: StoreRoles
 ) -> None:
     session_id = await two_turns(small)
     small.model.enqueue(Turn.error(400, message="bad summary request"))
@@ -304,9 +312,9 @@ async def test_a_failing_summary_call_is_a_compaction_failed_error(
 
 
 async def test_a_2000_step_session_keeps_every_request_under_the_window(
-    store: SqlStepStore, fake: FakeModelServer
+    store: StoreRoles, fake: FakeModelServer
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     for start in range(0, 2000, 200):
         await store.append_steps(
             [

@@ -15,13 +15,13 @@ from agio_grpc.engine import ClientTool, RunInput, ToolOutput
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import STEP_OVERHEAD_BYTES, HistoryCache, step_bytes
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.store.protocol import HistoryMark, HistoryRead, RunStart
-from agio_grpc.store.sql import SqlStepStore
+from agio_grpc.store.records import HistoryMark, HistoryRead, RunStart
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import INSTRUCTIONS, Gate, Harness, build_runtime
+from tests.roles import StoreRoles
 
 
-def recording(monkeypatch: pytest.MonkeyPatch, store: SqlStepStore, method: str) -> list[Any]:
+def recording(monkeypatch: pytest.MonkeyPatch, store: StoreRoles, method: str) -> list[Any]:
     """Every result the store's `method` returns from now on, in order."""
     recorded: list[Any] = []
     real = getattr(store, method)
@@ -36,13 +36,13 @@ def recording(monkeypatch: pytest.MonkeyPatch, store: SqlStepStore, method: str)
 
 
 @pytest.fixture
-def starts(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[RunStart]:
+def starts(sqlite_store: StoreRoles, monkeypatch: pytest.MonkeyPatch) -> list[RunStart]:
     """Every `RunStart` the store returns, in order."""
     return recording(monkeypatch, sqlite_store, "start_run")
 
 
 @pytest.fixture
-def reads(sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch) -> list[HistoryRead]:
+def reads(sqlite_store: StoreRoles, monkeypatch: pytest.MonkeyPatch) -> list[HistoryRead]:
     """Every `HistoryRead` the store returns (SubmitToolOutputs and Retry), in order."""
     return recording(monkeypatch, sqlite_store, "get_history_since")
 
@@ -86,7 +86,7 @@ async def test_a_second_run_reads_only_the_steps_after_the_first_runs_history(
 
 
 @pytest.fixture
-async def other(sqlite_store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+async def other(sqlite_store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     """A second runtime on the same store and model: another replica."""
     replica = build_runtime(sqlite_store, fake_model, Gate())
     try:
@@ -125,7 +125,7 @@ async def test_a_retry_elsewhere_that_cut_the_held_history_is_read_whole(
 
 
 async def test_a_retry_regenerates_only_from_the_log_it_read(
-    harness: Harness, other: Harness, sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, other: Harness, sqlite_store: StoreRoles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     harness.model.enqueue(Turn.text("answer one"), Turn.text("answer two"))
     session_id = (await harness.run("one")).session_id  # 1, 2
@@ -153,7 +153,7 @@ async def test_a_retry_regenerates_only_from_the_log_it_read(
 
 
 async def test_a_run_that_lost_its_session_does_not_keep_its_history(
-    harness: Harness, sqlite_store: SqlStepStore
+    harness: Harness, sqlite_store: StoreRoles
 ) -> None:
     harness.model.enqueue(Turn.text("answer one"))
     session_id = (await harness.run("one")).session_id  # 1, 2
@@ -166,7 +166,7 @@ async def test_a_run_that_lost_its_session_does_not_keep_its_history(
     # rewrote the log from step 3 and let go of it.
     await sqlite_store.release_session(session_id, handle.run_id)
     await sqlite_store.delete_steps_from(session_id, 3)
-    await sqlite_store.acquire_session(session_id, "run_editor")
+    await sqlite_store.take_session(session_id, "run_editor")
     await sqlite_store.append_steps(
         [
             Step(session_id, "run_editor", Role.USER, content="replacement"),
@@ -181,7 +181,7 @@ async def test_a_run_that_lost_its_session_does_not_keep_its_history(
 
 
 async def test_an_after_step_hook_cannot_change_the_kept_history(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     def scrub(run: Run, step: Step) -> None:
         step.content = "[scrubbed]"
@@ -214,7 +214,7 @@ async def test_steps_deleted_since_the_last_run_are_not_sent(
 
 
 async def test_with_the_cache_off_every_run_reads_its_whole_history(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, starts: list[RunStart]
+    sqlite_store: StoreRoles, fake_model: FakeModelServer, starts: list[RunStart]
 ) -> None:
     harness = build_runtime(sqlite_store, fake_model, Gate(), history_cache_bytes=0)
     try:

@@ -37,7 +37,7 @@ from agio_grpc.store.errors import (
     SessionBusyError,
     StoreUnavailableError,
 )
-from agio_grpc.store.protocol import Journal, StepStore
+from agio_grpc.store.records import Journal
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
 from tests.engine.harness import (
     INSTRUCTIONS,
@@ -46,7 +46,9 @@ from tests.engine.harness import (
     Harness,
     assert_valid_messages,
     build_runtime,
+    storage_of,
 )
+from tests.roles import StoreRoles
 
 
 async def test_plain_reply_completes_with_one_stored_assistant_step(harness: Harness) -> None:
@@ -461,7 +463,7 @@ async def test_tool_selection_override_offers_only_the_named_tools(harness: Harn
 
 
 async def test_hooks_see_the_run_and_can_stop_it(
-    sqlite_store: StepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     seen: list[str] = []
 
@@ -527,7 +529,7 @@ async def test_a_reused_request_id_is_refused(harness: Harness) -> None:
 class FailingStore:
     """The real store, except that storing an assistant step raises `error`."""
 
-    def __init__(self, store: StepStore, error: Exception) -> None:
+    def __init__(self, store: StoreRoles, error: Exception) -> None:
         self._store = store
         self._error = error
 
@@ -558,13 +560,13 @@ class FailingStore:
     ],
 )
 async def test_an_unexpected_error_fails_the_run_with_a_clean_message(
-    sqlite_store: StepStore,
+    sqlite_store: StoreRoles,
     fake_model: FakeModelServer,
     error: Exception,
     message: str,
     retryable: bool,
 ) -> None:
-    store = cast(StepStore, FailingStore(sqlite_store, error))
+    store = cast(StoreRoles, FailingStore(sqlite_store, error))
     harness = build_runtime(store, fake_model, Gate())
     try:
         fake_model.enqueue(Turn.text("never stored"))
@@ -603,11 +605,11 @@ async def test_next_context_is_what_the_model_would_receive(harness: Harness) ->
 
 
 def test_agents_may_only_name_registered_tools(
-    sqlite_store: StepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     harness = build_runtime(sqlite_store, fake_model, Gate())
     agents = {"a": AgentSpec("a", "m", tools=["no_such_tool"])}
     with pytest.raises(ValueError, match="unknown tools"):
-        Runtime(sqlite_store, agents, "a", harness.runtime.registry, harness.driver)
+        Runtime(storage_of(sqlite_store), agents, "a", harness.runtime.registry, harness.driver)
     with pytest.raises(ValueError, match="default agent"):
-        Runtime(sqlite_store, {}, "a", harness.runtime.registry, harness.driver)
+        Runtime(storage_of(sqlite_store), {}, "a", harness.runtime.registry, harness.driver)

@@ -13,16 +13,16 @@ from agio_grpc.domain import RunStatus, StopReason
 from agio_grpc.engine import ClientTool
 from agio_grpc.engine import lifecycle as lifecycle_module
 from agio_grpc.store.errors import StoreError, StoreUnavailableError
-from agio_grpc.store.protocol import StepStore, terminal_kind
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.records import terminal_kind
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, build_runtime
+from tests.roles import StoreRoles, open_roles
 
 
 class FailingEnds:
     """The real store, except that its next `failures` ends raise (each error in turn)."""
 
-    def __init__(self, store: StepStore, *failures: Exception) -> None:
+    def __init__(self, store: StoreRoles, *failures: Exception) -> None:
         self._store = store
         self.failures = list(failures)
         self.ends: list[Any] = []
@@ -46,10 +46,10 @@ def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_an_unavailable_store_is_tried_again_with_the_same_end(
-    store: SqlStepStore, fake_model: FakeModelServer
+    store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     failing = FailingEnds(store, StoreUnavailableError("locked"), StoreUnavailableError("x"))
-    harness = build_runtime(cast(StepStore, failing), fake_model, Gate())
+    harness = build_runtime(cast(StoreRoles, failing), fake_model, Gate())
     fake_model.enqueue(
         Turn.tool_calls([ToolCallSpec("lookup_order", '{"order_id": "A1"}', id="call_1")])
     )
@@ -68,10 +68,10 @@ async def test_an_unavailable_store_is_tried_again_with_the_same_end(
 
 
 async def test_an_end_the_store_refuses_is_stored_reduced(
-    store: SqlStepStore, fake_model: FakeModelServer
+    store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     failing = FailingEnds(store, StoreError("value out of range"))
-    harness = build_runtime(cast(StepStore, failing), fake_model, Gate())
+    harness = build_runtime(cast(StoreRoles, failing), fake_model, Gate())
     fake_model.enqueue(Turn.error(400, message="bad \x00 request " + "x" * 10_000))
     try:
         outcome = await harness.run("hi")
@@ -92,9 +92,9 @@ async def test_an_end_the_store_refuses_is_stored_reduced(
 async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_run(
     store_url: str, fake_model: FakeModelServer
 ) -> None:
-    real = await open_store(store_url, instance_id="host/127.0.0.1:50051")
+    real = await open_roles(store_url, instance_id="host/127.0.0.1:50051")
     failing = FailingEnds(real, *[StoreUnavailableError("gone")] * 3)
-    harness = build_runtime(cast(StepStore, failing), fake_model, Gate())
+    harness = build_runtime(cast(StoreRoles, failing), fake_model, Gate())
     fake_model.enqueue(Turn.text("done"))
     try:
         outcome = await harness.run("hi")
@@ -110,7 +110,7 @@ async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_ru
         True,
         3,
     )
-    restarted = await open_store(store_url, instance_id="host/127.0.0.1:50051")
+    restarted = await open_roles(store_url, instance_id="host/127.0.0.1:50051")
     try:
         held = await restarted.get_session(outcome.session_id)
         assert held.active_run_id == outcome.run_id  # not released while RUNNING

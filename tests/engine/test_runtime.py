@@ -13,7 +13,16 @@ from typing import Any, cast
 
 import pytest
 
-from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step, StopReason
+from agio_grpc.domain import (
+    LEASE_EXPIRED_MESSAGE,
+    BusyPolicy,
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StopReason,
+)
 from agio_grpc.engine import (
     ClientTool,
     InvalidInputError,
@@ -36,10 +45,9 @@ from agio_grpc.store.errors import (
     SessionBusyError,
     StoreUnavailableError,
 )
-from agio_grpc.store.protocol import StepStore
-from agio_grpc.store.sql import LEASE_EXPIRED_MESSAGE, SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
+from tests.roles import StoreRoles, open_roles
 from tests.store.test_leases import wait_for_expiry
 
 LOOKUP = ClientTool(
@@ -139,7 +147,7 @@ async def test_tool_outputs_must_answer_exactly_the_pending_calls(
 
 
 async def test_a_submit_stores_nothing_when_the_log_changed_after_it_was_read(
-    harness: Harness, sqlite_store: StepStore, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, sqlite_store: StoreRoles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     waiting = await start_waiting_for_client(harness)  # 1 user, 2 assistant, 3 tool
     write = sqlite_store.continue_run
@@ -193,7 +201,7 @@ async def test_cancel_is_idempotent_and_leaves_ended_runs_alone(harness: Harness
 async def runtime_on(store: object, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     """A runtime on `store` (the real one, or a wrapper passing through to it), shut down
     after the block."""
-    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    harness = build_runtime(cast(StoreRoles, store), fake_model, Gate())
     try:
         yield harness
     finally:
@@ -220,7 +228,7 @@ class Intercepted:
     caller cannot know the write committed); `cancel_after` cancels that task (the call's) as
     the write returns (a client leaving just after its write committed)."""
 
-    def __init__(self, store: StepStore, method: str) -> None:
+    def __init__(self, store: StoreRoles, method: str) -> None:
         self._store = store
         self._method = method
         self.asked = asyncio.Event()
@@ -264,7 +272,7 @@ async def cancel_twice(task: asyncio.Task[Any]) -> None:
 
 
 async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_free(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+    sqlite_store: StoreRoles, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
     announced = Intercepted(sqlite_store, "start_run")
     # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
@@ -291,7 +299,7 @@ async def test_a_run_cancelled_during_its_start_transaction_leaves_the_session_f
 
 
 async def test_a_run_whose_start_committed_but_failed_ends_and_frees_the_session(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     unclear = Intercepted(sqlite_store, "start_run")
     async with runtime_on(unclear, fake_model) as harness:
@@ -313,11 +321,11 @@ async def test_a_run_whose_start_committed_but_failed_ends_and_frees_the_session
 
 
 async def test_a_start_that_failed_answers_soon_when_the_store_cannot_say_what_it_stored(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+    sqlite_store: StoreRoles, fake_model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lifecycle_module, "UNCLEAR_WRITE_CHECK_S", 0.05)
     unclear = Intercepted(sqlite_store, "start_run")
-    unanswered = Intercepted(unclear, "get_run")
+    unanswered = Intercepted(cast(StoreRoles, unclear), "get_run")
     unanswered.gate = asyncio.Event()  # never opens: the store stays silent
     async with runtime_on(unanswered, fake_model) as harness:
         unclear.failure_after = StoreUnavailableError("connection lost")
@@ -332,7 +340,7 @@ async def test_a_start_that_failed_answers_soon_when_the_store_cannot_say_what_i
 
 
 async def test_a_run_whose_start_failed_before_committing_leaves_nothing_behind(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     failing = Intercepted(sqlite_store, "start_run")
     async with runtime_on(failing, fake_model) as harness:
@@ -349,7 +357,7 @@ async def test_a_run_whose_start_failed_before_committing_leaves_nothing_behind(
 
 
 async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outputs(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     announced = Intercepted(sqlite_store, "continue_run")
     async with runtime_on(announced, fake_model) as harness:
@@ -372,7 +380,7 @@ async def test_a_submit_the_store_fails_leaves_the_run_waiting_for_the_same_outp
 
 
 async def test_a_submit_whose_write_committed_but_failed_ends_the_run_after_its_outputs(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     unclear = Intercepted(sqlite_store, "continue_run")
     async with runtime_on(unclear, fake_model) as harness:
@@ -411,7 +419,7 @@ async def test_two_submits_for_the_same_run_continue_it_once(harness: Harness) -
 
 
 async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     announced = Intercepted(sqlite_store, "continue_run")
     # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
@@ -454,12 +462,12 @@ async def test_a_submit_whose_client_left_as_its_outputs_were_stored_keeps_them(
 
 
 async def test_a_call_cancelled_while_it_undoes_a_failure_is_cancelled_not_failed(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     # A Retry's write commits but its call sees the connection lost; while the call ends
     # the run it stored, its client leaves.
     creating = Intercepted(sqlite_store, "restart_run")
-    ending = Intercepted(cast(StepStore, creating), "end_run")
+    ending = Intercepted(cast(StoreRoles, creating), "end_run")
     # The runtime's shutdown, as the block ends, waits for what the calls left to undo.
     async with runtime_on(ending, fake_model) as harness:
         fake_model.enqueue(Turn.text("first try"))
@@ -481,7 +489,7 @@ async def test_a_call_cancelled_while_it_undoes_a_failure_is_cancelled_not_faile
 
 @pytest.mark.parametrize("request_id", ["", "req-1"])
 async def test_a_run_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, request_id: str
+    sqlite_store: StoreRoles, fake_model: FakeModelServer, request_id: str
 ) -> None:
     # In every form (a request_id on an existing session too) the run is stored by one
     # transaction: the client leaving as it returns ends the run it stored.
@@ -505,7 +513,7 @@ async def test_a_run_whose_client_left_as_its_run_was_stored_leaves_no_run_runni
 
 
 async def test_a_retry_whose_client_left_as_its_run_was_stored_leaves_no_run_running(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     wrapped = Intercepted(sqlite_store, "restart_run")
     async with runtime_on(wrapped, fake_model) as harness:
@@ -611,7 +619,7 @@ async def test_retry_refuses_what_cannot_be_regenerated_and_deletes_nothing(
                 await harness.runtime.retry(first.session_id, sequence)
             assert raised.value.field == field
     assert len(await harness.history(first.session_id)) == 4
-    empty = await harness.store.create_session()
+    empty = await harness.store.new_session()
     with pytest.raises(InvalidInputError, match="no steps"):
         await harness.runtime.retry(empty.id, 1)
     with pytest.raises(NotFoundError):
@@ -666,7 +674,7 @@ async def segment_task_done(harness: Harness, run_id: str) -> None:
 
 @asynccontextmanager
 async def two_replicas(
-    store: SqlStepStore, fake_model: FakeModelServer, gate: Gate, *, cancel_poll_s: float = 0.5
+    store: StoreRoles, fake_model: FakeModelServer, gate: Gate, *, cancel_poll_s: float = 0.5
 ) -> AsyncIterator[tuple[Harness, Harness]]:
     """Two runtimes on one store, as two replicas sharing a database: the first's tools wait
     on `gate`; the second follows runs elsewhere through the store every 0.02 s."""
@@ -681,7 +689,7 @@ async def two_replicas(
 
 
 async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     # Two replicas sharing a database: the CancelRun reaches the one not running the run.
     gate = Gate()
@@ -713,7 +721,7 @@ async def test_a_run_is_cancelled_through_another_runtime_on_the_same_store(
 
 
 async def test_a_run_queued_on_one_replica_and_started_on_another_times_out_at_its_deadline(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     # The caller follows the queued run on `other`; `owner` starts it once its own run ends,
     # not knowing the caller's deadline: `other` stops it there when the deadline comes.
@@ -749,7 +757,7 @@ async def test_a_run_queued_on_one_replica_and_started_on_another_times_out_at_i
 
 async def start_run_then_die(url: str, *, lease_s: float) -> Run:
     """A run started by a process that died right after: nobody renews its short lease."""
-    crashed = await open_store(url, session_lease_s=lease_s)
+    crashed = await open_roles(url, session_lease_s=lease_s)
     try:
         session = Session()
         run = Run(session_id=session.id, agent="assistant")
@@ -762,7 +770,7 @@ async def start_run_then_die(url: str, *, lease_s: float) -> Run:
 
 
 async def test_a_cancel_takes_over_a_run_whose_process_died(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+    sqlite_store: StoreRoles, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
     run = await start_run_then_die(url, lease_s=0.2)
@@ -779,7 +787,7 @@ async def test_a_cancel_takes_over_a_run_whose_process_died(
 
 
 async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_over(
-    sqlite_store: SqlStepStore,
+    sqlite_store: StoreRoles,
     fake_model: FakeModelServer,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -787,7 +795,7 @@ async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_o
     # A replica whose lease runs out while its tool runs (nothing renews it: a stalled
     # server); another replica takes the session over; then the tool returns.
     url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
-    stalled_store = await open_store(url, session_lease_s=0.2)
+    stalled_store = await open_roles(url, session_lease_s=0.2)
     gate = Gate()
     stalled = build_runtime(stalled_store, fake_model, gate)
     taker = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
@@ -829,7 +837,7 @@ async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_o
 
 
 async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
-    harness: Harness, sqlite_store: StepStore, fake_model: FakeModelServer
+    harness: Harness, sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     outcome = await two_turn_session(harness)
     other = build_runtime(sqlite_store, fake_model, Gate())
@@ -850,7 +858,7 @@ async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
 
 
 async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     # Two replicas sharing a database: the WatchRun reaches the one not running the run.
     gate = Gate()
@@ -896,11 +904,11 @@ async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
 
 
 async def test_a_watch_of_a_run_whose_process_died_ends_once_its_lease_runs_out(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer, tmp_path: Path
+    sqlite_store: StoreRoles, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
     run = await start_run_then_die(url, lease_s=0.3)
-    watcher_store = await open_store(url, session_lease_s=0.3)
+    watcher_store = await open_roles(url, session_lease_s=0.3)
     other = build_runtime(
         watcher_store, fake_model, Gate(), leases=watcher_store, watch_poll_s=0.02
     )
@@ -923,7 +931,7 @@ async def test_a_watch_of_a_run_left_running_without_its_session_ends_it_interru
 ) -> None:
     # Its server released the session but failed to store the run's end, then went away.
     url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
-    store = await open_store(url, session_lease_s=0.3)
+    store = await open_roles(url, session_lease_s=0.3)
     other = build_runtime(store, fake_model, Gate(), leases=store, watch_poll_s=0.02)
     try:
         session = Session()
@@ -948,7 +956,7 @@ async def test_a_watch_of_a_run_left_running_without_its_session_ends_it_interru
 
 
 async def test_a_watch_served_from_the_store_ends_unavailable_when_the_server_stops(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     gate = Gate()
     async with two_replicas(sqlite_store, fake_model, gate) as (owner, other):
@@ -967,7 +975,7 @@ async def test_a_watch_served_from_the_store_ends_unavailable_when_the_server_st
 
 
 async def test_shutdown_interrupts_runs_and_a_retry_resumes_them(
-    harness: Harness, sqlite_store: StepStore, fake_model: FakeModelServer
+    harness: Harness, sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     fake_model.enqueue(
         Turn.tool_calls([ToolCallSpec("wait_for_gate", '{"label": "x"}', id="call_w")]),

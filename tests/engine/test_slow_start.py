@@ -12,9 +12,10 @@ import pytest
 from agio_grpc.domain import Run, Session, Step, StopReason
 from agio_grpc.engine import RunInput
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.store.protocol import HistoryMark, Journal, QueueRequest, RunStart, StepStore
+from agio_grpc.store.records import HistoryMark, Journal, QueueRequest, RunStart
 from agio_grpc.testing import FakeModelServer, Turn
 from tests.engine.harness import Gate, Harness, build_runtime
+from tests.roles import StoreRoles
 
 
 class StartingStore:
@@ -22,7 +23,7 @@ class StartingStore:
     raises `error`, if one is given)."""
 
     def __init__(
-        self, store: StepStore, before_start: asyncio.Event, error: Exception | None = None
+        self, store: StoreRoles, before_start: asyncio.Event, error: Exception | None = None
     ) -> None:
         self._store = store
         self._before_start = before_start
@@ -53,11 +54,11 @@ class StartingStore:
 
 @pytest.fixture
 async def held(
-    sqlite_store: StepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> AsyncIterator[tuple[Harness, StartingStore, asyncio.Event]]:
     release = asyncio.Event()
     store = StartingStore(sqlite_store, release)
-    harness = build_runtime(cast(StepStore, store), fake_model, Gate())
+    harness = build_runtime(cast(StoreRoles, store), fake_model, Gate())
     try:
         yield harness, store, release
     finally:
@@ -66,7 +67,7 @@ async def held(
 
 
 async def test_hooks_before_the_model_call_can_change_its_messages(
-    sqlite_store: StepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     def add_note(run: Run, messages: list[dict[str, Any]]) -> None:
         messages.append({"role": "user", "content": "a note from the hook"})

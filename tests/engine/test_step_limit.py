@@ -11,15 +11,15 @@ import pytest
 
 from agio_grpc.domain import Role, StopReason
 from agio_grpc.engine.executor import ToolResult, oversized
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, assert_valid_messages, build_runtime
+from tests.roles import StoreRoles
 
 LIMIT = 1000
 
 
 @pytest.fixture
-async def limited(store: SqlStepStore, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
+async def limited(store: StoreRoles, fake_model: FakeModelServer) -> AsyncIterator[Harness]:
     built = build_runtime(store, fake_model, Gate(), max_step_bytes=LIMIT)
     try:
         yield built

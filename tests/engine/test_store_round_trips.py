@@ -17,10 +17,9 @@ import pytest
 
 from agio_grpc.domain import RunStatus
 from agio_grpc.engine import ClientTool, RunInput, ToolOutput
-from agio_grpc.store.protocol import StepStore
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, build_runtime
+from tests.roles import StoreRoles
 
 LOOKUP = ClientTool("lookup", "Look it up.", '{"type": "object"}')
 
@@ -28,7 +27,7 @@ LOOKUP = ClientTool("lookup", "Look it up.", '{"type": "object"}')
 class Counting:
     """The real store, counting the calls made to it (by method name)."""
 
-    def __init__(self, store: StepStore) -> None:
+    def __init__(self, store: StoreRoles) -> None:
         self._store = store
         self.calls: Counter[str] = Counter()
 
@@ -44,10 +43,10 @@ class Counting:
 
 @pytest.fixture
 async def counted(
-    sqlite_store: SqlStepStore, fake_model: FakeModelServer
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
 ) -> AsyncIterator[tuple[Harness, Counting]]:
     counting = Counting(sqlite_store)
-    harness = build_runtime(cast(StepStore, counting), fake_model, Gate())
+    harness = build_runtime(cast(StoreRoles, counting), fake_model, Gate())
     try:
         yield harness, counting
     finally:

@@ -26,9 +26,9 @@ from agio_grpc.service.errors import ServiceError
 from agio_grpc.service.identity import Caller
 from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import IssuedKey, KeyStore
-from agio_grpc.store.sql import SqlStepStore, open_store
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2
+from tests.roles import StoreRoles, open_roles
 from tests.service.auth_helpers import (
     auth_settings,
     bearer,
@@ -52,9 +52,9 @@ async def keyed_app(store_url: str, fake_model: FakeModelServer) -> AsyncIterato
 @pytest.fixture
 async def keys(store_url: str) -> AsyncIterator[KeyStore]:
     """The keys of the same database, as `agio-grpc keys` opens them."""
-    store = await open_store(store_url)
+    store = await open_roles(store_url)
     try:
-        yield store.key_store()
+        yield store.keys()
     finally:
         await store.close()
 
@@ -199,8 +199,8 @@ class Clock:
         return self.now
 
 
-async def test_a_revoked_key_is_refused_once_its_cache_expires(store: SqlStepStore) -> None:
-    keys = store.key_store()
+async def test_a_revoked_key_is_refused_once_its_cache_expires(store: StoreRoles) -> None:
+    keys = store.keys()
     issued = await keys.create("acme")
     clock = Clock()
     verifier = ApiKeyVerifier(keys, cache_s=5.0, clock=clock)
@@ -216,8 +216,8 @@ async def test_a_revoked_key_is_refused_once_its_cache_expires(store: SqlStepSto
     await verifier.close()
 
 
-async def test_a_keys_use_is_recorded_at_most_once_a_minute(store: SqlStepStore) -> None:
-    keys = store.key_store()
+async def test_a_keys_use_is_recorded_at_most_once_a_minute(store: StoreRoles) -> None:
+    keys = store.keys()
     issued: IssuedKey = await keys.create("acme")
     clock = Clock()
     verifier = ApiKeyVerifier(keys, cache_s=0.0, clock=clock)

@@ -20,8 +20,8 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 
 from agio_grpc.client import AgioClient
 from agio_grpc.service.app import AgioApp
-from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.roles import open_roles
 from tests.service.auth_helpers import auth_settings, serving
 from tests.service.conftest import make_settings
 
@@ -212,9 +212,9 @@ async def test_a_credential_entered_in_the_page_is_used(
         auth={"mode": "api_key", "api_key": {"cache_s": 0}},
     )
     async with serving(settings) as app:
-        store = await open_store(settings.database_url)
+        store = await open_roles(settings.database_url)
         try:
-            issued = await store.key_store().create("acme")
+            issued = await store.keys().create("acme")
         finally:
             await store.close()
         page = await open_console(browser, app)

@@ -22,10 +22,10 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.service.auth import choose_auth_mode
 from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import KeyStore
-from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.testing.envelopes import END_STREAM, TRAILERS, envelope, envelopes, read_envelopes
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
+from tests.roles import open_roles
 from tests.service.auth_helpers import WHOAMI, auth_settings, bearer, serving
 from tests.service.conftest import make_settings
 from tests.service.connect_wire import (
@@ -407,9 +407,9 @@ async def test_with_api_keys_a_call_needs_a_key_and_runs_in_its_tenant(
         auth={"mode": "api_key", "api_key": {"cache_s": 0}},
     )
     async with serving(settings) as app:
-        store = await open_store(settings.database_url)
+        store = await open_roles(settings.database_url)
         try:
-            keys: KeyStore = store.key_store()
+            keys: KeyStore = store.keys()
             issued = await keys.create("acme")
         finally:
             await store.close()

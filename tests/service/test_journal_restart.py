@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from agio_grpc.client import AgioClient
-from agio_grpc.store.protocol import TAKEOVER_SEQ_GAP
-from agio_grpc.store.sql import open_store
+from agio_grpc.store.records import TAKEOVER_SEQ_GAP
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
+from tests.roles import open_roles
 from tests.service.test_leases import kill, start_serve
 
 # Real server processes started, killed and restarted (make test-slow).
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 async def database_url(store_url: str) -> str:
     """The backend's database, migrated before any server starts (none races to create it)."""
-    await (await open_store(store_url)).close()
+    await (await open_roles(store_url)).close()
     return store_url
 
 

@@ -29,11 +29,11 @@ from agio_grpc.client import AgioClient, AgioError
 from agio_grpc.config import ServerConfig
 from agio_grpc.domain import Role, Run, Session, Step, utc_now
 from agio_grpc.service.app import AgioApp
-from agio_grpc.store.sql import open_store
 from agio_grpc.store.tables import runs, sessions
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
+from tests.roles import open_roles
 from tests.service.conftest import make_settings
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
 
@@ -80,7 +80,7 @@ async def two_servers(
     """Two `agio-grpc serve` replicas on one SQLite file, and a client of each."""
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
     # Migrated beforehand, so the two servers do not race to create the file.
-    await (await open_store(database_url)).close()
+    await (await open_roles(database_url)).close()
     started = await asyncio.gather(
         start_serve(tmp_path, database_url, fake_model.base_url),
         start_serve(tmp_path, database_url, fake_model.base_url),
@@ -134,7 +134,7 @@ async def test_a_session_survives_its_server_being_killed_mid_run(
 ) -> None:
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
     # Migrated beforehand, so the two servers do not race to create the file.
-    await (await open_store(database_url)).close()
+    await (await open_roles(database_url)).close()
     fake_model.enqueue(Turn.hanging(), Turn.text("Back again."))
     doomed: asyncio.subprocess.Process | None = None
     survivor: asyncio.subprocess.Process | None = None
@@ -244,7 +244,7 @@ async def test_a_restarted_server_finalises_the_runs_its_crashed_predecessor_lef
     at once, before any Run touches the session."""
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
     fake_model.enqueue(Turn.text("Yes."))
-    dead = await open_store(database_url, session_lease_s=0.05)
+    dead = await open_roles(database_url, session_lease_s=0.05)
     try:
         session = Session()
         run = Run(session_id=session.id, agent="assistant")

@@ -22,13 +22,13 @@ import pytest
 from agio_grpc.client import AgioClient
 from agio_grpc.service.members import FOLLOW, TOKEN_HEADER
 from agio_grpc.service.worker import WORKER_HEADER
-from agio_grpc.store.sql import open_store
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import agent_service_pb2 as pb
 from agio_grpc.v1 import events_pb2
 from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.postgres import TestDatabases
+from tests.roles import open_roles
 from tests.service.test_leases import kill, start_serve
 from tests.service.test_serve import read_until, spawn_serve
 from tests.service.test_workers import SUPERVISOR_LISTENING
@@ -58,7 +58,7 @@ async def members(
     tmp_path: Path, fake_model: FakeModelServer, postgres_databases: TestDatabases
 ) -> AsyncIterator[Members]:
     url = await postgres_databases.create()
-    await (await open_store(url)).close()  # migrated before the members race to do it
+    await (await open_roles(url)).close()  # migrated before the members race to do it
     started = await asyncio.gather(
         *[
             start_serve(tmp_path, url, fake_model.base_url, AGIO_SERVER__SESSION_LEASE_S=LEASE_S)
@@ -186,7 +186,7 @@ async def test_the_member_listener_refuses_a_caller_without_the_members_token(
 
 async def member_address_of(members: Members, run_id: str) -> str:
     """The member address of the server running the run, as the store has it."""
-    store = await open_store(members.url)
+    store = await open_roles(members.url)
     try:
         member = await store.member_running(run_id)
     finally:

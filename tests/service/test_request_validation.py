@@ -786,7 +786,7 @@ async def test_the_agent_service_applies_the_configured_limits(app: AgioApp) -> 
         max_run_timeout_s=60,
         request_limits=RequestLimitsConfig(max_input_bytes=8, max_tool_output_bytes=4),
     )
-    servicer = AgentServicer(app.runtime, app.store, config)
+    servicer = AgentServicer(app.runtime, config)
     bound = await start_grpc_server(
         app.settings, [(agent_service_pb2_grpc.add_AgentServiceServicer_to_server, servicer)]
     )

@@ -14,28 +14,30 @@ import pytest
 from agio_grpc.client import AgioClient, AgioError, decode_error
 from agio_grpc.domain import Role, Session, Step, StepMetrics, ToolCall
 from agio_grpc.service.app import AgioApp
-from agio_grpc.store.protocol import StepStore
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import resources_pb2, session_service_pb2
+from tests.roles import StoreRoles, open_roles
 from tests.service.conftest import make_settings
 
 
 @pytest.fixture
 async def served(
     store_url: str, fake_model: FakeModelServer, tmp_path: Path
-) -> AsyncIterator[tuple[AgioClient, StepStore]]:
+) -> AsyncIterator[tuple[AgioClient, StoreRoles]]:
     """The server on the backend under test, with a client and direct store access."""
     app = await AgioApp.start(make_settings(store_url, fake_model.base_url))
+    roles = await open_roles(store_url)
     try:
         async with AgioClient(app.address) as client:
-            yield client, app.store
+            yield client, roles
     finally:
+        await roles.close()
         await app.stop(grace=0)
 
 
-async def seed_session(store: StepStore, turns: int = 3) -> Session:
+async def seed_session(store: StoreRoles, turns: int = 3) -> Session:
     """A session of `turns` x (user, assistant with a tool call, tool, assistant)."""
-    session = await store.create_session()
+    session = await store.new_session()
     for turn in range(turns):
         call = ToolCall(id=f"call_{turn}", name="calculate", arguments='{"expression": "1+1"}')
         await store.append_steps(
@@ -84,7 +86,7 @@ async def expect_error(call: Awaitable[object], code: grpc.StatusCode, reason: s
 
 
 async def test_steps_are_listed_in_pages_to_the_end(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, store = served
     session = await seed_session(store, turns=3)
@@ -101,7 +103,7 @@ async def test_steps_are_listed_in_pages_to_the_end(
     assert every[2].role == resources_pb2.ROLE_TOOL
 
 
-async def test_get_session_step_and_context(served: tuple[AgioClient, StepStore]) -> None:
+async def test_get_session_step_and_context(served: tuple[AgioClient, StoreRoles]) -> None:
     client, store = served
     session = await seed_session(store, turns=2)
     got = await client.get_session(session.id)
@@ -121,7 +123,7 @@ async def test_get_session_step_and_context(served: tuple[AgioClient, StepStore]
 
 
 async def test_delete_steps_then_fork_keep_sequences_gapless(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, store = served
     session = await seed_session(store, turns=2)
@@ -140,7 +142,7 @@ async def test_delete_steps_then_fork_keep_sequences_gapless(
 
 
 async def test_edits_cancelled_at_any_moment_never_leave_the_session_held(
-    served: tuple[AgioClient, StepStore], fake_model: FakeModelServer
+    served: tuple[AgioClient, StoreRoles], fake_model: FakeModelServer
 ) -> None:
     client, store = served
     session = await seed_session(store, turns=3)
@@ -164,15 +166,15 @@ async def test_edits_cancelled_at_any_moment_never_leave_the_session_held(
 
 
 async def test_sessions_are_listed_newest_first_across_pages(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, store = served
-    created = [await store.create_session() for _ in range(5)]
+    created = [await store.new_session() for _ in range(5)]
     listed = await client.list_sessions(page_size=2)
     assert [s.id for s in listed] == [s.id for s in reversed(created)]
 
 
-async def test_delete_session_removes_its_steps(served: tuple[AgioClient, StepStore]) -> None:
+async def test_delete_session_removes_its_steps(served: tuple[AgioClient, StoreRoles]) -> None:
     client, store = served
     session = await seed_session(store, turns=1)
     assert await client.delete_session(session.id) == 4
@@ -182,7 +184,7 @@ async def test_delete_session_removes_its_steps(served: tuple[AgioClient, StepSt
 
 
 async def test_unknown_session_and_step_are_not_found(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, store = served
     await expect_error(
@@ -199,7 +201,7 @@ async def test_unknown_session_and_step_are_not_found(
 
 
 async def test_bad_ids_are_invalid_arguments_with_field_violations(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, _ = served
     for bad in ("", "has space", "x" * 200, "../etc", "ünïcode"):
@@ -214,7 +216,7 @@ async def test_bad_ids_are_invalid_arguments_with_field_violations(
 
 
 async def test_page_sizes_and_tokens_out_of_range_are_handled(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, store = served
     session = await seed_session(store, turns=1)
@@ -255,7 +257,7 @@ async def test_page_sizes_and_tokens_out_of_range_are_handled(
 
 
 async def test_fork_past_the_end_and_deletes_on_missing_sessions_write_nothing(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     client, store = served
     session = await seed_session(store, turns=1)
@@ -296,13 +298,13 @@ async def test_health_and_reflection_list_both_services(app: AgioApp) -> None:
 
 
 async def test_edits_that_would_split_tool_calls_from_their_results_are_refused(
-    served: tuple[AgioClient, StepStore],
+    served: tuple[AgioClient, StoreRoles],
 ) -> None:
     """The log stays valid history: a fork or a delete may not keep an assistant step's tool
     calls without their results (a later Run would send the model calls with no answer).
     Seventy calls, so the read back from the cut spans more than one read."""
     client, store = served
-    session = await store.create_session()
+    session = await store.new_session()
     calls = [ToolCall(id=f"call_{n}", name="calculate", arguments="{}") for n in range(70)]
     await store.append_steps(
         [

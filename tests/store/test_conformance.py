@@ -1,7 +1,7 @@
-"""The StepStore contract, run unchanged on a SQLite file and on PostgreSQL.
+"""The StoreRoles contract, run unchanged on a SQLite file and on PostgreSQL.
 
 Every test takes the `store` fixture (parametrized over both backends in tests/conftest.py)
-and asserts outcomes through the public StepStore methods; where a test needs to reach past
+and asserts outcomes through the public StoreRoles methods; where a test needs to reach past
 the store, it opens its own engine on the same database, the way another process would.
 """
 
@@ -35,16 +35,15 @@ from agio_grpc.store import (
     NotFoundError,
     SequenceConflictError,
     SessionBusyError,
-    StepStore,
     StoreError,
     StoreUnavailableError,
 )
 from agio_grpc.store.errors import HistoryChangedError
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
-from agio_grpc.store.protocol import HistoryMark, RunEnd
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.records import HistoryMark, RunEnd
 from agio_grpc.store.tables import metadata, runs, sessions, steps
 from tests.postgres import free_local_port
+from tests.roles import StoreRoles, open_roles
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -75,13 +74,13 @@ def tool(session_id: str, call_id: str = "call_0") -> Step:
     )
 
 
-async def session_with_steps(store: StepStore, count: int) -> Session:
-    session = await store.create_session()
+async def session_with_steps(store: StoreRoles, count: int) -> Session:
+    session = await store.new_session()
     await store.append_steps([user(session.id, f"m{i}") for i in range(1, count + 1)])
     return session
 
 
-async def sequences(store: StepStore, session_id: str) -> list[int]:
+async def sequences(store: StoreRoles, session_id: str) -> list[int]:
     return [step.sequence for step in await store.get_steps(session_id)]
 
 
@@ -92,10 +91,10 @@ def is_aware_utc(value: datetime | None) -> bool:
 # -- appending and sequence allocation -----------------------------------------------------
 
 
-async def test_append_allocates_sequences_one_to_n(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_append_allocates_sequences_one_to_n(store: StoreRoles) -> None:
+    session = await store.new_session()
 
-    stored = [await store.append_step(user(session.id, f"m{i}")) for i in range(3)]
+    stored = [await store.append_one(user(session.id, f"m{i}")) for i in range(3)]
 
     assert [step.sequence for step in stored] == [1, 2, 3]
     assert await sequences(store, session.id) == [1, 2, 3]
@@ -103,12 +102,12 @@ async def test_append_allocates_sequences_one_to_n(store: SqlStepStore) -> None:
 
 
 async def test_append_returns_stored_copies_and_leaves_the_input_untouched(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     draft = user(session.id)
 
-    stored = await store.append_step(draft)
+    stored = await store.append_one(draft)
 
     assert draft.sequence == 0
     assert draft.create_time is None
@@ -117,7 +116,7 @@ async def test_append_returns_stored_copies_and_leaves_the_input_untouched(
     assert is_aware_utc(stored.create_time)
 
 
-async def test_batch_append_is_consecutive(store: SqlStepStore) -> None:
+async def test_batch_append_is_consecutive(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
 
     stored = await store.append_steps(
@@ -128,7 +127,7 @@ async def test_batch_append_is_consecutive(store: SqlStepStore) -> None:
     assert await sequences(store, session.id) == [1, 2, 3, 4, 5]
 
 
-async def test_batch_append_is_atomic(store: SqlStepStore) -> None:
+async def test_batch_append_is_atomic(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
     existing = (await store.get_steps(session.id))[0]
     batch = [user(session.id, "new"), dataclasses.replace(user(session.id), id=existing.id)]
@@ -138,31 +137,31 @@ async def test_batch_append_is_atomic(store: SqlStepStore) -> None:
 
     assert [step.content for step in await store.get_steps(session.id)] == ["m1", "m2"]
     assert (await store.get_session(session.id)).step_count == 2
-    assert (await store.append_step(user(session.id))).sequence == 3
+    assert (await store.append_one(user(session.id))).sequence == 3
 
 
-async def test_empty_batch_writes_nothing(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_empty_batch_writes_nothing(store: StoreRoles) -> None:
+    session = await store.new_session()
 
     assert await store.append_steps([]) == []
-    assert await store.count_steps(session.id) == 0
+    assert await store.step_count(session.id) == 0
 
 
-async def test_append_rejects_steps_of_two_sessions(store: SqlStepStore) -> None:
-    first = await store.create_session()
-    second = await store.create_session()
+async def test_append_rejects_steps_of_two_sessions(store: StoreRoles) -> None:
+    first = await store.new_session()
+    second = await store.new_session()
 
     with pytest.raises(ValueError, match="one session"):
         await store.append_steps([user(first.id), user(second.id)])
 
 
-async def test_append_to_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_append_to_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
-        await store.append_step(user("sess_missing"))
+        await store.append_one(user("sess_missing"))
 
 
 async def test_sequence_collision_raises_conflict_and_writes_nothing(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
     session = await session_with_steps(store, 2)
     # Another writer puts a step at sequence 3 behind the counter's back, as a buggy
@@ -192,12 +191,10 @@ async def test_sequence_collision_raises_conflict_and_writes_nothing(
     assert (await store.get_session(session.id)).step_count == 2
 
 
-async def test_fifty_concurrent_writers_get_sequences_one_to_fifty(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_fifty_concurrent_writers_get_sequences_one_to_fifty(store: StoreRoles) -> None:
+    session = await store.new_session()
 
-    stored = await asyncio.gather(
-        *(store.append_step(user(session.id, f"m{i}")) for i in range(50))
-    )
+    stored = await asyncio.gather(*(store.append_one(user(session.id, f"m{i}")) for i in range(50)))
 
     assert sorted(step.sequence for step in stored) == list(range(1, 51))
     assert await sequences(store, session.id) == list(range(1, 51))
@@ -208,15 +205,15 @@ async def test_fifty_concurrent_writers_get_sequences_one_to_fifty(store: SqlSte
 
 
 async def test_two_stores_on_one_database_keep_sequences_gapless(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
-    other = await open_store(store_url)
+    other = await open_roles(store_url)
     try:
-        session = await store.create_session()
+        session = await store.new_session()
 
         await asyncio.gather(
-            *(store.append_step(user(session.id, "a")) for _ in range(20)),
-            *(other.append_step(user(session.id, "b")) for _ in range(20)),
+            *(store.append_one(user(session.id, "a")) for _ in range(20)),
+            *(other.append_one(user(session.id, "b")) for _ in range(20)),
         )
 
         assert await sequences(store, session.id) == list(range(1, 41))
@@ -227,13 +224,13 @@ async def test_two_stores_on_one_database_keep_sequences_gapless(
 _WRITER_PROCESS = """
 import asyncio, sys
 from agio_grpc.domain import Role, Step
-from agio_grpc.store.sql import open_store
+from tests.roles import open_roles
 
 async def main(url: str, session_id: str) -> None:
-    store = await open_store(url)
+    store = await open_roles(url)
     try:
         await asyncio.gather(*(
-            store.append_step(Step(session_id=session_id, run_id="other", role=Role.USER))
+            store.append_one(Step(session_id=session_id, run_id="other", role=Role.USER))
             for _ in range(20)
         ))
     finally:
@@ -244,9 +241,9 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 async def test_writers_in_another_process_keep_sequences_gapless(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -257,7 +254,7 @@ async def test_writers_in_another_process_keep_sequences_gapless(
     )
 
     _, (_, stderr) = await asyncio.gather(
-        asyncio.gather(*(store.append_step(user(session.id)) for _ in range(20))),
+        asyncio.gather(*(store.append_one(user(session.id)) for _ in range(20))),
         process.communicate(),
     )
 
@@ -269,8 +266,8 @@ async def test_writers_in_another_process_keep_sequences_gapless(
 # -- reading steps -------------------------------------------------------------------------
 
 
-async def test_step_round_trips_every_field(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_step_round_trips_every_field(store: StoreRoles) -> None:
+    session = await store.new_session()
     draft = Step(
         session_id=session.id,
         run_id="run_9",
@@ -301,7 +298,7 @@ async def test_step_round_trips_every_field(store: SqlStepStore) -> None:
         span_id="b7ad6b7169203331",
     )
 
-    stored = await store.append_step(draft)
+    stored = await store.append_one(draft)
     loaded = await store.get_step(session.id, 1)
 
     assert loaded == stored
@@ -309,9 +306,9 @@ async def test_step_round_trips_every_field(store: SqlStepStore) -> None:
     assert loaded.metrics == draft.metrics
 
 
-async def test_every_read_returns_steps_exactly_as_appended(store: SqlStepStore) -> None:
+async def test_every_read_returns_steps_exactly_as_appended(store: StoreRoles) -> None:
     # Every field distinct from its neighbours, so a column read into the wrong field shows.
-    session = await store.create_session()
+    session = await store.new_session()
     metrics = StepMetrics(1, 2, 3, 4, 5, 6, 7, "model", "provider", 8, 9)
     drafts = [
         Step(session.id, "run_a", Role.SYSTEM, content="be brief"),
@@ -346,13 +343,13 @@ async def test_every_read_returns_steps_exactly_as_appended(store: SqlStepStore)
         ),
     ]
     first = await store.append_steps(drafts[:2])
-    second = [await store.append_step(step) for step in drafts[2:]]
+    second = [await store.append_one(step) for step in drafts[2:]]
     appended = first + second
 
     assert await store.get_steps(session.id) == appended
     assert await store.get_steps(session.id, 2, 3) == appended[1:3]
     assert [await store.get_step(session.id, n) for n in (1, 2, 3, 4, 5)] == appended
-    assert await store.get_last_step(session.id) == appended[-1]
+    assert await store.last_step(session.id) == appended[-1]
     for step in await store.get_steps(session.id):
         assert step.create_time is not None
         assert step.create_time.tzinfo is UTC
@@ -373,7 +370,7 @@ def conversation_of(step: Step) -> Step:
     )
 
 
-async def test_get_history_reads_the_conversation_by_range(store: SqlStepStore) -> None:
+async def test_get_history_reads_the_conversation_by_range(store: StoreRoles) -> None:
     session = await session_with_steps(store, 6)
 
     history = await store.get_history(session.id)
@@ -386,7 +383,7 @@ async def test_get_history_reads_the_conversation_by_range(store: SqlStepStore) 
 
 
 async def test_get_history_since_a_held_step_reads_only_the_steps_after_it(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session = await session_with_steps(store, 6)
     stored = await store.get_steps(session.id)
@@ -407,7 +404,7 @@ async def test_get_history_since_a_held_step_reads_only_the_steps_after_it(
     [None, HistoryMark(2, "step_unknown"), HistoryMark(9, "x"), HistoryMark(0, ""), "past_end"],
 )
 async def test_get_history_since_a_mark_that_does_not_hold_reads_from_the_start(
-    store: SqlStepStore, mark: HistoryMark | str | None
+    store: StoreRoles, mark: HistoryMark | str | None
 ) -> None:
     session = await session_with_steps(store, 4)
     stored = await store.get_steps(session.id)
@@ -421,7 +418,7 @@ async def test_get_history_since_a_mark_that_does_not_hold_reads_from_the_start(
     assert read.steps == [conversation_of(step) for step in stored[:3]]
 
 
-async def cut_and_replaced(store: SqlStepStore) -> tuple[Session, Step]:
+async def cut_and_replaced(store: StoreRoles) -> tuple[Session, Step]:
     """A session of four steps whose 3 and 4 were deleted and replaced by two others, and
     the step that was 4th: a caller holding it holds a history that is no longer stored."""
     session = await session_with_steps(store, 4)
@@ -432,7 +429,7 @@ async def cut_and_replaced(store: SqlStepStore) -> tuple[Session, Step]:
 
 
 async def test_get_history_since_a_step_that_was_cut_and_replaced_reads_from_the_start(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session, held = await cut_and_replaced(store)
 
@@ -446,7 +443,7 @@ async def test_get_history_since_a_step_that_was_cut_and_replaced_reads_from_the
         await store.get_history_since("sess_missing", None)
 
 
-async def test_get_steps_by_range_and_limit(store: SqlStepStore) -> None:
+async def test_get_steps_by_range_and_limit(store: StoreRoles) -> None:
     session = await session_with_steps(store, 6)
 
     assert await sequences(store, session.id) == [1, 2, 3, 4, 5, 6]
@@ -456,30 +453,30 @@ async def test_get_steps_by_range_and_limit(store: SqlStepStore) -> None:
     assert await store.get_steps(session.id, start=7) == []
 
 
-async def test_get_steps_of_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_get_steps_of_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
         await store.get_steps("sess_missing")
 
 
-async def test_get_step_and_last_step_and_count(store: SqlStepStore) -> None:
+async def test_get_step_and_last_step_and_count(store: StoreRoles) -> None:
     session = await session_with_steps(store, 3)
 
     assert (await store.get_step(session.id, 2)).content == "m2"
-    last = await store.get_last_step(session.id)
+    last = await store.last_step(session.id)
     assert last is not None
     assert last.sequence == 3
-    assert await store.count_steps(session.id) == 3
+    assert await store.step_count(session.id) == 3
 
 
-async def test_empty_session_has_no_last_step_and_count_zero(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_empty_session_has_no_last_step_and_count_zero(store: StoreRoles) -> None:
+    session = await store.new_session()
 
-    assert await store.get_last_step(session.id) is None
-    assert await store.count_steps(session.id) == 0
+    assert await store.last_step(session.id) is None
+    assert await store.step_count(session.id) == 0
     assert await store.get_steps(session.id) == []
 
 
-async def test_get_step_missing_raises_not_found(store: SqlStepStore) -> None:
+async def test_get_step_missing_raises_not_found(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
 
     with pytest.raises(NotFoundError) as missing_step:
@@ -495,7 +492,7 @@ async def test_get_step_missing_raises_not_found(store: SqlStepStore) -> None:
 
 
 async def test_delete_from_n_keeps_earlier_steps_and_next_append_gets_n(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session = await session_with_steps(store, 5)
 
@@ -504,35 +501,35 @@ async def test_delete_from_n_keeps_earlier_steps_and_next_append_gets_n(
     assert deleted == 3
     assert await sequences(store, session.id) == [1, 2]
     assert (await store.get_session(session.id)).step_count == 2
-    assert (await store.append_step(user(session.id))).sequence == 3
+    assert (await store.append_one(user(session.id))).sequence == 3
 
 
-async def test_delete_from_past_the_last_step_deletes_nothing(store: SqlStepStore) -> None:
+async def test_delete_from_past_the_last_step_deletes_nothing(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
 
     assert await store.delete_steps_from(session.id, 3) == 0
-    assert (await store.append_step(user(session.id))).sequence == 3
+    assert (await store.append_one(user(session.id))).sequence == 3
 
 
-async def test_delete_from_one_empties_the_session(store: SqlStepStore) -> None:
+async def test_delete_from_one_empties_the_session(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
 
     assert await store.delete_steps_from(session.id, 1) == 2
-    assert await store.count_steps(session.id) == 0
-    assert (await store.append_step(user(session.id))).sequence == 1
+    assert await store.step_count(session.id) == 0
+    assert (await store.append_one(user(session.id))).sequence == 1
 
 
-async def test_delete_from_below_one_raises_invalid_range(store: SqlStepStore) -> None:
+async def test_delete_from_below_one_raises_invalid_range(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
 
     with pytest.raises(InvalidRangeError) as error:
         await store.delete_steps_from(session.id, 0)
 
     assert error.value.last_sequence == 2
-    assert await store.count_steps(session.id) == 2
+    assert await store.step_count(session.id) == 2
 
 
-async def test_delete_on_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_delete_on_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
         await store.delete_steps_from("sess_missing", 1)
     with pytest.raises(NotFoundError):
@@ -542,7 +539,7 @@ async def test_delete_on_a_missing_session_raises_not_found(store: SqlStepStore)
 # -- forking -------------------------------------------------------------------------------
 
 
-async def test_fork_copies_steps_with_new_ids_and_records_parent(store: SqlStepStore) -> None:
+async def test_fork_copies_steps_with_new_ids_and_records_parent(store: StoreRoles) -> None:
     parent = await session_with_steps(store, 4)
     parent_steps = await store.get_steps(parent.id)
 
@@ -561,29 +558,29 @@ async def test_fork_copies_steps_with_new_ids_and_records_parent(store: SqlStepS
     assert not {step.id for step in copied} & {step.id for step in parent_steps}
 
 
-async def test_fork_leaves_the_parent_untouched(store: SqlStepStore) -> None:
+async def test_fork_leaves_the_parent_untouched(store: StoreRoles) -> None:
     parent = await session_with_steps(store, 4)
     before = await store.get_steps(parent.id)
     parent_before = await store.get_session(parent.id)
 
     fork = await store.fork_session(parent.id, 2)
-    await store.append_step(user(fork.id))
+    await store.append_one(user(fork.id))
     await store.delete_steps_from(fork.id, 1)
 
     assert await store.get_steps(parent.id) == before
     assert await store.get_session(parent.id) == parent_before
 
 
-async def test_fork_next_append_gets_n_plus_one(store: SqlStepStore) -> None:
+async def test_fork_next_append_gets_n_plus_one(store: StoreRoles) -> None:
     parent = await session_with_steps(store, 4)
 
     fork = await store.fork_session(parent.id, 2)
 
-    assert (await store.append_step(user(fork.id))).sequence == 3
+    assert (await store.append_one(user(fork.id))).sequence == 3
     assert await sequences(store, fork.id) == [1, 2, 3]
 
 
-async def test_fork_at_zero_is_an_empty_fork(store: SqlStepStore) -> None:
+async def test_fork_at_zero_is_an_empty_fork(store: StoreRoles) -> None:
     parent = await session_with_steps(store, 2)
 
     fork = await store.fork_session(parent.id, 0)
@@ -591,11 +588,11 @@ async def test_fork_at_zero_is_an_empty_fork(store: SqlStepStore) -> None:
     assert fork.step_count == 0
     assert fork.fork_sequence == 0
     assert await store.get_steps(fork.id) == []
-    assert (await store.append_step(user(fork.id))).sequence == 1
+    assert (await store.append_one(user(fork.id))).sequence == 1
 
 
 async def test_fork_past_the_last_step_raises_invalid_range_and_creates_no_session(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     parent = await session_with_steps(store, 2)
 
@@ -606,16 +603,16 @@ async def test_fork_past_the_last_step_raises_invalid_range_and_creates_no_sessi
     assert [s.id for s in await store.list_sessions(limit=10)] == [parent.id]
 
 
-async def test_fork_of_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_fork_of_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
         await store.fork_session("sess_missing", 0)
 
 
-async def test_sequences_stay_one_to_n_after_any_mix_of_operations(store: SqlStepStore) -> None:
+async def test_sequences_stay_one_to_n_after_any_mix_of_operations(store: StoreRoles) -> None:
     session = await session_with_steps(store, 3)
     await store.append_steps([assistant(session.id, calls=1), tool(session.id)])
     await store.delete_steps_from(session.id, 4)
-    await store.append_step(user(session.id))
+    await store.append_one(user(session.id))
     fork = await store.fork_session(session.id, 4)
     await store.delete_steps_from(fork.id, 2)
     await store.append_steps([user(fork.id), user(fork.id)])
@@ -632,9 +629,9 @@ async def test_sequences_stay_one_to_n_after_any_mix_of_operations(store: SqlSte
 
 
 async def test_context_summary_counts_roles_tool_calls_sequences_and_tokens(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     await store.append_steps(
         [
             user(session.id),
@@ -660,8 +657,8 @@ async def test_context_summary_counts_roles_tool_calls_sequences_and_tokens(
     assert summary.total_tokens == 130
 
 
-async def test_context_summary_of_an_empty_session_is_zero(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_context_summary_of_an_empty_session_is_zero(store: StoreRoles) -> None:
+    session = await store.new_session()
 
     summary = await store.context_summary(session.id)
 
@@ -673,8 +670,8 @@ async def test_context_summary_of_an_empty_session_is_zero(store: SqlStepStore) 
 # -- sessions ------------------------------------------------------------------------------
 
 
-async def test_session_round_trips(store: SqlStepStore) -> None:
-    created = await store.create_session()
+async def test_session_round_trips(store: StoreRoles) -> None:
+    created = await store.new_session()
 
     loaded = await store.get_session(created.id)
 
@@ -684,7 +681,7 @@ async def test_session_round_trips(store: SqlStepStore) -> None:
     assert loaded.active_run_id == ""
 
 
-async def test_get_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_get_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError) as error:
         await store.get_session("sess_missing")
 
@@ -692,14 +689,14 @@ async def test_get_missing_session_raises_not_found(store: SqlStepStore) -> None
     assert error.value.key == "sess_missing"
 
 
-async def test_creating_a_session_twice_raises(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_creating_a_session_twice_raises(store: StoreRoles) -> None:
+    session = await store.new_session()
 
     with pytest.raises(StoreError):
-        await store.create_session(session)
+        await store.new_session(session)
 
 
-async def test_list_sessions_newest_first_in_keyset_pages(store: SqlStepStore) -> None:
+async def test_list_sessions_newest_first_in_keyset_pages(store: StoreRoles) -> None:
     base = datetime(2025, 1, 1, tzinfo=UTC)
     # Two share a create_time: the id breaks the tie, so no page repeats or skips one.
     made = [
@@ -710,7 +707,7 @@ async def test_list_sessions_newest_first_in_keyset_pages(store: SqlStepStore) -
         Session(id="sess_e", create_time=base + timedelta(seconds=3)),
     ]
     for session in made:
-        await store.create_session(session)
+        await store.new_session(session)
 
     pages: list[list[str]] = []
     after: tuple[datetime, str] | None = None
@@ -721,15 +718,15 @@ async def test_list_sessions_newest_first_in_keyset_pages(store: SqlStepStore) -
     assert pages == [["sess_e", "sess_d"], ["sess_c", "sess_b"], ["sess_a"]]
 
 
-async def test_update_time_moves_on_append_and_delete(store: SqlStepStore) -> None:
-    created = await store.create_session(
+async def test_update_time_moves_on_append_and_delete(store: StoreRoles) -> None:
+    created = await store.new_session(
         Session(
             create_time=datetime(2025, 1, 1, tzinfo=UTC),
             update_time=datetime(2025, 1, 1, tzinfo=UTC),
         )
     )
 
-    await store.append_step(user(created.id))
+    await store.append_one(user(created.id))
     after_append = (await store.get_session(created.id)).update_time
     await store.delete_steps_from(created.id, 1)
     after_delete = (await store.get_session(created.id)).update_time
@@ -738,9 +735,9 @@ async def test_update_time_moves_on_append_and_delete(store: SqlStepStore) -> No
     assert (await store.get_session(created.id)).create_time == created.create_time
 
 
-async def test_delete_session_cascades_to_steps_and_runs(store: SqlStepStore) -> None:
+async def test_delete_session_cascades_to_steps_and_runs(store: StoreRoles) -> None:
     session = await session_with_steps(store, 3)
-    run = await store.create_run(Run(session_id=session.id, agent="default"))
+    run = await store.seed_run(Run(session_id=session.id, agent="default"))
     keeper = await session_with_steps(store, 1)
 
     assert await store.delete_session(session.id) == 3
@@ -751,10 +748,10 @@ async def test_delete_session_cascades_to_steps_and_runs(store: SqlStepStore) ->
         await store.get_steps(session.id)
     with pytest.raises(NotFoundError):
         await store.get_run(run.id)
-    assert await store.count_steps(keeper.id) == 1
+    assert await store.step_count(keeper.id) == 1
 
 
-async def test_delete_session_keeps_its_forks(store: SqlStepStore) -> None:
+async def test_delete_session_keeps_its_forks(store: StoreRoles) -> None:
     parent = await session_with_steps(store, 2)
     fork = await store.fork_session(parent.id, 2)
 
@@ -767,8 +764,8 @@ async def test_delete_session_keeps_its_forks(store: SqlStepStore) -> None:
 # -- runs ----------------------------------------------------------------------------------
 
 
-async def test_run_create_update_get(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_run_create_update_get(store: StoreRoles) -> None:
+    session = await store.new_session()
     run = Run(
         session_id=session.id,
         agent="default",
@@ -778,7 +775,7 @@ async def test_run_create_update_get(store: SqlStepStore) -> None:
         options={"model": "gpt-x", "temperature": 0.2, "client_tools": [{"name": "pick"}]},
     )
 
-    created = await store.create_run(run)
+    created = await store.seed_run(run)
     assert await store.get_run(run.id) == created
 
     created.status = RunStatus.COMPLETED
@@ -797,20 +794,20 @@ async def test_run_create_update_get(store: SqlStepStore) -> None:
     created.last_sequence = 4
     created.end_time = datetime.now(UTC)
     created.last_event_seq = 17
-    updated = await store.update_run(created)
+    await store.set_run_row(created)
 
-    assert updated == created
     assert await store.get_run(run.id) == created
 
 
-async def test_update_run_does_not_move_identity_fields(store: SqlStepStore) -> None:
-    session = await store.create_session()
-    run = await store.create_run(Run(session_id=session.id, agent="default", request_id="r"))
+async def test_a_run_s_end_does_not_move_its_identity_fields(store: StoreRoles) -> None:
+    session = await store.new_session()
+    run = await store.seed_run(Run(session_id=session.id, agent="default", request_id="r"))
 
     changed = dataclasses.replace(
         run, agent="other", request_id="x", create_time=datetime(2020, 1, 1, tzinfo=UTC)
     )
-    updated = await store.update_run(changed)
+    await store.end_run(changed.ended(StopSignal(StopReason.COMPLETED, "", "loop")))
+    updated = await store.get_run(run.id)
 
     assert (updated.agent, updated.request_id, updated.create_time) == (
         run.agent,
@@ -819,26 +816,27 @@ async def test_update_run_does_not_move_identity_fields(store: SqlStepStore) -> 
     )
 
 
-async def test_create_run_on_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_create_run_on_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
-        await store.create_run(Run(session_id="sess_missing", agent="default"))
+        await store.seed_run(Run(session_id="sess_missing", agent="default"))
 
 
-async def test_get_or_update_a_missing_run_raises_not_found(store: SqlStepStore) -> None:
-    session = await store.create_session()
+async def test_get_or_end_a_missing_run_raises_not_found(store: StoreRoles) -> None:
+    session = await store.new_session()
 
     with pytest.raises(NotFoundError):
         await store.get_run("run_missing")
+    missing = Run(session_id=session.id, agent="default")
     with pytest.raises(NotFoundError):
-        await store.update_run(Run(session_id=session.id, agent="default"))
+        await store.end_run(missing.ended(StopSignal(StopReason.COMPLETED, "", "loop")))
 
 
-async def test_list_runs_newest_first_in_keyset_pages(store: SqlStepStore) -> None:
-    session = await store.create_session()
-    other = await store.create_session()
+async def test_list_runs_newest_first_in_keyset_pages(store: StoreRoles) -> None:
+    session = await store.new_session()
+    other = await store.new_session()
     base = datetime(2025, 1, 1, tzinfo=UTC)
     for index, run_id in enumerate(["run_a", "run_b", "run_c", "run_d", "run_e"]):
-        await store.create_run(
+        await store.seed_run(
             Run(
                 id=run_id,
                 session_id=session.id,
@@ -846,7 +844,7 @@ async def test_list_runs_newest_first_in_keyset_pages(store: SqlStepStore) -> No
                 create_time=base + timedelta(seconds=index // 2),
             )
         )
-    await store.create_run(Run(session_id=other.id, agent="default"))
+    await store.seed_run(Run(session_id=other.id, agent="default"))
 
     pages: list[list[str]] = []
     after: tuple[datetime, str] | None = None
@@ -858,7 +856,7 @@ async def test_list_runs_newest_first_in_keyset_pages(store: SqlStepStore) -> No
     assert await store.list_runs(other.id, limit=0) == []
 
 
-async def test_list_runs_of_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_list_runs_of_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
         await store.list_runs("sess_missing", limit=10)
 
@@ -866,54 +864,54 @@ async def test_list_runs_of_a_missing_session_raises_not_found(store: SqlStepSto
 # -- one active run per session ------------------------------------------------------------
 
 
-async def test_acquire_refuses_a_second_run_naming_the_active_one(store: SqlStepStore) -> None:
-    session = await store.create_session()
-    await store.acquire_session(session.id, "run_1")
+async def test_acquire_refuses_a_second_run_naming_the_active_one(store: StoreRoles) -> None:
+    session = await store.new_session()
+    await store.take_session(session.id, "run_1")
 
     with pytest.raises(SessionBusyError) as busy:
-        await store.acquire_session(session.id, "run_2")
+        await store.take_session(session.id, "run_2")
 
     assert busy.value.active_run_id == "run_1"
     assert busy.value.session_id == session.id
     assert (await store.get_session(session.id)).active_run_id == "run_1"
 
 
-async def test_acquire_is_not_reentrant_for_the_holding_run(store: SqlStepStore) -> None:
-    session = await store.create_session()
-    await store.acquire_session(session.id, "run_1")
+async def test_acquire_is_not_reentrant_for_the_holding_run(store: StoreRoles) -> None:
+    session = await store.new_session()
+    await store.take_session(session.id, "run_1")
 
     with pytest.raises(SessionBusyError) as busy:
-        await store.acquire_session(session.id, "run_1")
+        await store.take_session(session.id, "run_1")
 
     assert busy.value.active_run_id == "run_1"
 
 
-async def test_release_by_another_run_is_a_no_op(store: SqlStepStore) -> None:
-    session = await store.create_session()
-    await store.acquire_session(session.id, "run_1")
+async def test_release_by_another_run_is_a_no_op(store: StoreRoles) -> None:
+    session = await store.new_session()
+    await store.take_session(session.id, "run_1")
 
     assert await store.release_session(session.id, "run_2") is False
 
     assert (await store.get_session(session.id)).active_run_id == "run_1"
 
 
-async def test_release_frees_the_session_for_the_next_run(store: SqlStepStore) -> None:
-    session = await store.create_session()
-    await store.acquire_session(session.id, "run_1")
+async def test_release_frees_the_session_for_the_next_run(store: StoreRoles) -> None:
+    session = await store.new_session()
+    await store.take_session(session.id, "run_1")
 
     assert await store.release_session(session.id, "run_1") is True
     assert await store.release_session(session.id, "run_1") is False  # not its any more
-    await store.acquire_session(session.id, "run_2")
+    await store.take_session(session.id, "run_2")
 
     assert (await store.get_session(session.id)).active_run_id == "run_2"
 
 
 async def test_end_run_stores_the_final_state_and_frees_the_session_together(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
-    session = await store.create_session()
-    run = await store.create_run(Run(session_id=session.id, agent="default"))
-    await store.acquire_session(session.id, run.id)
+    session = await store.new_session()
+    run = await store.seed_run(Run(session_id=session.id, agent="default"))
+    await store.take_session(session.id, run.id)
     await store.request_cancel(run.id, StopSignal(StopReason.CANCELLED, "stop", "client"))
     # A segment ending to wait for the client: the request is spent with it.
     run.status = RunStatus.REQUIRES_ACTION
@@ -926,16 +924,16 @@ async def test_end_run_stores_the_final_state_and_frees_the_session_together(
     assert await store.get_run(run.id) == run
     assert not (await store.get_session(session.id)).active_run_id
     run.status = RunStatus.RUNNING  # continued: it must not inherit the spent request
-    await store.update_run(run)
+    await store.set_run_row(run)
     assert await store.cancel_requests([run.id]) == {}
     assert await store.end_run(run) == RunEnd(released=False)  # no longer its to release
 
 
-async def test_counts_are_64_bit_on_every_backend(store: SqlStepStore) -> None:
+async def test_counts_are_64_bit_on_every_backend(store: StoreRoles) -> None:
     big = 2**62
-    session = await store.create_session()
-    run = await store.create_run(Run(session_id=session.id, agent="default"))
-    await store.acquire_session(session.id, run.id)
+    session = await store.new_session()
+    run = await store.seed_run(Run(session_id=session.id, agent="default"))
+    await store.take_session(session.id, run.id)
     step = assistant(session.id)
     step.metrics = StepMetrics(
         input_tokens=big,
@@ -968,9 +966,9 @@ async def test_counts_are_64_bit_on_every_backend(store: SqlStepStore) -> None:
     ],
 )
 async def test_text_no_backend_can_hold_is_stored_with_replacement_characters(
-    store: SqlStepStore, text: str, stored: str
+    store: StoreRoles, text: str, stored: str
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     step = Step(
         session.id,
         "run_1",
@@ -986,11 +984,11 @@ async def test_text_no_backend_can_hold_is_stored_with_replacement_characters(
 
 
 async def test_end_run_of_a_run_that_lost_its_session_keeps_the_new_holder(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
-    session = await store.create_session()
-    run = await store.create_run(Run(session_id=session.id, agent="default"))
-    await store.acquire_session(session.id, "run_newer")
+    session = await store.new_session()
+    run = await store.seed_run(Run(session_id=session.id, agent="default"))
+    await store.take_session(session.id, "run_newer")
     run.status = RunStatus.INTERRUPTED
 
     assert await store.end_run(run) == RunEnd(released=False)
@@ -1000,11 +998,11 @@ async def test_end_run_of_a_run_that_lost_its_session_keeps_the_new_holder(
 
 
 async def test_end_run_of_a_missing_run_raises_not_found_and_releases_nothing(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     ghost = Run(session_id=session.id, agent="default")
-    await store.acquire_session(session.id, ghost.id)
+    await store.take_session(session.id, ghost.id)
 
     with pytest.raises(NotFoundError):
         await store.end_run(ghost)
@@ -1013,13 +1011,13 @@ async def test_end_run_of_a_missing_run_raises_not_found_and_releases_nothing(
 
 
 async def test_concurrent_acquires_let_exactly_one_run_in(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
-    other = await open_store(store_url)
+    other = await open_roles(store_url)
     try:
-        session = await store.create_session()
+        session = await store.new_session()
         attempts = [
-            (store if index % 2 else other).acquire_session(session.id, f"run_{index}")
+            (store if index % 2 else other).take_session(session.id, f"run_{index}")
             for index in range(10)
         ]
 
@@ -1034,16 +1032,16 @@ async def test_concurrent_acquires_let_exactly_one_run_in(
         await other.close()
 
 
-async def test_acquire_on_a_missing_session_raises_not_found(store: SqlStepStore) -> None:
+async def test_acquire_on_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
-        await store.acquire_session("sess_missing", "run_1")
+        await store.take_session("sess_missing", "run_1")
 
 
 # -- starting a run in one transaction -----------------------------------------------------
 
 
 async def test_start_run_on_a_new_session_stores_session_step_and_run_together(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session = Session()
     run = Run(session_id=session.id, agent="helper")
@@ -1061,7 +1059,7 @@ async def test_start_run_on_a_new_session_stores_session_step_and_run_together(
 
 
 async def test_start_run_on_an_existing_session_takes_it_and_returns_the_whole_history(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session = await session_with_steps(store, 3)
     run = Run(session_id=session.id, agent="helper")
@@ -1075,7 +1073,7 @@ async def test_start_run_on_an_existing_session_takes_it_and_returns_the_whole_h
 
 
 async def test_start_run_since_a_held_step_reads_only_the_steps_after_it(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session = await session_with_steps(store, 5)
     stored = await store.get_steps(session.id)
@@ -1092,7 +1090,7 @@ async def test_start_run_since_a_held_step_reads_only_the_steps_after_it(
 
 
 async def test_start_run_since_the_last_step_reads_nothing_before_its_own_steps(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session = await session_with_steps(store, 3)
     last = (await store.get_steps(session.id))[-1]
@@ -1107,7 +1105,7 @@ async def test_start_run_since_the_last_step_reads_nothing_before_its_own_steps(
 
 
 async def test_start_run_since_a_step_that_was_cut_and_replaced_reads_the_whole_history(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     session, held = await cut_and_replaced(store)
     run = Run(session_id=session.id, agent="helper")
@@ -1125,7 +1123,7 @@ async def test_start_run_since_a_step_that_was_cut_and_replaced_reads_the_whole_
     "mark", [HistoryMark(2, "step_unknown"), HistoryMark(7, "x"), HistoryMark(0, "")]
 )
 async def test_start_run_since_a_mark_that_does_not_hold_reads_the_whole_history(
-    store: SqlStepStore, mark: HistoryMark
+    store: StoreRoles, mark: HistoryMark
 ) -> None:
     session = await session_with_steps(store, 3)
     run = Run(session_id=session.id, agent="helper")
@@ -1136,9 +1134,9 @@ async def test_start_run_since_a_mark_that_does_not_hold_reads_the_whole_history
     assert [step.sequence for step in started.history] == [1, 2, 3, 4]
 
 
-async def test_start_run_on_a_busy_session_writes_nothing(store: SqlStepStore) -> None:
+async def test_start_run_on_a_busy_session_writes_nothing(store: StoreRoles) -> None:
     session = await session_with_steps(store, 2)
-    await store.acquire_session(session.id, "run_holder")
+    await store.take_session(session.id, "run_holder")
     run = Run(session_id=session.id, agent="helper")
 
     with pytest.raises(SessionBusyError):
@@ -1151,7 +1149,7 @@ async def test_start_run_on_a_busy_session_writes_nothing(store: SqlStepStore) -
 
 
 async def test_start_run_on_a_missing_session_raises_not_found_and_writes_nothing(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     run = Run(session_id="sess_missing", agent="helper")
 
@@ -1162,8 +1160,8 @@ async def test_start_run_on_a_missing_session_raises_not_found_and_writes_nothin
         await store.get_run(run.id)
 
 
-async def test_start_run_with_a_taken_new_session_id_writes_nothing(store: SqlStepStore) -> None:
-    existing = await store.create_session()
+async def test_start_run_with_a_taken_new_session_id_writes_nothing(store: StoreRoles) -> None:
+    existing = await store.new_session()
     run = Run(session_id=existing.id, agent="helper")
 
     with pytest.raises(StoreError):
@@ -1178,14 +1176,12 @@ async def test_start_run_with_a_taken_new_session_id_writes_nothing(store: SqlSt
 # -- time, schema, connections -------------------------------------------------------------
 
 
-async def test_timestamps_are_aware_utc(store: SqlStepStore) -> None:
+async def test_timestamps_are_aware_utc(store: StoreRoles) -> None:
     elsewhere = timezone(timedelta(hours=5, minutes=30))
     moment = datetime(2025, 6, 1, 12, 0, 0, 123456, tzinfo=elsewhere)
-    session = await store.create_session(Session(create_time=moment, update_time=moment))
-    await store.append_step(user(session.id))
-    await store.create_run(
-        Run(session_id=session.id, agent="a", create_time=moment, end_time=moment)
-    )
+    session = await store.new_session(Session(create_time=moment, update_time=moment))
+    await store.append_one(user(session.id))
+    await store.seed_run(Run(session_id=session.id, agent="a", create_time=moment, end_time=moment))
 
     loaded = await store.get_session(session.id)
     step = await store.get_step(session.id, 1)
@@ -1201,29 +1197,29 @@ async def test_timestamps_are_aware_utc(store: SqlStepStore) -> None:
     assert run.end_time.tzinfo == UTC
 
 
-async def test_naive_datetimes_are_refused(store: SqlStepStore) -> None:
+async def test_naive_datetimes_are_refused(store: StoreRoles) -> None:
     naive = datetime(2025, 1, 1)
 
     with pytest.raises(ValueError, match="timezone-aware"):
-        await store.create_session(Session(create_time=naive))
+        await store.new_session(Session(create_time=naive))
     with pytest.raises(ValueError, match="timezone-aware"):
         await store.list_sessions(limit=1, after=(naive, "sess_x"))
 
 
 async def test_opening_the_store_twice_on_one_database_is_idempotent(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
     session = await session_with_steps(store, 2)
 
-    again = await open_store(store_url)
+    again = await open_roles(store_url)
     try:
-        assert await again.count_steps(session.id) == 2
-        assert (await again.append_step(user(session.id))).sequence == 3
+        assert await again.step_count(session.id) == 2
+        assert (await again.append_one(user(session.id))).sequence == 3
     finally:
         await again.close()
 
 
-async def test_schema_matches_the_table_definitions(store: SqlStepStore, store_url: str) -> None:
+async def test_schema_matches_the_table_definitions(store: StoreRoles, store_url: str) -> None:
     def differences(conn: Connection) -> list[object]:
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         assert context.get_current_revision() == head_revision()
@@ -1245,12 +1241,12 @@ async def test_unreachable_postgres_raises_store_unavailable() -> None:
     closed_port = free_local_port()
 
     with pytest.raises(StoreUnavailableError):
-        await open_store(f"postgresql+asyncpg://agio@127.0.0.1:{closed_port}/agio")
+        await open_roles(f"postgresql+asyncpg://agio@127.0.0.1:{closed_port}/agio")
 
 
 async def test_unopenable_sqlite_file_raises_store_unavailable(tmp_path: object) -> None:
     with pytest.raises(StoreUnavailableError):
-        await open_store(f"sqlite+aiosqlite:///{tmp_path}/missing-dir/agio.db")
+        await open_roles(f"sqlite+aiosqlite:///{tmp_path}/missing-dir/agio.db")
 
 
 @pytest.mark.parametrize(
@@ -1259,7 +1255,7 @@ async def test_unopenable_sqlite_file_raises_store_unavailable(tmp_path: object)
 )
 async def test_open_store_refuses_unsupported_urls(url: str) -> None:
     with pytest.raises(ValueError, match=r"SQLite file|unsupported"):
-        await open_store(url)
+        await open_roles(url)
 
 
 def test_the_store_knows_every_field_of_the_domain_types() -> None:
@@ -1278,9 +1274,9 @@ def test_the_store_knows_every_field_of_the_domain_types() -> None:
 
 
 async def test_a_server_secret_is_made_once_and_shared_by_every_store(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
-    other = await open_store(store_url)
+    other = await open_roles(store_url)
     try:
         first, second = await asyncio.gather(
             store.server_secret("page_tokens"), other.server_secret("page_tokens")
@@ -1294,18 +1290,18 @@ async def test_a_server_secret_is_made_once_and_shared_by_every_store(
 
 
 async def test_appending_to_an_idle_session_needs_it_idle_unchanged_and_the_callers(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     # CompactSession's write: refused, with nothing written, for a held session, a log that
     # moved on since it was read, or another tenant's session.
     session = await session_with_steps(store, 2)
-    last = await store.get_last_step(session.id)
+    last = await store.last_step(session.id)
     assert last is not None
     mark = HistoryMark(last.sequence, last.id)
     summary = Step(session.id, "", Role.SUMMARY, content="s", summary_first_sequence=1,
                    summary_last_sequence=1)  # fmt: skip
 
-    await store.acquire_session(session.id, "run_holding")
+    await store.take_session(session.id, "run_holding")
     with pytest.raises(SessionBusyError):
         await store.append_to_idle_session(summary, after=mark)
     await store.release_session(session.id, "run_holding")

@@ -30,13 +30,8 @@ from agio_grpc.store import (
     RunStateConflictError,
     SessionBusyError,
 )
-from agio_grpc.store.protocol import (
-    TAKEOVER_SEQ_GAP,
-    JournalRecord,
-    QueueRequest,
-    terminal_kind,
-)
-from agio_grpc.store.sql import SqlStepStore
+from agio_grpc.store.records import TAKEOVER_SEQ_GAP, JournalRecord, QueueRequest, terminal_kind
+from tests.roles import StoreRoles
 from tests.store.test_leases import TINY_LEASE_S, crashing, start, user, wait_for_expiry
 
 __all__ = ["crashing"]  # a fixture this module uses
@@ -56,7 +51,7 @@ def opened(run: Run | None, steps: Sequence[Step]) -> list[JournalRecord]:
     ]
 
 
-async def test_a_start_journals_its_run_and_steps_whole(store: SqlStepStore) -> None:
+async def test_a_start_journals_its_run_and_steps_whole(store: StoreRoles) -> None:
     session = Session()
     run = Run(session_id=session.id, agent="a", metadata={"k": "v"}, options={"model": "m"})
     step = Step(
@@ -82,7 +77,7 @@ async def test_a_start_journals_its_run_and_steps_whole(store: SqlStepStore) -> 
     assert await store.read_journal("run_missing") == []
 
 
-async def test_a_refused_start_journals_nothing(store: SqlStepStore) -> None:
+async def test_a_refused_start_journals_nothing(store: StoreRoles) -> None:
     first = await start(store)
     second = Run(session_id=first.session_id, agent="a")
     with pytest.raises(SessionBusyError):
@@ -90,7 +85,7 @@ async def test_a_refused_start_journals_nothing(store: SqlStepStore) -> None:
     assert await store.read_journal(second.id) == []
 
 
-async def test_steps_and_a_run_end_journal_with_their_write(store: SqlStepStore) -> None:
+async def test_steps_and_a_run_end_journal_with_their_write(store: StoreRoles) -> None:
     run = await start(store)
     reply = Step(
         run.session_id,
@@ -133,7 +128,7 @@ async def test_steps_and_a_run_end_journal_with_their_write(store: SqlStepStore)
 
 
 async def test_a_take_over_journals_the_end_past_what_its_dead_server_streamed(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     session = Session()
     run = Run(session_id=session.id, agent="a")
@@ -150,7 +145,7 @@ async def test_a_take_over_journals_the_end_past_what_its_dead_server_streamed(
     assert TINY_LEASE_S < 1
 
 
-async def test_journal_records_go_with_their_session(store: SqlStepStore) -> None:
+async def test_journal_records_go_with_their_session(store: StoreRoles) -> None:
     session = Session()
     run = Run(session_id=session.id, agent="a")
     await store.start_run(run, [user(session.id, run.id)], new_session=session, journal=opened)
@@ -160,7 +155,7 @@ async def test_journal_records_go_with_their_session(store: SqlStepStore) -> Non
 
 
 async def enqueue(
-    store: SqlStepStore, session_id: str, text: str, request: QueueRequest | None = None
+    store: StoreRoles, session_id: str, text: str, request: QueueRequest | None = None
 ) -> Run:
     run = Run(session_id=session_id, agent="a")
     started = await store.start_run(
@@ -172,14 +167,14 @@ async def enqueue(
 
 
 async def test_a_busy_session_queues_runs_in_order_and_refuses_past_the_limit(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     busy = await start(store)
     two = QueueRequest(2)
     queued = [await enqueue(store, busy.session_id, f"later {n}", two) for n in range(2)]
     assert [run.queue_position for run in queued] == [1, 2]
     assert [run.input for run in queued] == ["later 0", "later 1"]
-    assert await store.count_steps(busy.session_id) == 1  # no input stored yet
+    assert await store.step_count(busy.session_id) == 1  # no input stored yet
     with pytest.raises(QueueFullError):
         await enqueue(store, busy.session_id, "too many", two)
     # A plain run is refused while runs wait in line, even on a free session.
@@ -209,7 +204,7 @@ async def test_a_busy_session_queues_runs_in_order_and_refuses_past_the_limit(
     assert await store.ready_queues() == []  # held by the head now
 
 
-async def test_a_queued_run_cancelled_never_starts(store: SqlStepStore) -> None:
+async def test_a_queued_run_cancelled_never_starts(store: StoreRoles) -> None:
     busy = await start(store)
     queued = await enqueue(store, busy.session_id, "never mind")
     cancelled = queued.ended(StopSignal(StopReason.CANCELLED, "no", "client"))
@@ -222,7 +217,7 @@ async def test_a_queued_run_cancelled_never_starts(store: SqlStepStore) -> None:
 
 
 async def test_interrupt_queues_ahead_and_asks_the_holder_to_stop(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     busy = await start(store)
     await enqueue(store, busy.session_id, "in line")
@@ -243,7 +238,7 @@ async def test_interrupt_queues_ahead_and_asks_the_holder_to_stop(
     assert started.run.first_sequence == 1
 
 
-async def test_a_rollback_over_another_runs_steps_deletes_nothing(store: SqlStepStore) -> None:
+async def test_a_rollback_over_another_runs_steps_deletes_nothing(store: StoreRoles) -> None:
     first = await start(store)
     await store.end_run(first.ended(StopSignal(StopReason.COMPLETED)))
     second = await start(store, Session(id=first.session_id))
@@ -255,7 +250,7 @@ async def test_a_rollback_over_another_runs_steps_deletes_nothing(store: SqlStep
     assert [step.content for step in started.history] == ["hi", "hi", "again"]
 
 
-async def test_a_waiting_run_blocks_starts_and_queues_ahead(store: SqlStepStore) -> None:
+async def test_a_waiting_run_blocks_starts_and_queues_ahead(store: StoreRoles) -> None:
     waiting = await start(store)
     await store.end_run(waiting.ended(StopSignal(StopReason.REQUIRES_ACTION, "tools", "loop")))
     new = Run(session_id=waiting.session_id, agent="a")

@@ -13,23 +13,23 @@ from sqlalchemy import select
 from agio_grpc.domain import utc_now
 from agio_grpc.store.errors import NotFoundError
 from agio_grpc.store.keys import KeyStore, parse_api_key
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.store.tables import api_keys
+from tests.roles import StoreRoles
 
 
 @pytest.fixture
-def keys(store: SqlStepStore) -> KeyStore:
-    return store.key_store()
+def keys(store: StoreRoles) -> KeyStore:
+    return store.keys()
 
 
-async def stored_rows(store: SqlStepStore) -> list[dict[str, object]]:
+async def stored_rows(store: StoreRoles) -> list[dict[str, object]]:
     """Every column of every `api_keys` row, as the database holds it."""
     rows = await store._read(lambda conn: conn.execute(select(api_keys)).mappings().all())
     return [dict(row) for row in rows]
 
 
 async def test_a_new_key_is_stored_as_the_hash_of_its_secret_only(
-    store: SqlStepStore, keys: KeyStore
+    store: StoreRoles, keys: KeyStore
 ) -> None:
     issued = await keys.create("acme", "ci")
 

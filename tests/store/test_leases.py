@@ -18,6 +18,8 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
+    ABANDONED_MESSAGE,
+    LEASE_EXPIRED_MESSAGE,
     Role,
     Run,
     RunStatus,
@@ -36,23 +38,18 @@ from agio_grpc.store import (
     SessionBusyError,
 )
 from agio_grpc.store.migrations import alembic_config, head_revision
-from agio_grpc.store.protocol import HistoryMark
-from agio_grpc.store.sql import (
-    ABANDONED_MESSAGE,
-    LEASE_EXPIRED_MESSAGE,
-    SqlStepStore,
-    open_store,
-)
+from agio_grpc.store.records import HistoryMark
 from agio_grpc.store.tables import runs, sessions
+from tests.roles import StoreRoles, open_roles
 
 TINY_LEASE_S = 0.2
 
 
 @pytest.fixture
-async def crashing(store_url: str) -> AsyncIterator[SqlStepStore]:
+async def crashing(store_url: str) -> AsyncIterator[StoreRoles]:
     """A second store on the same database with a tiny lease: its takes expire unless
     renewed, as those of a server that died right after taking a session."""
-    opened = await open_store(store_url, session_lease_s=TINY_LEASE_S)
+    opened = await open_roles(store_url, session_lease_s=TINY_LEASE_S)
     try:
         yield opened
     finally:
@@ -63,7 +60,7 @@ def user(session_id: str, run_id: str, text: str = "hi") -> Step:
     return Step(session_id=session_id, run_id=run_id, role=Role.USER, content=text)
 
 
-async def start(store: SqlStepStore, session: Session | None = None, text: str = "hi") -> Run:
+async def start(store: StoreRoles, session: Session | None = None, text: str = "hi") -> Run:
     """Start a run (on a new session when `session` is None) and return it as stored."""
     fresh = Session() if session is None else None
     run = Run(session_id=(fresh or session or Session()).id, agent="a")
@@ -115,7 +112,7 @@ async def wait_for_expiry(store_url: str, session_id: str) -> None:
 
 
 async def test_a_take_sets_a_lease_of_the_configured_length(
-    crashing: SqlStepStore, store_url: str
+    crashing: StoreRoles, store_url: str
 ) -> None:
     before = utc_now()
     run = await start(crashing)
@@ -129,7 +126,7 @@ async def test_a_take_sets_a_lease_of_the_configured_length(
 
 
 async def test_a_take_over_an_expired_lease_interrupts_the_previous_run(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(crashing)
     reply = Step(
@@ -139,7 +136,7 @@ async def test_a_take_over_an_expired_lease_interrupts_the_previous_run(
         content="",
         tool_calls=[],
     )
-    await crashing.append_step(reply)  # the crashed run got one step further than its row
+    await crashing.append_one(reply)  # the crashed run got one step further than its row
     await wait_for_expiry(store_url, crashed.session_id)
 
     taker = await start(store, await store.get_session(crashed.session_id), "again")
@@ -163,7 +160,7 @@ async def test_a_take_over_an_expired_lease_interrupts_the_previous_run(
 
 
 async def test_a_take_over_answers_the_calls_the_crashed_run_left_open(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(crashing)  # user 1
     calls = [ToolCall(f"call_{n}", "lookup", "{}") for n in range(3)]
@@ -210,7 +207,7 @@ async def test_a_take_over_answers_the_calls_the_crashed_run_left_open(
 
 
 async def test_a_take_over_adds_nothing_after_a_final_reply(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(crashing)
     await crashing.append_steps(
@@ -227,7 +224,7 @@ async def test_a_take_over_adds_nothing_after_a_final_reply(
 
 
 async def test_a_run_whose_session_was_taken_over_can_no_longer_write_to_it(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     # The holder's server only stalled past its lease: it wakes up after the take-over.
     stalled = await start(crashing)
@@ -256,7 +253,7 @@ async def test_a_run_whose_session_was_taken_over_can_no_longer_write_to_it(
     assert stored.sequence == 3
 
 
-async def test_a_held_write_needs_the_session_held_by_that_run(store: SqlStepStore) -> None:
+async def test_a_held_write_needs_the_session_held_by_that_run(store: StoreRoles) -> None:
     run = await start(store)
     step = Step(run.session_id, run.id, Role.ASSISTANT, content="x")
     with pytest.raises(LeaseLostError):
@@ -264,7 +261,7 @@ async def test_a_held_write_needs_the_session_held_by_that_run(store: SqlStepSto
     assert await store.release_session(run.session_id, run.id)
     with pytest.raises(LeaseLostError):
         await store.append_steps([step], held_by=run.id)
-    assert await store.count_steps(run.session_id) == 1
+    assert await store.step_count(run.session_id) == 1
     with pytest.raises(NotFoundError):
         await store.append_steps(
             [Step("sess_missing", run.id, Role.ASSISTANT, content="x")], held_by=run.id
@@ -273,7 +270,7 @@ async def test_a_held_write_needs_the_session_held_by_that_run(store: SqlStepSto
     assert (await store.append_steps([step]))[0].sequence == 2
 
 
-async def waiting_run(store: SqlStepStore) -> Run:
+async def waiting_run(store: StoreRoles) -> Run:
     """A run ended REQUIRES_ACTION (its session released), as a client tool call leaves it."""
     run = await start(store)
     run.status = RunStatus.REQUIRES_ACTION
@@ -286,14 +283,14 @@ def output(run: Run) -> Step:
     return Step(run.session_id, run.id, Role.TOOL, content="done", tool_call_id="call_1")
 
 
-async def last_mark(store: SqlStepStore, session_id: str) -> HistoryMark:
-    last = await store.get_last_step(session_id)
+async def last_mark(store: StoreRoles, session_id: str) -> HistoryMark:
+    last = await store.last_step(session_id)
     assert last is not None
     return HistoryMark(last.sequence, last.id)
 
 
 async def test_continue_run_stores_the_outputs_and_the_running_run_together(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     run = await waiting_run(store)
     mark = await last_mark(store, run.session_id)
@@ -310,7 +307,7 @@ async def test_continue_run_stores_the_outputs_and_the_running_run_together(
 
 
 async def test_continue_run_stores_nothing_unless_the_run_still_waits_on_the_log_it_read(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     run = await waiting_run(store)
     mark = await last_mark(store, run.session_id)
@@ -320,13 +317,13 @@ async def test_continue_run_stores_nothing_unless_the_run_still_waits_on_the_log
     with pytest.raises(HistoryChangedError):
         await store.continue_run(run, [output(run)], expect=None)
     # Another run holds the session.
-    await store.acquire_session(run.session_id, "run_other")
+    await store.take_session(run.session_id, "run_other")
     with pytest.raises(SessionBusyError):
         await store.continue_run(run, [output(run)], expect=mark)
     assert await store.release_session(run.session_id, "run_other")
     # Each refusal wrote nothing, and took nothing.
     assert (await store.get_run(run.id)).status is RunStatus.REQUIRES_ACTION
-    assert await store.count_steps(run.session_id) == 1
+    assert await store.step_count(run.session_id) == 1
     assert (await store.get_session(run.session_id)).active_run_id == ""
 
     ghost = Run(session_id=run.session_id, agent="a")
@@ -337,23 +334,23 @@ async def test_continue_run_stores_nothing_unless_the_run_still_waits_on_the_log
     await store.end_run(continued.run.ended(StopSignal(StopReason.COMPLETED)))
     with pytest.raises(RunStateConflictError):
         await store.continue_run(run, [output(run)], expect=await last_mark(store, run.session_id))
-    assert await store.count_steps(run.session_id) == 2
+    assert await store.step_count(run.session_id) == 2
 
 
 async def test_acquire_over_an_expired_lease_interrupts_the_previous_run(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(crashing)
     await wait_for_expiry(store_url, crashed.session_id)
 
-    await store.acquire_session(crashed.session_id, "run_next")
+    await store.take_session(crashed.session_id, "run_next")
 
     assert (await store.get_run(crashed.id)).status is RunStatus.INTERRUPTED
     assert (await store.get_session(crashed.session_id)).active_run_id == "run_next"
 
 
 async def test_edits_are_refused_while_a_run_holds_the_session_and_leave_it_free(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
     run = await start(store)
     with pytest.raises(SessionBusyError):
@@ -361,7 +358,7 @@ async def test_edits_are_refused_while_a_run_holds_the_session_and_leave_it_free
     with pytest.raises(SessionBusyError):
         await store.delete_session(run.session_id)
     assert (await lease_of(store_url, run.session_id))[0] == run.id
-    assert await store.count_steps(run.session_id) == 1
+    assert await store.step_count(run.session_id) == 1
 
     await store.release_session(run.session_id, run.id)
     assert await store.delete_steps_from(run.session_id, 1) == 1
@@ -371,7 +368,7 @@ async def test_edits_are_refused_while_a_run_holds_the_session_and_leave_it_free
 
 
 async def test_an_edit_over_an_expired_lease_interrupts_the_run_that_held_it(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(crashing)
     await wait_for_expiry(store_url, crashed.session_id)
@@ -383,25 +380,25 @@ async def test_an_edit_over_an_expired_lease_interrupts_the_run_that_held_it(
 
 
 async def test_a_take_over_an_expired_lease_leaves_an_ended_run_as_it_was(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     # The holder wrote its final state, then died before releasing the session.
     ended = await start(crashing)
     ended.status = RunStatus.COMPLETED
     ended.end_time = utc_now()
-    await crashing.update_run(ended)
+    await crashing.set_run_row(ended)
     await wait_for_expiry(store_url, ended.session_id)
 
-    await store.acquire_session(ended.session_id, "run_next")
+    await store.take_session(ended.session_id, "run_next")
 
     assert (await store.get_run(ended.id)).status is RunStatus.COMPLETED
 
 
-async def test_a_live_lease_is_not_taken(store: SqlStepStore) -> None:
+async def test_a_live_lease_is_not_taken(store: StoreRoles) -> None:
     holder = await start(store)
 
     with pytest.raises(SessionBusyError) as busy:
-        await store.acquire_session(holder.session_id, "run_other")
+        await store.take_session(holder.session_id, "run_other")
     with pytest.raises(SessionBusyError):
         await start(store, await store.get_session(holder.session_id))
 
@@ -411,9 +408,9 @@ async def test_a_live_lease_is_not_taken(store: SqlStepStore) -> None:
 
 
 async def test_renewing_keeps_a_lease_alive_past_its_first_expiry(
-    store_url: str, store: SqlStepStore
+    store_url: str, store: StoreRoles
 ) -> None:
-    renewing = await open_store(store_url, session_lease_s=2.0)
+    renewing = await open_roles(store_url, session_lease_s=2.0)
     try:
         run = await start(renewing)
         _, first_expiry = await lease_of(store_url, run.session_id)
@@ -428,14 +425,14 @@ async def test_renewing_keeps_a_lease_alive_past_its_first_expiry(
         assert second_expiry > first_expiry
         await wait_until_past(first_expiry)
         with pytest.raises(SessionBusyError):
-            await store.acquire_session(run.session_id, "run_other")
+            await store.take_session(run.session_id, "run_other")
         assert (await store.get_run(run.id)).status is RunStatus.RUNNING
     finally:
         await renewing.close()
 
 
 async def test_renew_extends_only_sessions_still_held_by_the_named_run(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
     held = await start(store)
     released = await start(store)
@@ -461,17 +458,17 @@ async def test_renew_extends_only_sessions_still_held_by_the_named_run(
     assert await lease_of(store_url, released.session_id) == (None, None)
 
 
-async def test_release_clears_the_holder_and_the_lease(store: SqlStepStore, store_url: str) -> None:
+async def test_release_clears_the_holder_and_the_lease(store: StoreRoles, store_url: str) -> None:
     run = await start(store)
 
     await store.release_session(run.session_id, run.id)
 
     assert await lease_of(store_url, run.session_id) == (None, None)
-    await store.acquire_session(run.session_id, "run_next")
+    await store.take_session(run.session_id, "run_next")
 
 
 async def test_recover_expired_runs_finalises_only_expired_holders(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(crashing)
     live = await start(store)
@@ -491,15 +488,15 @@ async def test_recover_expired_runs_finalises_only_expired_holders(
 
 
 async def test_a_restarted_instance_ends_the_runs_it_left_at_once(
-    store: SqlStepStore, store_url: str
+    store: StoreRoles, store_url: str
 ) -> None:
-    before = await open_store(store_url, instance_id="host-a/0.0.0.0:50051")
+    before = await open_roles(store_url, instance_id="host-a/0.0.0.0:50051")
     try:
         left = await start(before)  # its server dies here: the lease stays live
     finally:
         await before.close()
-    other = await open_store(store_url, instance_id="host-b/0.0.0.0:50051")
-    restarted = await open_store(store_url, instance_id="host-a/0.0.0.0:50051")
+    other = await open_roles(store_url, instance_id="host-b/0.0.0.0:50051")
+    restarted = await open_roles(store_url, instance_id="host-a/0.0.0.0:50051")
     try:
         live = await start(other)
         assert await store.recover_own_runs() == []  # no instance id: nothing is its own
@@ -521,10 +518,10 @@ async def test_a_restarted_instance_ends_the_runs_it_left_at_once(
 
 
 async def test_a_run_whose_lease_expired_is_interrupted_without_taking_its_session(
-    store: SqlStepStore, crashing: SqlStepStore, store_url: str
+    store: StoreRoles, crashing: StoreRoles, store_url: str
 ) -> None:
     crashed = await start(store)  # a full lease: it still runs, however slow this machine
-    await store.append_step(Step(crashed.session_id, crashed.id, Role.ASSISTANT, "partial"))
+    await store.append_one(Step(crashed.session_id, crashed.id, Role.ASSISTANT, "partial"))
     assert not await store.interrupt_abandoned_run(crashed.id)
     await expire_lease(store_url, crashed.session_id)  # then its server died
 
@@ -541,11 +538,11 @@ async def test_a_run_whose_lease_expired_is_interrupted_without_taking_its_sessi
 
 
 async def test_a_running_run_that_let_go_of_its_session_is_interrupted(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     # Its server released the session, then failed to store the run's end, then went away.
     run = await start(store)
-    await store.append_step(Step(run.session_id, run.id, Role.ASSISTANT, "partial"))
+    await store.append_one(Step(run.session_id, run.id, Role.ASSISTANT, "partial"))
     assert await store.release_session(run.session_id, run.id)
 
     assert await store.interrupt_abandoned_run(run.id)
@@ -557,7 +554,7 @@ async def test_a_running_run_that_let_go_of_its_session_is_interrupted(
     assert (interrupted.last_sequence, interrupted.step_count) == (2, 2)
 
 
-async def test_a_live_or_ended_run_is_not_interrupted(store: SqlStepStore) -> None:
+async def test_a_live_or_ended_run_is_not_interrupted(store: StoreRoles) -> None:
     live = await start(store)
     assert not await store.interrupt_abandoned_run(live.id)
     assert (await store.get_run(live.id)).status is RunStatus.RUNNING
@@ -570,7 +567,7 @@ async def test_a_live_or_ended_run_is_not_interrupted(store: SqlStepStore) -> No
 
 
 async def test_a_cancel_request_stands_on_a_running_run_until_its_segment_ends(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     run = await start(store)
     other = await start(store)
@@ -585,18 +582,18 @@ async def test_a_cancel_request_stands_on_a_running_run_until_its_segment_ends(
     # The segment ends waiting for the client: the request is spent, and a continuation
     # (RUNNING again) does not inherit it.
     run.status = RunStatus.REQUIRES_ACTION
-    await store.update_run(run)
+    await store.set_run_row(run)
     run.status = RunStatus.RUNNING
-    await store.update_run(run)
+    await store.set_run_row(run)
     assert await store.cancel_requests([run.id]) == {}
 
 
 async def test_a_cancel_request_for_an_ended_or_unknown_run_is_not_recorded(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     run = await start(store)
     run.status = RunStatus.COMPLETED
-    await store.update_run(run)
+    await store.set_run_row(run)
     signal = StopSignal(StopReason.CANCELLED, "too late", "client")
 
     assert not await store.request_cancel(run.id, signal)
@@ -610,7 +607,7 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
 ) -> None:
     """A database at 0001 (no leases) with a session held by a run its server never ended:
     the upgrade keeps it, and the next take treats the lease-less holder as expired."""
-    await (await open_store(store_url)).close()
+    await (await open_roles(store_url)).close()
     now = utc_now()
 
     def downgrade_and_crash(conn: Connection) -> None:
@@ -643,10 +640,10 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     finally:
         await engine.dispose()
 
-    upgraded = await open_store(store_url)
+    upgraded = await open_roles(store_url)
     try:
         assert await lease_of(store_url, "sess_stuck") == ("run_stuck", None)
-        await upgraded.acquire_session("sess_stuck", "run_next")
+        await upgraded.take_session("sess_stuck", "run_next")
         stuck = await upgraded.get_run("run_stuck")
     finally:
         await upgraded.close()

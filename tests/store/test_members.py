@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agio_grpc.domain import StopReason, StopSignal
-from agio_grpc.store.protocol import Member
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.records import Member
+from tests.roles import StoreRoles, open_roles
 from tests.store.test_leases import start
 
 
 @pytest.fixture
-async def replicas(store_url: str) -> AsyncIterator[tuple[SqlStepStore, SqlStepStore]]:
+async def replicas(store_url: str) -> AsyncIterator[tuple[StoreRoles, StoreRoles]]:
     """Two server instances on one database."""
-    first = await open_store(store_url, instance_id="host-a/127.0.0.1:50051")
-    second = await open_store(store_url, instance_id="host-b/127.0.0.1:50051")
+    first = await open_roles(store_url, instance_id="host-a/127.0.0.1:50051")
+    second = await open_roles(store_url, instance_id="host-b/127.0.0.1:50051")
     try:
         yield first, second
     finally:
@@ -26,7 +26,7 @@ async def replicas(store_url: str) -> AsyncIterator[tuple[SqlStepStore, SqlStepS
 
 
 async def test_the_member_running_a_run_is_the_one_holding_its_session(
-    replicas: tuple[SqlStepStore, SqlStepStore],
+    replicas: tuple[StoreRoles, StoreRoles],
 ) -> None:
     first, second = replicas
     await first.register_member("10.0.0.1:7001")
@@ -42,7 +42,7 @@ async def test_the_member_running_a_run_is_the_one_holding_its_session(
 
 
 async def test_a_member_registering_again_replaces_its_address(
-    replicas: tuple[SqlStepStore, SqlStepStore],
+    replicas: tuple[StoreRoles, StoreRoles],
 ) -> None:
     first, second = replicas
     await first.register_member("10.0.0.1:7001")
@@ -52,14 +52,14 @@ async def test_a_member_registering_again_replaces_its_address(
 
 
 async def test_no_member_for_an_unknown_run_or_an_instance_that_never_registered(
-    store_url: str, replicas: tuple[SqlStepStore, SqlStepStore]
+    store_url: str, replicas: tuple[StoreRoles, StoreRoles]
 ) -> None:
     first, second = replicas
     assert await second.member_running("run_missing") is None
     assert await second.member_running("run_" + "x" * 10_000) is None
     run = await start(first)  # the first never registered an address
     assert await second.member_running(run.id) is None
-    nameless = await open_store(store_url)  # no instance id: its leases name no one
+    nameless = await open_roles(store_url)  # no instance id: its leases name no one
     try:
         with pytest.raises(ValueError, match="instance id"):
             await nameless.register_member("10.0.0.3:7001")

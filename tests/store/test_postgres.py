@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import Connection, make_url
 
 from agio_grpc.store import StoreUnavailableError
-from agio_grpc.store.sql import SqlStepStore
 from tests.postgres import asyncpg_dsn
+from tests.roles import StoreRoles
 
 pytestmark = pytest.mark.postgres
 
@@ -35,9 +35,9 @@ def kick_everyone_out(database: str) -> str:
 
 @ONLY_POSTGRES
 async def test_store_reconnects_after_the_server_drops_its_connections(
-    store: SqlStepStore, store_url: str, postgres_admin_url: str
+    store: StoreRoles, store_url: str, postgres_admin_url: str
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     database = make_url(store_url).database or ""
 
     await admin_execute(postgres_admin_url, kick_everyone_out(database))
@@ -47,9 +47,9 @@ async def test_store_reconnects_after_the_server_drops_its_connections(
 
 @ONLY_POSTGRES
 async def test_store_is_unavailable_while_the_database_refuses_connections_then_recovers(
-    store: SqlStepStore, store_url: str, postgres_admin_url: str
+    store: StoreRoles, store_url: str, postgres_admin_url: str
 ) -> None:
-    session = await store.create_session()
+    session = await store.new_session()
     database = make_url(store_url).database or ""
 
     await admin_execute(postgres_admin_url, f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
@@ -62,12 +62,12 @@ async def test_store_is_unavailable_while_the_database_refuses_connections_then_
             postgres_admin_url, f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'
         )
 
-    assert await store.count_steps(session.id) == 0
+    assert await store.step_count(session.id) == 0
 
 
 @ONLY_POSTGRES
 async def test_a_read_sees_one_snapshot_and_a_write_the_default_isolation(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     # `get_history_since` checks a held step and reads after it in one read: both must see
     # the same log, so reads run at REPEATABLE READ; writes keep READ COMMITTED (their

@@ -24,9 +24,9 @@ from sqlalchemy import exc as sa_exc
 from agio_grpc.store import SequenceConflictError, StoreError, StoreUnavailableError
 from agio_grpc.store.database import Database, executes_directly, open_database, parse_url
 from agio_grpc.store.prepared import Prepared
-from agio_grpc.store.sql import SqlStepStore
 from agio_grpc.store.tables import runs, sessions, steps
 from tests.postgres import asyncpg_dsn
+from tests.roles import StoreRoles
 
 T = TypeVar("T")
 
@@ -34,7 +34,7 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
 
 @pytest.fixture
-async def database(store: SqlStepStore, store_url: str) -> AsyncIterator[Database]:
+async def database(store: StoreRoles, store_url: str) -> AsyncIterator[Database]:
     """A second `Database` on the store's (migrated) database."""
     opened = open_database(parse_url(store_url), "NORMAL")
     try:

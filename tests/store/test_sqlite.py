@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from agio_grpc.domain import Role, Step
-from agio_grpc.store.sql import open_store
+from tests.roles import open_roles
 
 
 async def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
     path = tmp_path / "agio.db"
-    store = await open_store(f"sqlite+aiosqlite:///{path}")
+    store = await open_roles(f"sqlite+aiosqlite:///{path}")
     try:
-        session = await store.create_session()
-        await store.append_step(Step(session_id=session.id, run_id="r", role=Role.USER))
+        session = await store.new_session()
+        await store.append_one(Step(session_id=session.id, run_id="r", role=Role.USER))
     finally:
         await store.close()
 
@@ -30,12 +30,12 @@ async def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
 
 
 async def test_plain_sqlite_url_and_full_sync_are_accepted(tmp_path: Path) -> None:
-    store = await open_store(f"sqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="full")
+    store = await open_roles(f"sqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="full")
     try:
         assert store.backend == "sqlite"
         assert (
-            await store.append_step(
-                Step(session_id=(await store.create_session()).id, run_id="r", role=Role.USER)
+            await store.append_one(
+                Step(session_id=(await store.new_session()).id, run_id="r", role=Role.USER)
             )
         ).sequence == 1
     finally:
@@ -44,14 +44,14 @@ async def test_plain_sqlite_url_and_full_sync_are_accepted(tmp_path: Path) -> No
 
 async def test_unknown_synchronous_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="sqlite_synchronous"):
-        await open_store(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="OFTEN")
+        await open_roles(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", sqlite_synchronous="OFTEN")
 
 
 async def test_a_new_sqlite_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     path = tmp_path / "private.db"
-    store = await open_store(f"sqlite+aiosqlite:///{path}")
+    store = await open_roles(f"sqlite+aiosqlite:///{path}")
     try:
-        session = await store.create_session()
+        session = await store.new_session()
         await store.append_steps([Step(session.id, "run_1", Role.USER, content="secret")])
         modes = file_modes(tmp_path)  # with the -wal and -shm files there too
     finally:

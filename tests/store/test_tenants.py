@@ -24,8 +24,8 @@ from agio_grpc.domain import (
     utc_now,
 )
 from agio_grpc.store import NotFoundError, StoreError, TenantQuotaError, TenantQuotas
-from agio_grpc.store.protocol import HistoryMark, JournalRecord, QueueRequest, RunStart
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.records import HistoryMark, JournalRecord, QueueRequest, RunStart
+from tests.roles import StoreRoles, open_roles
 
 A = "tenant-a"
 B = "tenant-b"
@@ -37,7 +37,7 @@ def user(session_id: str, run_id: str, text: str = "hi") -> Step:
 
 
 async def start(
-    store: SqlStepStore,
+    store: StoreRoles,
     tenant: str,
     session_id: str = "",
     queue: QueueRequest | None = None,
@@ -49,7 +49,7 @@ async def start(
     return await store.start_run(run, steps, new_session=fresh, queue=queue)
 
 
-async def conversation(store: SqlStepStore, tenant: str) -> Run:
+async def conversation(store: StoreRoles, tenant: str) -> Run:
     """A session of `tenant`'s with a user step and a reply, by a run that completed."""
     started = await start(store, tenant)
     run = started.run
@@ -72,7 +72,7 @@ async def refused(call: Awaitable[Any]) -> BaseException:
     return caught.value
 
 
-Lookup = Callable[[SqlStepStore, str, str], Awaitable[Any]]
+Lookup = Callable[[StoreRoles, str, str], Awaitable[Any]]
 
 SESSION_LOOKUPS: dict[str, Lookup] = {
     "get_session": lambda s, sid, t: s.get_session(sid, tenant=t),
@@ -89,7 +89,7 @@ SESSION_LOOKUPS: dict[str, Lookup] = {
 
 @pytest.mark.parametrize("lookup", list(SESSION_LOOKUPS))
 async def test_another_tenants_session_answers_as_a_missing_one_and_stays_as_it_was(
-    store: SqlStepStore, lookup: str
+    store: StoreRoles, lookup: str
 ) -> None:
     run = await conversation(store, A)
     session_id = run.session_id
@@ -107,7 +107,7 @@ async def test_another_tenants_session_answers_as_a_missing_one_and_stays_as_it_
     await call(store, session_id, A)  # its own tenant's call goes through
 
 
-async def test_another_tenants_run_answers_as_a_missing_one(store: SqlStepStore) -> None:
+async def test_another_tenants_run_answers_as_a_missing_one(store: StoreRoles) -> None:
     run = await conversation(store, A)
     made_up = new_id("run")
 
@@ -119,7 +119,7 @@ async def test_another_tenants_run_answers_as_a_missing_one(store: SqlStepStore)
     assert await store.get_run(run.id) == run  # the engine's own read: any tenant
 
 
-async def test_a_busy_session_of_another_tenant_is_missing_not_busy(store: SqlStepStore) -> None:
+async def test_a_busy_session_of_another_tenant_is_missing_not_busy(store: StoreRoles) -> None:
     running = (await start(store, A)).run  # holds its session
     session_id = running.session_id
     made_up = new_id("sess")
@@ -135,7 +135,7 @@ async def test_a_busy_session_of_another_tenant_is_missing_not_busy(store: SqlSt
             "start_run, queued",
         ),
         (lambda _, run: store.restart_run(run, 1), "restart_run"),
-        (lambda _, run: store.create_run(run), "create_run"),
+        (lambda _, run: store.seed_run(run), "create_run"),
     ]
     for write, name in writes:
         theirs = await refused(write(session_id, other))
@@ -148,7 +148,7 @@ async def test_a_busy_session_of_another_tenant_is_missing_not_busy(store: SqlSt
     assert [step.content for step in await store.get_steps(session_id)] == ["hi"]
 
 
-async def test_lists_show_only_the_tenants_own_rows(store: SqlStepStore) -> None:
+async def test_lists_show_only_the_tenants_own_rows(store: StoreRoles) -> None:
     theirs = [await conversation(store, A) for _ in range(3)]
     mine = [await conversation(store, B) for _ in range(2)]
 
@@ -167,7 +167,7 @@ async def test_lists_show_only_the_tenants_own_rows(store: SqlStepStore) -> None
     assert await store.list_runs(mine[0].session_id, 10, tenant=B) == [mine[0]]
 
 
-async def test_what_a_tenant_makes_is_its_own(store: SqlStepStore) -> None:
+async def test_what_a_tenant_makes_is_its_own(store: StoreRoles) -> None:
     fresh = Session(tenant=A)
     started = Run(fresh.id, "assistant", tenant=A)
 
@@ -178,7 +178,7 @@ async def test_what_a_tenant_makes_is_its_own(store: SqlStepStore) -> None:
     run = await store.get_run(started.id, tenant=A)
     session = await store.get_session(run.session_id, tenant=A)
     fork = await store.fork_session(session.id, 1, tenant=A)
-    made = await store.create_session(Session(tenant=B))
+    made = await store.new_session(Session(tenant=B))
 
     assert (session.tenant, run.tenant) == (A, A)
     assert (await store.get_session(fork.id, tenant=A)).tenant == A
@@ -189,7 +189,7 @@ async def test_what_a_tenant_makes_is_its_own(store: SqlStepStore) -> None:
     assert record.run.tenant == A
 
 
-async def test_a_new_session_must_be_its_runs_tenants(store: SqlStepStore) -> None:
+async def test_a_new_session_must_be_its_runs_tenants(store: StoreRoles) -> None:
     fresh = Session(tenant=A)
     run = Run(fresh.id, "assistant", tenant=B)
 
@@ -198,7 +198,7 @@ async def test_a_new_session_must_be_its_runs_tenants(store: SqlStepStore) -> No
 
 
 async def test_a_request_id_is_looked_up_on_the_tenants_own_session_only(
-    store: SqlStepStore,
+    store: StoreRoles,
 ) -> None:
     theirs = (await start(store, A)).run
     await store.end_run(theirs.ended(DONE))
@@ -220,9 +220,9 @@ async def test_a_request_id_is_looked_up_on_the_tenants_own_session_only(
 
 
 @pytest.fixture
-async def quota_store(store_url: str) -> AsyncIterator[SqlStepStore]:
+async def quota_store(store_url: str) -> AsyncIterator[StoreRoles]:
     """A store where each tenant may run one run at a time and queue one."""
-    opened = await open_store(store_url, quotas=TenantQuotas(max_running_runs=1, max_queued_runs=1))
+    opened = await open_roles(store_url, quotas=TenantQuotas(max_running_runs=1, max_queued_runs=1))
     try:
         yield opened
     finally:
@@ -230,7 +230,7 @@ async def quota_store(store_url: str) -> AsyncIterator[SqlStepStore]:
 
 
 async def test_a_tenant_at_its_running_quota_starts_no_other_run_until_one_ends(
-    quota_store: SqlStepStore,
+    quota_store: StoreRoles,
 ) -> None:
     store = quota_store
     done = await conversation(store, A)  # ended: not counted
@@ -254,7 +254,7 @@ async def test_a_tenant_at_its_running_quota_starts_no_other_run_until_one_ends(
 
 
 async def test_a_continuation_counts_against_the_running_quota(
-    quota_store: SqlStepStore,
+    quota_store: StoreRoles,
 ) -> None:
     store = quota_store
     waiting = (await start(store, A)).run
@@ -283,7 +283,7 @@ async def test_a_continuation_counts_against_the_running_quota(
 
 
 async def test_a_tenant_at_its_queued_quota_queues_no_other_run(
-    quota_store: SqlStepStore,
+    quota_store: StoreRoles,
 ) -> None:
     store = quota_store
     enqueue = QueueRequest(max_queued=10)
@@ -306,7 +306,7 @@ async def test_concurrent_starts_never_pass_the_running_quota(store_url: str) ->
     """Starts on different sessions at once (each store its own connections, as replicas):
     each counts what the ones before it committed."""
     stores = [
-        await open_store(store_url, quotas=TenantQuotas(max_running_runs=2)) for _ in range(4)
+        await open_roles(store_url, quotas=TenantQuotas(max_running_runs=2)) for _ in range(4)
     ]
     try:
         outcomes = await asyncio.gather(
