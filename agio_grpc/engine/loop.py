@@ -80,7 +80,8 @@ from agio_grpc.engine.lifecycle import (
     lease_lost,
     task_cancelled,
 )
-from agio_grpc.engine.model import (
+from agio_grpc.engine.model_call import ModelCall, model_request
+from agio_grpc.engine.models import (
     ModelDelta,
     ModelDriver,
     ModelError,
@@ -88,7 +89,6 @@ from agio_grpc.engine.model import (
     ModelReply,
     ModelRetry,
 )
-from agio_grpc.engine.model_call import ModelCall, model_request
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError

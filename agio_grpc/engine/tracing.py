@@ -21,7 +21,7 @@ from agio_grpc.domain import Run, ToolCall
 if TYPE_CHECKING:
     from agio_grpc.engine.agents import RunSettings
     from agio_grpc.engine.executor import ToolResult
-    from agio_grpc.engine.model import ModelReply, ModelRequest
+    from agio_grpc.engine.models import ModelReply, ModelRequest
 
 
 class SpanIds(Protocol):

@@ -31,7 +31,7 @@ from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.engine.model import OpenAIModelDriver
+from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.session_compaction import SessionCompactor
