@@ -69,7 +69,7 @@ from agio_grpc.engine.events import (
     StepDelta,
     StepStarted,
 )
-from agio_grpc.engine.executor import ToolResult, execute_tool_calls, unfinished_result
+from agio_grpc.engine.executor import execute_tool_calls, unfinished_result
 from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
 from agio_grpc.engine.lifecycle import (
@@ -89,7 +89,7 @@ from agio_grpc.engine.models import (
     ModelReply,
     ModelRetry,
 )
-from agio_grpc.engine.tools import ToolContext, ToolRegistry
+from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError
 from agio_grpc.store.protocol import StepStore
