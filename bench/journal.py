@@ -18,10 +18,11 @@ import statistics
 import tempfile
 import time
 
+from agio_grpc.store.protocol import Journal
+
 from agio_grpc.domain import Role, Run, Session, Step, StopReason, StopSignal
 from agio_grpc.engine.channel import Announce, RunChannel
 from agio_grpc.engine.lifecycle import closed, completed, opened
-from agio_grpc.store.protocol import Journal
 from agio_grpc.store.sql import SqlStepStore, open_store
 
 WARM_UP = 50

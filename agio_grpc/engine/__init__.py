@@ -1,4 +1,4 @@
-"""The agent engine: the run loop, model driver, tools, context building and run events.
+"""The agent engine: the run loop, the model port, tools, context building and run events.
 
 Pure asyncio. Never imports grpc, protobuf, SQLAlchemy, OpenTelemetry, the service layer or
 the SQL store: it speaks the domain types and the store's role protocols only
@@ -37,7 +37,8 @@ from agio_grpc.engine.events import (
     ToolCallDelta,
 )
 from agio_grpc.engine.hooks import Hooks, StopRun
-from agio_grpc.engine.model import ModelDriver, OpenAIModelDriver, RetryPolicy
+from agio_grpc.engine.models import ModelDriver
+from agio_grpc.engine.models.retries import RetryPolicy
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.segments import RunHandle
@@ -57,7 +58,6 @@ __all__ = [
     "InvalidInputError",
     "Limits",
     "ModelDriver",
-    "OpenAIModelDriver",
     "RetryPolicy",
     "RunChannel",
     "RunCompleted",

@@ -36,7 +36,7 @@ from agio_grpc.domain import SUMMARY_PREFIX, Role, Run, Step, StepMetrics, StopR
 from agio_grpc.engine.agents import Compaction, RunSettings
 from agio_grpc.engine.context import after_summary, context_steps, latest_summary
 from agio_grpc.engine.events import ContextCompacted, Event, StepCompleted
-from agio_grpc.engine.model import ModelDriver, ModelError, ModelEvent, ModelRequest
+from agio_grpc.engine.models import ModelDriver, ModelError, ModelEvent, ModelRequest
 from agio_grpc.engine.tokens import Counter, counter_for, estimate_text_tokens
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace

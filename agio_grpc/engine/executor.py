@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pydantic
 
@@ -32,32 +32,13 @@ from agio_grpc.engine.tools import (
     ArgumentsError,
     ToolContext,
     ToolError,
-    ToolOrigin,
     ToolRegistry,
+    ToolResult,
     ToolStop,
 )
 from agio_grpc.engine.tracing import NO_CALL_TRACE, ToolCallTrace
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    """The outcome of one tool call, ready to become a tool step."""
-
-    call: ToolCall
-    content: str
-    is_error: bool = False
-    stop: StopSignal | None = None
-    """Set when the result ends the run: the tool raised ToolStop (TOOL_STOP), or it failed
-    and stops on error, or its result was over the step limit (TOOL_ERROR)."""
-    exec_time_ms: int = 0
-    """Time inside the tool's function (0 when it was never called)."""
-    duration_ms: int = 0
-    """Wall time of the call from when it got a slot to its result: checking the arguments,
-    the function and rendering its result (0 for a call that never returned)."""
-    origin: ToolOrigin | None = None
-    """Where the call ran when not in this process (an MCP server)."""
 
 
 def unfinished_result(call: ToolCall, why: str) -> ToolResult:

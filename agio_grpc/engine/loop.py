@@ -70,7 +70,7 @@ from agio_grpc.engine.events import (
     StepDelta,
     StepStarted,
 )
-from agio_grpc.engine.executor import ToolResult, execute_tool_calls, unfinished_result
+from agio_grpc.engine.executor import execute_tool_calls, unfinished_result
 from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.hooks import Hook, Hooks, StopRun, call_hooks
 from agio_grpc.engine.lifecycle import (
@@ -81,7 +81,8 @@ from agio_grpc.engine.lifecycle import (
     lease_lost,
     task_cancelled,
 )
-from agio_grpc.engine.model import (
+from agio_grpc.engine.model_call import ModelCall, model_request
+from agio_grpc.engine.models import (
     ModelDelta,
     ModelDriver,
     ModelError,
@@ -89,8 +90,7 @@ from agio_grpc.engine.model import (
     ModelReply,
     ModelRetry,
 )
-from agio_grpc.engine.model_call import ModelCall, model_request
-from agio_grpc.engine.tools import ToolContext, ToolRegistry
+from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError
 from agio_grpc.store.log import SessionLog

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from agio_grpc.domain import Step
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.context import build_context
-from agio_grpc.engine.model import ModelDriver, ModelListener, ModelReply, ModelRequest
+from agio_grpc.engine.models import ModelDriver, ModelListener, ModelReply, ModelRequest
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
 

@@ -63,7 +63,7 @@ from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.leases import LeaseKeeper, TellOwner
 from agio_grpc.engine.lifecycle import Lifecycle, cancelled, shutting_down
 from agio_grpc.engine.loop import LoopServices
-from agio_grpc.engine.model import ModelDriver
+from agio_grpc.engine.models import ModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.queues import RunQueues
 from agio_grpc.engine.segments import RunHandle, RunPlan, Segments, retry_plan

@@ -22,7 +22,7 @@ from agio_grpc.engine.compaction import (
 from agio_grpc.engine.context import context_steps, open_tool_calls
 from agio_grpc.engine.errors import CompactionFailedError
 from agio_grpc.engine.history import mark_of
-from agio_grpc.engine.model import ModelDriver, ModelError
+from agio_grpc.engine.models import ModelDriver, ModelError
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTracer
 from agio_grpc.store.errors import RunRequiresActionError, SessionBusyError

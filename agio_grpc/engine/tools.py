@@ -1,7 +1,8 @@
 """Server tools: plain Python functions turned into model-callable tools, and their registry.
 
 `ServerTool` is what the executor runs: a `Tool` here, or a tool of an MCP server
-(`engine/mcp.py`), which a `ToolSource` attached to the registry provides.
+(`engine/mcp.py`), which a `ToolSource` attached to the registry provides. `ToolResult` is
+what a call comes to, as the executor returns it, the loop stores it and a tracer hears it.
 
 A function's type hints become the tool's JSON schema and its argument validation
 (pydantic); its docstring's first paragraph becomes the description and an `Args:` section
@@ -24,6 +25,7 @@ from typing import Any, Protocol, get_type_hints
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from agio_grpc.domain import StopSignal, ToolCall
 from agio_grpc.engine.loading import import_object
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
@@ -86,6 +88,25 @@ class ToolOrigin:
     """The MCP session id (Streamable HTTP), "" when there is none."""
     protocol_version: str = ""
     """The MCP protocol version the connection negotiated."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one tool call, ready to become a tool step."""
+
+    call: ToolCall
+    content: str
+    is_error: bool = False
+    stop: StopSignal | None = None
+    """Set when the result ends the run: the tool raised ToolStop (TOOL_STOP), or it failed
+    and stops on error, or its result was over the step limit (TOOL_ERROR)."""
+    exec_time_ms: int = 0
+    """Time inside the tool's function (0 when it was never called)."""
+    duration_ms: int = 0
+    """Wall time of the call from when it got a slot to its result: checking the arguments,
+    the function and rendering its result (0 for a call that never returned)."""
+    origin: ToolOrigin | None = None
+    """Where the call ran when not in this process (an MCP server)."""
 
 
 class ServerTool(Protocol):

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from agio_grpc.domain import Run, ToolCall
-
-if TYPE_CHECKING:
-    from agio_grpc.engine.agents import RunSettings
-    from agio_grpc.engine.executor import ToolResult
-    from agio_grpc.engine.model import ModelReply, ModelRequest
+from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.models import ModelReply, ModelRequest
+from agio_grpc.engine.tools import ToolResult
 
 
 class SpanIds(Protocol):

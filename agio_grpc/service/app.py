@@ -33,7 +33,7 @@ from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
-from agio_grpc.engine.model import OpenAIModelDriver
+from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.runtime import Runtime, Storage
 from agio_grpc.engine.session_compaction import SessionCompactor

@@ -33,9 +33,8 @@ from opentelemetry.util.types import AttributeValue
 from agio_grpc.domain import Role, Run, ToolCall
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.control import StopRequested
-from agio_grpc.engine.executor import ToolResult
-from agio_grpc.engine.model import ModelError, ModelReply, ModelRequest
-from agio_grpc.engine.tools import ToolOrigin
+from agio_grpc.engine.models import ModelError, ModelReply, ModelRequest
+from agio_grpc.engine.tools import ToolOrigin, ToolResult
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import INSTRUMENTATION_NAME, Instruments
 from agio_grpc.telemetry.logs import with_log_tenant

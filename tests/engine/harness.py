@@ -18,7 +18,6 @@ from agio_grpc.engine import (
     AgentSpec,
     ClientTool,
     Limits,
-    OpenAIModelDriver,
     RetryPolicy,
     RunCompleted,
     RunFailed,
@@ -35,6 +34,7 @@ from agio_grpc.engine.builtin_tools import TOOLS
 from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
+from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
 from agio_grpc.engine.runtime import Storage
 from agio_grpc.store.leases import SessionLeases
 from agio_grpc.testing import FakeModelServer

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from agio_grpc.domain import SUMMARY_PREFIX, Role, Step, StepMetrics, StopReason, ToolCall
-from agio_grpc.engine import AgentSpec, OpenAIModelDriver, Runtime, RuntimeOptions
+from agio_grpc.engine import AgentSpec, Runtime, RuntimeOptions
 from agio_grpc.engine.agents import Compaction, Limits
 from agio_grpc.engine.compaction import (
     ESTIMATE,
@@ -23,6 +23,7 @@ from agio_grpc.engine.compaction import (
 from agio_grpc.engine.context import context_steps
 from agio_grpc.engine.errors import CompactionFailedError
 from agio_grpc.engine.events import ContextCompacted
+from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
 from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.tracing import NO_TRACER
 from agio_grpc.store.errors import RunRequiresActionError, SessionBusyError

@@ -6,8 +6,8 @@ import asyncio
 import threading
 
 from agio_grpc.domain import StopReason, ToolCall
-from agio_grpc.engine.executor import ToolResult, execute_tool_calls
-from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolStop
+from agio_grpc.engine.executor import execute_tool_calls
+from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult, ToolStop
 from tests.engine.harness import Gate, make_registry
 
 OFFERED = ["calculate", "echo", "note", "wait_for_gate", "explode", "finish"]

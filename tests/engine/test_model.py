@@ -12,20 +12,17 @@ import pytest
 
 from agio_grpc.domain import StopReason, ToolCall, clean_text
 from agio_grpc.engine.events import ToolCallDelta
-from agio_grpc.engine.model import (
+from agio_grpc.engine.models import (
     ModelDelta,
     ModelError,
     ModelEvent,
     ModelRequest,
     ModelRestart,
     ModelRetry,
-    OpenAIModelDriver,
-    RetryPolicy,
-    _error_message,
-    _ReplyBuilder,
-    _retry_after_s,
-    provider_name,
 )
+from agio_grpc.engine.models.openai_chat import OpenAIModelDriver, provider_name, retry_after_s
+from agio_grpc.engine.models.openai_chunks import ReplyBuilder, error_message
+from agio_grpc.engine.models.retries import RetryPolicy
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
 from tests.engine.harness import FAST_RETRIES
 
@@ -554,7 +551,7 @@ def test_retry_after_is_honoured_up_to_the_cap() -> None:
 
 
 def test_an_error_body_nested_too_deep_to_parse_is_reported_as_text() -> None:
-    assert _error_message(b"[" * 100_000).startswith("[[[")
+    assert error_message(b"[" * 100_000).startswith("[[[")
 
 
 async def test_a_closed_driver_fails_calls_retryable_instead_of_reconnecting(
@@ -569,9 +566,9 @@ async def test_a_closed_driver_fails_calls_retryable_instead_of_reconnecting(
 
 
 def test_a_retry_after_date_without_a_zone_is_read_as_utc() -> None:
-    assert _retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 -0000"}) == 0.0
-    assert _retry_after_s({"retry-after": "soon"}) is None
-    assert _retry_after_s({"retry-after-ms": "1500"}) == 1.5
+    assert retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 -0000"}) == 0.0
+    assert retry_after_s({"retry-after": "soon"}) is None
+    assert retry_after_s({"retry-after-ms": "1500"}) == 1.5
 
 
 def test_provider_is_derived_from_the_base_url() -> None:
@@ -591,7 +588,7 @@ def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
 
 
 def test_calls_reusing_index_zero_with_new_ids_stay_separate() -> None:
-    builder = _ReplyBuilder(model_name="m")
+    builder = ReplyBuilder(model_name="m")
     call = {"type": "function"}
     builder.add(
         chunk(
@@ -618,7 +615,7 @@ def test_calls_reusing_index_zero_with_new_ids_stay_separate() -> None:
 
 
 def test_reasoning_is_read_from_provider_extra_fields() -> None:
-    builder = _ReplyBuilder(model_name="m")
+    builder = ReplyBuilder(model_name="m")
     delta = builder.add(chunk({"reasoning_content": "hmm"}))
     assert delta == ModelDelta(reasoning_content="hmm")
     assert builder.add(chunk({"reasoning": "ollama"})) == ModelDelta(reasoning_content="ollama")
@@ -643,7 +640,7 @@ def test_clean_text_returns_ordinary_text_itself(text: str) -> None:
 
 
 def test_a_call_without_an_id_gets_one() -> None:
-    builder = _ReplyBuilder(model_name="m")
+    builder = ReplyBuilder(model_name="m")
     builder.add(
         chunk({"tool_calls": [{"index": 0, "function": {"name": "x", "arguments": "{}"}}]}, "stop")
     )

@@ -16,7 +16,7 @@ import pytest
 from agio_grpc.domain import Role, RunStatus, StopReason, StopSignal
 from agio_grpc.engine import RunFailed
 from agio_grpc.engine.events import ErrorNotice, StepDelta
-from agio_grpc.engine.model import MAX_TOKEN_COUNT
+from agio_grpc.engine.models import MAX_TOKEN_COUNT
 from agio_grpc.testing import Turn, UsageSpec
 from tests.engine.harness import FAST_RETRIES, Harness, Outcome
 

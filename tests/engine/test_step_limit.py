@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agio_grpc.domain import Role, StopReason
-from agio_grpc.engine.executor import ToolResult, oversized
+from agio_grpc.engine.executor import oversized
+from agio_grpc.engine.tools import ToolResult
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, assert_valid_messages, build_runtime
 from tests.roles import StoreRoles

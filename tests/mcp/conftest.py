@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from agio_grpc.domain import ToolCall
-from agio_grpc.engine.executor import ToolResult, execute_tool_call
+from agio_grpc.engine.executor import execute_tool_call
 from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
-from agio_grpc.engine.tools import ToolContext, ToolRegistry
+from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
 
 TOOLBOX = Path(__file__).parent / "servers" / "toolbox.py"
 DEADLINE_S = 20.0
