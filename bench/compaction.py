@@ -24,7 +24,8 @@ from pathlib import Path
 from agio_grpc.domain import Role, Step, ToolCall
 from agio_grpc.engine.compaction import ESTIMATE, plan_compaction
 from agio_grpc.engine.context import build_context, context_steps
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.sql import SqlStore, open_store
+from bench.sessions import stored_session
 from bench.stats import median, percentile
 
 INSTRUCTIONS = "You are a helpful assistant."
@@ -53,33 +54,30 @@ def _steps(session_id: str, count: int) -> list[Step]:
     return steps
 
 
-async def _build_ms(store: SqlStepStore, session_id: str) -> list[float]:
+async def _build_ms(store: SqlStore, session_id: str) -> list[float]:
     timings: list[float] = []
     for _ in range(REPEATS + 2):
         started = time.perf_counter()
-        history = await store.get_history(session_id)
+        history = await store.log.get_history(session_id)
         build_context(INSTRUCTIONS, history, None)
         timings.append((time.perf_counter() - started) * 1000)
     return timings[2:]  # warm caches first
 
 
-async def measure(size: int, store: SqlStepStore) -> list[str]:
-    session = await store.create_session()
-    steps = _steps(session.id, size)
-    for start in range(0, size, 1000):
-        await store.append_steps(steps[start : start + 1000])
-    plain = await _build_ms(store, session.id)
-    history = await store.get_history(session.id)
+async def measure(size: int, store: SqlStore) -> list[str]:
+    session_id = await stored_session(store, lambda id: _steps(id, size))
+    plain = await _build_ms(store, session_id)
+    history = await store.log.get_history(session_id)
     before = context_steps(INSTRUCTIONS, history)
     plan = plan_compaction(history, KEEP)
     assert plan is not None
-    await store.append_step(
-        Step(session.id, "run_b", Role.SUMMARY, content=SUMMARY,
+    await store.log.append_steps([
+        Step(session_id, "run_b", Role.SUMMARY, content=SUMMARY,
              summary_first_sequence=plan.first_sequence,
              summary_last_sequence=plan.last_sequence)
-    )  # fmt: skip
-    summarized = await _build_ms(store, session.id)
-    after = context_steps(INSTRUCTIONS, await store.get_history(session.id))
+    ])  # fmt: skip
+    summarized = await _build_ms(store, session_id)
+    after = context_steps(INSTRUCTIONS, await store.log.get_history(session_id))
     tokens_before = ESTIMATE.prompt(before, [])
     tokens_after = ESTIMATE.prompt(after, [])
     return [

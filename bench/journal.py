@@ -18,17 +18,16 @@ import statistics
 import tempfile
 import time
 
-from agio_grpc.store.protocol import Journal
-
 from agio_grpc.domain import Role, Run, Session, Step, StopReason, StopSignal
 from agio_grpc.engine.channel import Announce, RunChannel
 from agio_grpc.engine.lifecycle import closed, completed, opened
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.records import Journal
+from agio_grpc.store.sql import SqlStore, open_store
 
 WARM_UP = 50
 
 
-async def one_run(store: SqlStepStore, journaled: bool) -> float:
+async def one_run(store: SqlStore, journaled: bool) -> float:
     """A run's three writes, in ms: with its journal records or without."""
     session = Session()
     run = Run(session_id=session.id, agent="assistant")
@@ -38,7 +37,7 @@ async def one_run(store: SqlStepStore, journaled: bool) -> float:
         return channel.journal_for(announce) if journaled else None
 
     began = time.perf_counter()
-    started = await store.start_run(
+    started = await store.ledger.start_run(
         run,
         [Step(session.id, run.id, Role.USER, content="What is 12 * 7?")],
         new_session=session,
@@ -46,11 +45,11 @@ async def one_run(store: SqlStepStore, journaled: bool) -> float:
     )
     channel.publish_journaled()
     reply = Step(session.id, run.id, Role.ASSISTANT, content="The result is 84.")
-    await store.append_steps([reply], held_by=run.id, journal=journal(completed))
+    await store.log.append_steps([reply], held_by=run.id, journal=journal(completed))
     channel.publish_journaled()
     ended = started.run.ended(StopSignal(StopReason.COMPLETED))
     ended.last_event_seq = channel.last_seq + 1
-    await store.end_run(ended, journal=journal(closed))
+    await store.ledger.end_run(ended, journal=journal(closed))
     return (time.perf_counter() - began) * 1000
 
 

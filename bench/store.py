@@ -41,7 +41,8 @@ from pathlib import Path
 from agio_grpc.domain import Role, Run, Step, ToolCall
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import CachedHistory, HistoryCache
-from agio_grpc.store.sql import SqlStepStore, open_store
+from agio_grpc.store.sql import SqlStore, open_store
+from bench.sessions import stored_session
 from bench.stats import median, percentile
 
 
@@ -134,31 +135,31 @@ def _steps(session_id: str, count: int) -> list[Step]:
 
 
 async def _context_build(
-    store: SqlStepStore, session_id: str, repeats: int
+    store: SqlStore, session_id: str, repeats: int
 ) -> tuple[list[float], list[float]]:
     """ms of each context build, and of each full read, of the session."""
     timings: list[float] = []
     full_reads: list[float] = []
     for _ in range(repeats + 2):
         started = time.perf_counter()
-        history = await store.get_history(session_id)
+        history = await store.log.get_history(session_id)
         build_context("You are a helpful assistant.", history, None)
         timings.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
-        await store.get_steps(session_id)
+        await store.log.get_steps(session_id)
         full_reads.append((time.perf_counter() - started) * 1000)
     return timings[2:], full_reads[2:]  # warm caches first
 
 
 async def _run_start(
-    store: SqlStepStore, session_id: str, repeats: int
+    store: SqlStore, session_id: str, repeats: int
 ) -> tuple[list[float], list[float]]:
     """ms of each run start + context build on the session: reading the whole history, and
     with the history held (as the runtime does it, engine/runtime.py `start_run`). Each
     start's input step is deleted again after it, outside the timing."""
     histories = HistoryCache(1_000_000_000)
-    histories.remember(session_id, await store.get_history(session_id))
-    last = (await store.count_steps(session_id)) + 1
+    histories.remember(session_id, await store.log.get_history(session_id))
+    last = (await store.log.get_session(session_id)).step_count + 1
     whole: list[float] = []
     held: list[float] = []
     for index in range(2 * (repeats + 2)):
@@ -167,28 +168,33 @@ async def _run_start(
         user = Step(session_id, run.id, Role.USER, content="one more question")
         began = time.perf_counter()
         kept = histories.cached(session_id) if hold else CachedHistory()
-        started = await store.start_run(run, [user], since=kept.mark)
+        started = await store.ledger.start_run(run, [user], since=kept.mark)
         history = kept.join(started.history_start, started.history)
         build_context("You are a helpful assistant.", history, None)
         (held if hold else whole).append((time.perf_counter() - began) * 1000)
-        await store.release_session(session_id, run.id)
-        await store.delete_steps_from(session_id, last)
+        await store.ledger.release_session(session_id, run.id)
+        await store.log.delete_steps_from(session_id, last)
     return whole[2:], held[2:]
 
 
-async def _write_throughput(store: SqlStepStore, writers: int, duration_s: float) -> float:
-    sessions = [await store.create_session() for _ in range(writers)]
+async def _write_throughput(store: SqlStore, writers: int, duration_s: float) -> float:
+    one = [Step("", "run_b", Role.USER, content="hi")]
+    sessions = [
+        await stored_session(store, lambda id: [dataclasses.replace(one[0], session_id=id)])
+        for _ in range(writers)
+    ]
     stored = 0
     deadline = time.perf_counter() + duration_s
 
     async def writer(session_id: str) -> None:
         nonlocal stored
         while time.perf_counter() < deadline:
-            await store.append_step(Step(session_id, "run_b", Role.ASSISTANT, content="ok " * 50))
+            step = Step(session_id, "run_b", Role.ASSISTANT, content="ok " * 50)
+            await store.log.append_steps([step])
             stored += 1
 
     started = time.perf_counter()
-    await asyncio.gather(*(writer(session.id) for session in sessions))
+    await asyncio.gather(*(writer(session_id) for session_id in sessions))
     return stored / (time.perf_counter() - started)
 
 
@@ -210,14 +216,10 @@ async def measure_store(
         freeze_startup_heap()
     try:
         for size in sizes:
-            session = await store.create_session()
-            steps = _steps(session.id, size)
-            for start in range(0, size, 1000):
-                await store.append_steps(steps[start : start + 1000])
-            del steps
-            built = await _context_build(store, session.id, repeats)
+            session_id = await stored_session(store, lambda id: _steps(id, size))  # noqa: B023
+            built = await _context_build(store, session_id, repeats)
             samples.context[size], samples.full_read[size] = built
-            started = await _run_start(store, session.id, repeats)
+            started = await _run_start(store, session_id, repeats)
             samples.start_whole[size], samples.start_held[size] = started
         for count in writers:
             samples.writes_per_s[count] = [await _write_throughput(store, count, write_s)]
