@@ -26,8 +26,7 @@ across restarts and replicas. Session leases and cancels across replicas are the
 A segment's trace (engine/tracing.py) continues the caller's trace context (the gRPC server
 span); its first steps and run row keep its ids.
 
-Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through the store's roles
-(`Storage`), runs changed only by the lifecycle.
+Never imports grpc, SQLAlchemy or OpenTelemetry; storage only through `Storage`'s roles.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from agio_grpc.domain import DEFAULT_TENANT, Role, Run, RunStatus, Session, Step, StopSignal
 from agio_grpc.engine.admission import RunSlots, Slot
@@ -61,12 +60,13 @@ from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache, mark_of
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.leases import LeaseKeeper, TellOwner
-from agio_grpc.engine.lifecycle import Lifecycle, cancelled, shutting_down
+from agio_grpc.engine.lifecycle import cancelled, shutting_down
 from agio_grpc.engine.loop import LoopServices
 from agio_grpc.engine.models import ModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.queues import RunQueues
 from agio_grpc.engine.segments import RunHandle, RunPlan, Segments, retry_plan
+from agio_grpc.engine.storage import Storage
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTracer
 from agio_grpc.engine.watching import Watching, follow
@@ -76,26 +76,10 @@ from agio_grpc.store import (
     RunStateConflictError,
     SessionBusyError,
 )
-from agio_grpc.store.leases import SessionLeases
-from agio_grpc.store.log import SessionLog
-from agio_grpc.store.runs import RunRecords
 
 logger = logging.getLogger(__name__)
 
 _CANCEL_AGAIN_S = 0.01  # how soon a cancel looks again at a run that was just continued
-
-
-@dataclass(frozen=True, slots=True)
-class Storage:
-    """The store's roles a runtime uses. Runs change only through `lifecycle`, the one holder
-    of the store's `RunLedger`."""
-
-    log: SessionLog
-    runs: RunRecords
-    lifecycle: Lifecycle
-    leases: SessionLeases | None = None
-    """Renews the session leases of this process's live runs (its `session_lease_s` long);
-    without it nothing renews them: only for runs shorter than a lease."""
 
 
 class Runtime:
@@ -114,18 +98,14 @@ class Runtime:
         tracer: RunTracer | None = None,
         tell_owner: TellOwner | None = None,
     ) -> None:
-        """`tracer` traces each run segment (nothing by default); `tell_owner`: see
-        LeaseKeeper."""
+        """`tracer` traces each run segment (none by default); `tell_owner`: LeaseKeeper's."""
         check_agents(agents, default_agent, registry)
-        self.log = storage.log
-        self.runs = storage.runs
-        leases = storage.leases
+        self.log, self.runs, leases = storage.log, storage.runs, storage.leases
         self.agents = agents
         self.default_agent = default_agent
         self.registry = registry
         self.options = options or RuntimeOptions()
         self.lifecycle = storage.lifecycle
-        self.lifecycle.on_session_free = lambda session_id: self._queues.start_next_soon(session_id)
         self._histories = HistoryCache(self.options.history_cache_bytes)
         services = LoopServices(
             self.log, registry, model, hooks or Hooks(), self._histories, self.lifecycle
@@ -145,6 +125,7 @@ class Runtime:
             self.options.max_queued_runs,
             self.stop,
         )
+        self.lifecycle.on_session_free = self._queues.start_next_soon
         self._keeper = (
             LeaseKeeper(
                 leases,
@@ -161,9 +142,10 @@ class Runtime:
         )
         closing, spawned = (lambda: self._closing), (lambda: self._segments.spawned)
         poll_s = self.options.watch_poll_s
-        lease_s = leases.session_lease_s if leases is not None else 0.0
+        lease_s = leases.session_lease_s if leases else 0.0
+        live = self._segments.channel
         self._watching = Watching(
-            self.runs, self.lifecycle, lease_s, self._segments.channel, closing, poll_s, spawned
+            self.runs, self.lifecycle, lease_s, live, closing, poll_s, spawned
         )
 
     # -- agents and context -----------------------------------------------------------------

@@ -35,8 +35,9 @@ from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
-from agio_grpc.engine.runtime import Runtime, Storage
+from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.session_compaction import SessionCompactor
+from agio_grpc.engine.storage import Storage
 from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (

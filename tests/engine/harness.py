@@ -35,7 +35,7 @@ from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
-from agio_grpc.engine.runtime import Storage
+from agio_grpc.engine.storage import Storage
 from agio_grpc.store.leases import SessionLeases
 from agio_grpc.testing import FakeModelServer
 from tests.roles import StoreRoles

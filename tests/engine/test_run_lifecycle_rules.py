@@ -2,8 +2,10 @@
 
 A run's status is derived in one place (`Run.ended(signal)`, `Run.resumed()`, `Run.queued()`
 in domain.py), nothing else in the package assigns one, and only the lifecycle
-(engine/lifecycle.py) and the store transactions it calls (store/sql.py: a start, a queued
-start, a continuation, a take-over of a dead server's run) make those transitions. Checked on
+(engine/lifecycle.py) and the store transactions it calls (the `RunLedger`'s, in
+store/sql/runs.py, starts.py and takes.py: a start, a queued start, a continuation, a
+take-over of a dead server's run) make those transitions; only the lifecycle imports the
+ledger. Checked on
 the source, so that a new `run.status = ...` anywhere fails here rather than in production.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import grimp
 
 import agio_grpc
 
@@ -33,7 +37,12 @@ def test_no_run_status_is_assigned_outside_the_domain_model() -> None:
 
 
 TRANSITION = re.compile(r"\.(ended|resumed|queued)\(")
-TRANSITION_OWNERS = {"engine/lifecycle.py", "store/sql.py"}
+TRANSITION_OWNERS = {
+    "engine/lifecycle.py",
+    "store/sql/runs.py",
+    "store/sql/starts.py",
+    "store/sql/takes.py",
+}
 
 
 def test_only_the_lifecycle_and_its_store_transactions_make_transitions() -> None:
@@ -47,6 +56,14 @@ def test_only_the_lifecycle_and_its_store_transactions_make_transitions() -> Non
                 makers.add(relative)
     assert makers <= TRANSITION_OWNERS
     assert "engine/lifecycle.py" in makers
+
+
+def test_only_the_lifecycle_imports_the_run_ledger() -> None:
+    # The import-linter contract says the same in `make check`; this says it in the suite.
+    graph = grimp.build_graph("agio_grpc", cache_dir=None)
+    importers = graph.find_modules_that_directly_import("agio_grpc.store.ledger")
+    outside_the_store = {name for name in importers if not name.startswith("agio_grpc.store.")}
+    assert outside_the_store == {"agio_grpc.engine.lifecycle"}
 
 
 def test_the_rule_catches_an_assignment() -> None:
