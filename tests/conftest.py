@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import pytest
 
 from agio_grpc.domain import StepMetrics
+from agio_grpc.engine.context_window import LEARNED_WINDOWS
 from agio_grpc.store.rows import HISTORY_METRICS
 from tests.fuzz.harness import Tally
 from tests.fuzz.profiles import BUDGET
@@ -75,6 +76,14 @@ def history_metrics_untouched() -> Iterator[None]:
     may change it."""
     yield
     assert StepMetrics() == HISTORY_METRICS, "something changed the shared history metrics"
+
+
+@pytest.fixture(autouse=True)
+def no_learned_windows() -> Iterator[None]:
+    """A context window one test's provider stated must not shrink the next test's: the
+    process keeps what it learns for its life (engine/context_window.py)."""
+    yield
+    LEARNED_WINDOWS.forget()
 
 
 def _no_postgres(reason: str) -> NoReturn:

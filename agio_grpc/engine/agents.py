@@ -49,7 +49,8 @@ class Compaction:
     """How an agent's runs keep the context under the model's window (engine/compaction.py)."""
 
     context_window_tokens: int = 128_000
-    """The model's context window, in tokens."""
+    """The model's context window, in tokens (a smaller one its provider states in a refusal
+    replaces it, engine/context_window.py)."""
     enabled: bool = True
     """Whether the oldest steps are summarized above the trigger (and on an overflow)."""
     trigger_ratio: float = 0.8
@@ -60,10 +61,6 @@ class Compaction:
     """The model that writes summaries; None: the run's model."""
     instructions: str | None = None
     """The summary call's system prompt; None: the built-in one."""
-
-    @property
-    def trigger_tokens(self) -> int:
-        return int(self.context_window_tokens * self.trigger_ratio)
 
 
 @dataclass(slots=True)

@@ -8,19 +8,29 @@ at hand, else a character estimate (engine/tokens.py), plus 4 tokens a message a
 tools' JSON.
 
 **Plan.** Above `trigger_ratio` of the window, the oldest steps of the context are
-summarized. The context is the latest summary step (if any) followed by the steps after
-the range it covers; the cut falls where a user step or an assistant step begins (a tool
-result stays with its call), leaves at least `keep_recent_steps` steps after it (on an
-overflow, only the latest turn), and never inside the turn in progress.
+summarized. The window is the configured one, or the smaller one the provider stated when
+it refused a request as too long (engine/context_window.py: learned for the process's
+life). The context is the latest summary step (if any) followed by the steps after the
+range it covers; the cut falls where a user step or an assistant step begins (a tool result
+stays with its call), leaves at least `keep_recent_steps` steps after it (on an overflow,
+only the latest turn), and never inside the turn in progress.
 
 **Summary.** One model call (traced as its own `chat` span) summarizes the earlier summary
-and the covered steps, rendered as a transcript (`render_transcript`). The summary is a step
-of role SUMMARY stored at the end of the log with the range it covers
-(`summary_first_sequence`..`summary_last_sequence`); the covered steps stay in the log, so
-ListSteps shows everything, and a fork or retry before the summary step rebuilds the
-context from the originals (engine/context.py reads the latest summary only).
+and the covered steps, rendered as a transcript (`render_transcript`) of at most half the
+summary model's window: a longer backlog is summarized a part at a time, each summary taking
+in the one before. A summary request the provider refuses as too long is made again on a
+smaller part (half the refused one, or half the window the refusal states), until not even
+one turn fits. The summary is a step of role SUMMARY stored at the end of the log with the
+range it covers (`summary_first_sequence`..`summary_last_sequence`); the covered steps stay
+in the log, so ListSteps shows everything, and a fork or retry before the summary step
+rebuilds the context from the originals (engine/context.py reads the latest summary only).
 
-Pure planning and one model call; never touches the store or the event channel (the loop
+**Before and after.** Both estimates of a compaction are measured alike: the estimate after
+is the count of the compacted context scaled by the ratio of the estimate before to the count
+of the context before, so when the model's report anchored the estimate before, the one
+after is in the provider's tokens too, and the next part of a backlog is decided on it.
+
+Pure planning and the summary calls; never touches the store or the event channel (the loop
 and the session service do), never imports grpc.
 """
 
@@ -29,14 +39,15 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from agio_grpc.domain import SUMMARY_PREFIX, Role, Run, Step, StepMetrics, StopReason, StopSignal
 from agio_grpc.engine.agents import Compaction, RunSettings
 from agio_grpc.engine.context import after_summary, context_steps, latest_summary
+from agio_grpc.engine.context_window import LEARNED_WINDOWS, context_refusal
 from agio_grpc.engine.events import ContextCompacted, Event, StepCompleted
-from agio_grpc.engine.models import ModelDriver, ModelError, ModelEvent, ModelRequest
+from agio_grpc.engine.models import ModelDriver, ModelError, ModelEvent, ModelReply, ModelRequest
 from agio_grpc.engine.tokens import Counter, counter_for, estimate_text_tokens
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
@@ -97,6 +108,19 @@ def default_context_window(model: str) -> int:
     return _WINDOWS[max(matches, key=len)] if matches else DEFAULT_CONTEXT_WINDOW
 
 
+def context_window(settings: RunSettings) -> int:
+    """The window the run's model is compacted to: the configured one, or the smaller one
+    its provider stated in a refusal."""
+    return LEARNED_WINDOWS.window(settings.model, settings.compaction.context_window_tokens)
+
+
+def summary_window(settings: RunSettings) -> int:
+    """The window a summary request must fit: the run's, or the smaller one the summary
+    model's provider stated in a refusal."""
+    model = settings.compaction.model or settings.model
+    return LEARNED_WINDOWS.window(model, context_window(settings))
+
+
 class TokenCount:
     """Counts the prompt tokens of steps, texts and tool definitions with one counter
     (engine/tokens.py); with a tokenizer, a stored step's count is kept by its id (a stored
@@ -140,7 +164,11 @@ class TokenCount:
         was made counts the steps it replaced, so it is not used."""
         summary = next((step for step in context if step.role is Role.SUMMARY), None)
         reported = self._since_report(context, summary)
-        return reported if reported is not None else self.tools(tools) + self.steps(context)
+        return reported if reported is not None else self.counted(context, tools)
+
+    def counted(self, context: Sequence[Step], tools: Sequence[dict[str, Any]]) -> int:
+        """`prompt` counted in full, whatever the model reported."""
+        return self.tools(tools) + self.steps(context)
 
     def history(
         self, instructions: str, history: Sequence[Step], tools: Sequence[dict[str, Any]]
@@ -199,6 +227,8 @@ class CompactionPlan:
     last_sequence: int
     partial: bool = False
     """The budget of one summary request cut it short: more is left to summarize."""
+    tokens: int = 0
+    """The estimated tokens of its transcript (`render_transcript`)."""
 
 
 def plan_compaction(
@@ -211,8 +241,9 @@ def plan_compaction(
     previous = latest_summary(history)
     steps = after_summary(history, previous)
     wanted = at_most = len(steps) - max(0, keep_recent_steps)
+    quoted = estimate_text_tokens(_cut(previous.content)) if previous is not None else 0
     if budget_tokens is not None:
-        used = estimate_text_tokens(_cut(previous.content)) if previous is not None else 0
+        used = quoted
         for index, step in enumerate(steps):
             used += _transcript_tokens(step)
             if used > budget_tokens:
@@ -226,7 +257,8 @@ def plan_compaction(
     covered = steps[:cut]
     first = previous.summary_first_sequence if previous is not None else covered[0].sequence
     partial = _last_cut(steps, wanted) > cut
-    return CompactionPlan(previous, covered, first, covered[-1].sequence, partial)
+    tokens = quoted + sum(map(_transcript_tokens, covered))
+    return CompactionPlan(previous, covered, first, covered[-1].sequence, partial, tokens)
 
 
 def _last_cut(steps: Sequence[Step], at_most: int) -> int:
@@ -297,8 +329,12 @@ def _cut(text: str) -> str:
     return f"{text[:STEP_TRANSCRIPT_CHARS]} [... {cut} more characters cut]"
 
 
-def summary_request(plan: CompactionPlan, policy: Compaction, model: str) -> ModelRequest:
-    """The model request that summarizes `plan` (no tools)."""
+def summary_request(
+    plan: CompactionPlan, policy: Compaction, model: str, window: int
+) -> ModelRequest:
+    """The model request that summarizes `plan` (no tools), for a model of `window` tokens:
+    the summary may take a quarter of it, up to SUMMARY_MAX_TOKENS (a provider counts the
+    completion's cap in the window)."""
     return ModelRequest(
         model=policy.model or model,
         messages=[
@@ -307,7 +343,7 @@ def summary_request(plan: CompactionPlan, policy: Compaction, model: str) -> Mod
         ],
         tools=[],
         temperature=None,
-        max_tokens=SUMMARY_MAX_TOKENS,
+        max_tokens=max(1, min(SUMMARY_MAX_TOKENS, window // 4)),
     )
 
 
@@ -334,7 +370,10 @@ class Summary:
     step: Step
     tokens_before: int
     tokens_after: int
+    """Measured as `tokens_before` was (see the module docstring)."""
     trigger: Trigger
+    budget_tokens: int
+    """The most transcript tokens its summary request held (smaller after a refusal)."""
 
     def announce(self, _: Run | None, steps: Sequence[Step]) -> list[Event]:
         """The events of its write (a `channel.Announce`): its `step_completed`, then
@@ -363,7 +402,14 @@ class Compacting:
     history: Sequence[Step]
     tools: list[dict[str, Any]]
     trigger: Trigger
+    keep_recent_steps: int
     tokens_before: int
+    """The estimate the compaction was decided on."""
+    counted_before: int
+    """The context before, counted in full: `tokens_before` over it is the scale the
+    estimate after is measured in."""
+    budget_tokens: int
+    """The most transcript tokens its summary request may hold."""
 
     @classmethod
     def planned(
@@ -374,13 +420,14 @@ class Compacting:
         trigger: Trigger,
         keep_recent_steps: int | None = None,
         *,
-        again: bool = False,
+        after: Summary | None = None,
     ) -> Compacting | None:
         """The compaction `trigger` calls for on `history`, if any: a threshold only above
-        the trigger ratio, an overflow keeping only the latest turn, a request keeping
-        `keep_recent_steps` (default: the policy's); `again` (a backlog summarized a part at
-        a time) only above the trigger ratio whatever the trigger. None when compaction is
-        off or no cut is possible."""
+        the trigger ratio of the window (`context_window`), an overflow keeping only the
+        latest turn, a request keeping `keep_recent_steps` (default: the policy's). `after`
+        is the summary just made when this is the next part of a backlog: its estimate after
+        is the estimate before, and the budget it was made with holds. None when compaction
+        is off or no cut is possible."""
         policy = settings.compaction
         if not policy.enabled and trigger != "request":
             return None
@@ -388,49 +435,93 @@ class Compacting:
             tool.to_openai() for tool in settings.client_tools
         ]
         tokens = token_count_for(settings.model)
-        if settings.limits.max_history_messages is None:
+        cap = settings.limits.max_history_messages
+        if after is not None:
+            before = after.tokens_after
+        elif cap is None:
             before = tokens.history(settings.instructions, history, tools)
         else:  # the cap drops messages: count what is sent
-            context = context_steps(
-                settings.instructions, history, settings.limits.max_history_messages
-            )
-            before = tokens.prompt(context, tools)
-        if (trigger == "threshold" or again) and before <= policy.trigger_tokens:
+            before = tokens.prompt(context_steps(settings.instructions, history, cap), tools)
+        trigger_tokens = int(context_window(settings) * policy.trigger_ratio)
+        if trigger == "threshold" and before <= trigger_tokens:
             return None
         keep = 0 if trigger == "overflow" else policy.keep_recent_steps
         if keep_recent_steps is not None:
             keep = keep_recent_steps
-        plan = plan_compaction(history, keep, policy.context_window_tokens // 2)
+        budget = summary_window(settings) // 2
+        if after is not None:
+            budget = min(budget, after.budget_tokens)
+        plan = plan_compaction(history, keep, budget)
         if plan is None:
             return None
-        return cls(plan, settings, history, tools, trigger, before)
+        counted = tokens.counted(context_steps(settings.instructions, history, cap), tools)
+        return cls(plan, settings, history, tools, trigger, keep, before, counted, budget)
+
+    def smaller(self, error: ModelError) -> Compacting | None:
+        """This compaction on a smaller part, after the provider refused its summary request
+        as too long: at most half the refused transcript, or half the window the refusal
+        states if less (learned as the summary model's). None when `error` is no such
+        refusal, or when not even the first turn is left to cut off."""
+        refusal = context_refusal(error)
+        if refusal is None:
+            return None
+        settings = self.settings
+        LEARNED_WINDOWS.learn(settings.compaction.model or settings.model, refusal)
+        budget = min(self.plan.tokens // 2, summary_window(settings) // 2)
+        plan = plan_compaction(self.history, self.keep_recent_steps, budget)
+        if plan is None or plan.last_sequence >= self.plan.last_sequence:
+            return None
+        return replace(self, plan=plan, budget_tokens=budget)
 
     async def summarize(
         self, driver: ModelDriver, trace: RunTrace, step: Step, sequence: int
     ) -> Summary:
         """`step` (role SUMMARY, its ids set) made the summary of the plan: its content,
-        range and the summary call's metrics. The call is traced under `trace` as producing
-        the step at `sequence`; raises what the model driver raises (ModelError)."""
+        range and the summary call's metrics. Each call is traced under `trace` as producing
+        the step at `sequence`. A request refused as too long is made again on a smaller part
+        (`smaller`), which the summary then covers; raises what the model driver raises
+        (ModelError), the refusal itself when not even the first turn fits."""
         settings = self.settings
-        request = summary_request(self.plan, settings.compaction, settings.model)
+        compacting = self
 
         def ignore(_: ModelEvent) -> None:
             return None
 
-        with trace.model_call(request, step.id, sequence) as span:
-            reply = await driver.complete(request, ignore)
-            span.replied(reply)
+        while True:
+            request = summary_request(
+                compacting.plan, settings.compaction, settings.model, summary_window(settings)
+            )
+            try:
+                with trace.model_call(request, step.id, sequence) as span:
+                    reply = await driver.complete(request, ignore)
+                    span.replied(reply)
+            except ModelError as error:
+                smaller = compacting.smaller(error)
+                if smaller is None:
+                    raise
+                compacting = smaller
+                continue
+            step.trace_id, step.span_id = span.trace_id, span.span_id
+            return compacting._made(step, sequence, reply)
+
+    def _made(self, step: Step, sequence: int, reply: ModelReply) -> Summary:
+        """`step` made the summary `reply` holds, with the estimates around it."""
+        settings = self.settings
         step.content = reply.content.strip() or "(the summary came back empty)"
         step.metrics = reply.metrics if reply.metrics is not None else StepMetrics()
         step.summary_first_sequence = self.plan.first_sequence
         step.summary_last_sequence = self.plan.last_sequence
-        step.trace_id, step.span_id = span.trace_id, span.span_id
         step.sequence = sequence  # as it will be stored: the context after it reads it
         after = context_steps(
             settings.instructions, [*self.history, step], settings.limits.max_history_messages
         )
         step.sequence = 0
-        # The summary's own report counts what it replaced; the estimate after is textual.
-        tokens = token_count_for(settings.model)
-        tokens_after = tokens.tools(self.tools) + tokens.steps(after)
-        return Summary(step, self.tokens_before, tokens_after, self.trigger)
+        # No report counts the compacted context yet (the summary call's counts what it
+        # replaced): its count is scaled as the estimate before was to the count before.
+        counted = token_count_for(settings.model).counted(after, self.tools)
+        tokens_after = (
+            round(counted * self.tokens_before / self.counted_before)
+            if self.counted_before
+            else counted
+        )
+        return Summary(step, self.tokens_before, tokens_after, self.trigger, self.budget_tokens)

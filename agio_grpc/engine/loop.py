@@ -61,9 +61,11 @@ from agio_grpc.engine.channel import Announce, RunChannel
 from agio_grpc.engine.compaction import (
     MAX_COMPACTIONS_PER_CALL,
     Compacting,
+    Summary,
     Trigger,
     context_window_signal,
 )
+from agio_grpc.engine.context_window import LEARNED_WINDOWS, context_refusal
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
@@ -244,15 +246,17 @@ class RunLoop:
         try:
             called = await call.reply(self._model_listener(call.step_id))
         except ModelError as error:
-            if not error.context_exceeded:
+            refusal = context_refusal(error)
+            if refusal is None:
                 raise _Stop(self._model_error_signal(error)) from None
+            LEARNED_WINDOWS.learn(self.settings.model, refusal)
             if not await self._compact("overflow"):
                 raise _Stop(context_window_signal(error)) from None
             call = await self._model_call(call.step_id)
             try:
                 called = await call.reply(self._model_listener(call.step_id))
             except ModelError as again:
-                if again.context_exceeded:
+                if context_refusal(again) is not None:
                     raise _Stop(context_window_signal(again)) from None
                 raise _Stop(self._model_error_signal(again)) from None
         reply = called.reply
@@ -310,19 +314,21 @@ class RunLoop:
         """Summarize the oldest steps (engine/compaction.py) when `trigger` calls for it and
         a cut is possible: store the summary step with its `context_compacted` event.
         Returns whether it did. A summary call that fails is reported as a COMPACTION_FAILED
-        notice and the run goes on without it (MODEL_ERROR on an overflow)."""
-        compacted = False
-        for again in [False] + [True] * (MAX_COMPACTIONS_PER_CALL - 1):
+        notice and the run goes on without it (on an overflow the run stops: CONTEXT_WINDOW
+        when not even one turn fits a summary request, else MODEL_ERROR)."""
+        compacted: Summary | None = None
+        for _ in range(MAX_COMPACTIONS_PER_CALL):
             compacting = Compacting.planned(
-                self.settings, self.services.registry, self.history, trigger, again=again
+                self.settings, self.services.registry, self.history, trigger, after=compacted
             )
-            if compacting is None or not await self._summarize(compacting):
+            summary = None if compacting is None else await self._summarize(compacting)
+            if summary is None:
                 break
-            compacted = True
-        return compacted
+            compacted = summary
+        return compacted is not None
 
-    async def _summarize(self, compacting: Compacting) -> bool:
-        """Store the summary `compacting` plans; False when its call failed (threshold)."""
+    async def _summarize(self, compacting: Compacting) -> Summary | None:
+        """Store the summary `compacting` plans; None when its call failed (threshold)."""
         trigger = compacting.trigger
         step = Step(self.run_row.session_id, self.run_row.id, Role.SUMMARY)
         self.channel.publish(StepStarted(step_id=step.id, role=Role.SUMMARY))
@@ -331,14 +337,16 @@ class RunLoop:
                 self.services.model, self.trace, step, self._next_sequence()
             )
         except ModelError as error:
+            if trigger == "overflow" and context_refusal(error) is not None:
+                raise _Stop(context_window_signal(error)) from None
             if trigger == "overflow":
                 raise _Stop(self._model_error_signal(error)) from None
             self.channel.publish(ErrorNotice("COMPACTION_FAILED", error.message, "model"))
-            return False
+            return None
         self.run_row.usage.add(summary.step.metrics)
         await self._store_steps([summary.step], announce=summary.announce)
         self.trace.compacted(trigger, summary.tokens_before, summary.tokens_after)
-        return True
+        return summary
 
     def _model_listener(self, step_id: str) -> Callable[[ModelEvent], None]:
         def on_event(event: ModelEvent) -> None:

@@ -1,10 +1,11 @@
 """`SessionCompactor`: CompactSession, a compaction between runs (engine/compaction.py).
 
 Reads the session's history, plans the cut with the agent's settings (or the caller's
-`keep_recent_steps`), has the summary written by one model call, and stores the summary
-step only while no run holds the session and its log still ends where it was read: a run
-that started, or steps appended, meanwhile refuse the write (SessionBusyError,
-HistoryChangedError) and nothing is stored. Never imports grpc.
+`keep_recent_steps`), has the summary written by one model call (a part at a time, for a
+backlog longer than one summary request may hold), and stores each summary step only while
+no run holds the session and its log still ends where it was read: a run that started, or
+steps appended, meanwhile refuse the write (SessionBusyError, HistoryChangedError) and the
+summary is not stored. Never imports grpc.
 """
 
 from __future__ import annotations
@@ -105,10 +106,10 @@ class SessionCompactor:
             )
             trace.compacted("request", summary.tokens_before, summary.tokens_after)
             history = [*history, stored]
-            more = compacting.plan.partial and Compacting.planned(
-                settings, self._registry, history, "request", keep_recent_steps
+            more = Compacting.planned(
+                settings, self._registry, history, "request", keep_recent_steps, after=summary
             )
-            if not more:
+            if more is None:
                 break
             compacting = more
         return SessionCompaction(stored, tokens_before, summary.tokens_after)

@@ -129,3 +129,15 @@ def context_length_exceeded(window: int, prompt_tokens: int) -> dict[str, Any]:
             "code": "context_length_exceeded",
         }
     }
+
+
+def context_size_exceeded() -> dict[str, Any]:
+    """A refusal of a prompt longer than the context window that states no window, as
+    llama.cpp's server sends one (an HTTP status as its code)."""
+    return {
+        "error": {
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+            "code": 400,
+        }
+    }

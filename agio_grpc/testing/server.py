@@ -65,6 +65,7 @@ class FakeModelServer:
         default: Responder = default_responder,
         models: Sequence[str] = (DEFAULT_MODEL,),
         context_window: int | None = None,
+        refusal_states_window: bool = True,
     ) -> None:
         """Configure the server; nothing listens until `start`.
 
@@ -72,8 +73,10 @@ class FakeModelServer:
         queued. `models` are the ids `GET /v1/models` lists (any model name is
         accepted in requests, and echoed back). With `context_window`, a request whose
         prompt is estimated (`estimate_prompt_tokens`: its words) over it is refused as
-        OpenAI refuses one: HTTP 400 with code `context_length_exceeded`, consuming no
-        queued turn.
+        OpenAI refuses one: HTTP 400 with code `context_length_exceeded` and a message
+        stating the window, consuming no queued turn; with `refusal_states_window` False, as
+        a server that states no window refuses one (an HTTP 400 saying only that the
+        request exceeds the available context size).
         """
         self.requests: list[dict[str, Any]] = []
         """Every chat.completions request body received (parsed JSON), in arrival order."""
@@ -85,6 +88,8 @@ class FakeModelServer:
         self._models = list(models)
         self.context_window = context_window
         """The prompt size over which requests are refused (None: no limit); settable."""
+        self.refusal_states_window = refusal_states_window
+        """Whether a refusal's message states `context_window`; settable."""
         self._turns: deque[Turn] = deque()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -241,7 +246,11 @@ class FakeModelServer:
         if self.context_window is not None:
             prompt = estimate_prompt_tokens(body)
             if prompt > self.context_window:
-                answer = payloads.context_length_exceeded(self.context_window, prompt)
+                answer = (
+                    payloads.context_length_exceeded(self.context_window, prompt)
+                    if self.refusal_states_window
+                    else payloads.context_size_exceeded()
+                )
                 writer.write(json_response(400, answer, keep_alive=request.keep_alive))
                 await writer.drain()
                 return request.keep_alive

@@ -8,6 +8,7 @@ The real runtime on a real store, the openai client talking HTTP to the fake mod
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from agio_grpc.engine.compaction import (
     plan_compaction,
 )
 from agio_grpc.engine.context import context_steps
+from agio_grpc.engine.context_window import LEARNED_WINDOWS
 from agio_grpc.engine.errors import CompactionFailedError
 from agio_grpc.engine.events import ContextCompacted
 from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
@@ -42,6 +44,11 @@ from tests.engine.test_runtime import segment_task_done, without_deltas
 from tests.roles import StoreRoles
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa "
+FRENCH = "le café crème est déjà prêt à côté "
+"""Accented text: the estimate counts it a token a character, four times the tokens the fake
+model reports for it (its words)."""
+ASSUMED_WINDOW = 128_000
+"""The window assumed for a model of no known family, such as the fake model."""
 
 
 def compacting_agent(window: int, keep: int = 2, ratio: float = 0.5) -> AgentSpec:
@@ -63,7 +70,11 @@ async def fake() -> AsyncIterator[FakeModelServer]:
         yield server
 
 
-async def running(store: StoreRoles, fake: FakeModelServer, agent: AgentSpec) -> Harness:
+async def running(
+    store: StoreRoles, fake: FakeModelServer, agent: AgentSpec, history_cache_bytes: int = 0
+) -> Harness:
+    """A runtime with `agent`; by default it reads every history from the store, where
+    steps carry no token reports (the estimates count everything)."""
     driver = OpenAIModelDriver(base_url=fake.base_url, api_key="k", retry=FAST_RETRIES)
     runtime = Runtime(
         storage_of(store),
@@ -71,7 +82,7 @@ async def running(store: StoreRoles, fake: FakeModelServer, agent: AgentSpec) ->
         "assistant",
         make_registry(Gate()),
         driver,
-        options=RuntimeOptions(history_cache_bytes=0),
+        options=RuntimeOptions(history_cache_bytes=history_cache_bytes),
     )
     return Harness(runtime, store, fake, Gate(), driver)
 
@@ -99,6 +110,26 @@ async def two_turns(harness: Harness) -> str:
     first = await harness.run(WORDS)
     await harness.run(WORDS, session_id=first.session_id)
     return first.session_id
+
+
+async def backlog(store: StoreRoles, steps: int) -> str:
+    """A session holding `steps` steps of earlier runs, user and assistant by turns, of 51
+    words (about 78 tokens estimated) each; its id."""
+    session = await store.new_session()
+    roles = (Role.USER, Role.ASSISTANT)
+    await store.append_steps(
+        [
+            Step(session.id, "run_old", roles[n % 2], content=f"{n}: {WORDS * 5}")
+            for n in range(steps)
+        ]
+    )
+    return session.id
+
+
+def prompt_sizes(fake: FakeModelServer, since: int = 0) -> list[int]:
+    """The size of each request the fake model got from the `since`th on, as it measures
+    them against its window."""
+    return [estimate_prompt_tokens(body) for body in fake.requests[since:]]
 
 
 def chat_messages(fake: FakeModelServer) -> list[list[dict[str, object]]]:
@@ -144,6 +175,34 @@ async def test_the_trigger_fires_at_the_ratio_and_the_next_request_is_summary_pl
     # GetContext shows exactly that, and the reply after it.
     context = await small.runtime.next_context(session)
     assert [s.sequence for s in context] == [0, 6, 4, 5, 7]
+
+
+async def test_a_compaction_measures_its_tokens_after_as_its_tokens_before(
+    store: StoreRoles, fake: FakeModelServer
+) -> None:
+    # Histories kept between runs carry the model's reports: the estimate before a call is
+    # the provider's count of the last one plus the estimate of what came since.
+    built = await running(store, fake, compacting_agent(1_000), history_cache_bytes=64_000_000)
+    outcomes = []
+    try:
+        session = None
+        for turn in range(5):
+            outcome = await built.run(f"{turn}: " + FRENCH * 4, session_id=session)
+            session = outcome.session_id
+            outcomes.append(outcome)
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+    assert [len(outcome.of(ContextCompacted)) for outcome in outcomes] == [0, 0, 0, 0, 1]
+    # The fifth turn passes the trigger of 500. The part summarized brings it under, measured
+    # as before was (the count of the rest alone, ~1,100, is over): no second part follows.
+    (compacted,) = outcomes[4].of(ContextCompacted)
+    assert compacted.trigger == "threshold"
+    assert compacted.tokens_before > 500 >= compacted.tokens_after
+    # And the provider's count of the call after it is within the estimate.
+    (reply,) = outcomes[4].steps_of(Role.ASSISTANT)
+    assert 0 < reply.metrics.input_tokens <= compacted.tokens_after
 
 
 async def test_the_compaction_event_replays_from_the_journal_as_it_was_streamed(
@@ -209,7 +268,7 @@ async def test_fork_and_retry_before_a_summary_use_the_original_steps(small: Har
     assert summary.id not in {s.id for s in await small.history(session)}
 
 
-async def test_a_provider_overflow_compacts_once_and_calls_again(
+async def test_a_provider_overflow_compacts_and_calls_again(
     store: StoreRoles, fake: FakeModelServer
 ) -> None:
     # A window the service's own estimate never nears: only the provider refuses.
@@ -218,8 +277,7 @@ async def test_a_provider_overflow_compacts_once_and_calls_again(
         first = await built.run(WORDS * 5)
         session = first.session_id
         await built.run(WORDS * 5, session_id=session)
-        # ~410 words with the new input: refused until the earlier turns are summarized
-        # (the summary request, ~285 words, and the call after it, ~225, fit).
+        # ~410 words with the new input: refused until the earlier turns are summarized.
         fake.context_window = 300
         outcome = await built.run(WORDS * 20, session_id=session)
     finally:
@@ -227,10 +285,12 @@ async def test_a_provider_overflow_compacts_once_and_calls_again(
         await built.driver.close()
 
     assert outcome.reason is StopReason.COMPLETED
-    (compacted,) = outcome.of(ContextCompacted)
-    assert compacted.trigger == "overflow"
-    prompts = [estimate_prompt_tokens(body) for body in fake.requests]
-    assert prompts[-3] > 300 >= max(prompts[-2:])  # refused, the summary, the call again
+    compactions = outcome.of(ContextCompacted)
+    assert {compacted.trigger for compacted in compactions} == {"overflow"}
+    # Everything but the latest exchange is summarized, the last summary taking it all in.
+    assert (compactions[-1].first_sequence, compactions[-1].last_sequence) == (1, 3)
+    prompts = [estimate_prompt_tokens(body) for body in fake.requests[2:]]
+    assert prompts[0] > 300 >= max(prompts[1:])  # refused; the summaries and the call fit
 
 
 async def test_a_context_that_cannot_fit_stops_context_window(small: Harness) -> None:
@@ -240,6 +300,97 @@ async def test_a_context_that_cannot_fit_stops_context_window(small: Harness) ->
     assert outcome.run.stop_signal is not None
     assert "maximum context length" in outcome.run.stop_signal.message
     assert not outcome.of(ContextCompacted)
+
+
+async def test_a_backlog_over_the_window_a_refusal_states_is_summarized_a_part_at_a_time(
+    store: StoreRoles, fake: FakeModelServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The model is of no known family: its window is assumed to be 128,000 tokens, and the
+    # provider's is 1,000 (a session moved to a smaller model is the same case).
+    built = await running(store, fake, compacting_agent(ASSUMED_WINDOW, ratio=0.8))
+    fake.context_window = 1_000
+    try:
+        session = await backlog(store, 30)  # ~1,530 words
+        with caplog.at_level(logging.WARNING, logger="agio_grpc.engine.context_window"):
+            outcome = await built.run("What now?", session_id=session)
+        sent = len(fake.requests)
+        # Another session of the same size, on the same model, once the window is known.
+        later = await built.run("What now?", session_id=await backlog(store, 30))
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+    assert outcome.reason is StopReason.COMPLETED
+    compactions = outcome.of(ContextCompacted)
+    assert len(compactions) > 1
+    assert {compacted.trigger for compacted in compactions} == {"overflow"}
+    assert (compactions[-1].first_sequence, compactions[-1].last_sequence) == (1, 29)
+    # Only the first call was refused: each summary request held what fits half the window.
+    sizes = prompt_sizes(fake)[:sent]
+    assert sizes[0] > 1_000 >= max(sizes[1:])
+    context = await built.runtime.next_context(session)
+    assert [step.sequence for step in context][2:4] == [30, 31]  # the latest exchange
+    assert [step.role for step in context][:2] == [Role.SYSTEM, Role.SUMMARY]
+    assert LEARNED_WINDOWS.window("fake-model", ASSUMED_WINDOW) == 1_000
+    (record,) = [r for r in caplog.records if r.name == "agio_grpc.engine.context_window"]
+    assert "fake-model" in record.getMessage()
+    assert "1000 tokens" in record.getMessage()
+    # The learned window holds from then on: the threshold compacts before any refusal.
+    assert later.reason is StopReason.COMPLETED
+    assert {compacted.trigger for compacted in later.of(ContextCompacted)} == {"threshold"}
+    assert max(prompt_sizes(fake, since=sent)) <= 1_000
+
+
+async def test_a_summary_request_refused_without_a_stated_window_is_made_on_a_smaller_part(
+    store: StoreRoles, fake: FakeModelServer
+) -> None:
+    built = await running(store, fake, compacting_agent(ASSUMED_WINDOW, ratio=0.8))
+    fake.context_window = 1_000
+    fake.refusal_states_window = False  # as llama.cpp's: "exceeds the available context size"
+    try:
+        session = await backlog(store, 30)
+        outcome = await built.run("What now?", session_id=session)
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+    assert outcome.reason is StopReason.COMPLETED
+    compactions = outcome.of(ContextCompacted)
+    assert {compacted.trigger for compacted in compactions} == {"overflow"}
+    assert (compactions[-1].first_sequence, compactions[-1].last_sequence) == (1, 29)
+    # Refused: the call, then the summary request of the whole backlog; its halves fit.
+    sizes = prompt_sizes(fake)
+    assert min(sizes[:2]) > 1_000 >= max(sizes[2:])
+    assert LEARNED_WINDOWS.window("fake-model", ASSUMED_WINDOW) == ASSUMED_WINDOW
+
+
+async def test_a_turn_too_long_for_any_summary_request_stops_context_window(
+    store: StoreRoles, fake: FakeModelServer
+) -> None:
+    built = await running(store, fake, compacting_agent(ASSUMED_WINDOW, ratio=0.8))
+    fake.context_window = 200
+    session = await store.new_session()
+    await store.append_steps(
+        [
+            Step(session.id, "run_old", Role.USER, content=WORDS * 40),  # 400 words
+            Step(session.id, "run_old", Role.ASSISTANT, content="Noted."),
+        ]
+    )
+    try:
+        outcome = await built.run("What now?", session_id=session.id)
+    finally:
+        await built.runtime.shutdown(grace_s=0)
+        await built.driver.close()
+
+    # Not a model error: the first turn alone is longer than a summary request may be.
+    assert outcome.reason is StopReason.CONTEXT_WINDOW
+    signal = outcome.run.stop_signal
+    assert signal is not None
+    assert "maximum context length is 200 tokens" in signal.message
+    assert signal.context == {"status_code": 400, "error_code": "context_length_exceeded"}
+    assert not outcome.of(ContextCompacted)
+    assert Role.SUMMARY not in {step.role for step in await store.get_steps(session.id)}
+    assert [size > 200 for size in prompt_sizes(fake)] == [True, True]  # the call, the summary
 
 
 async def test_compact_session_between_runs(small: Harness, store: StoreRoles) -> None:
@@ -264,21 +415,37 @@ async def test_compact_session_between_runs(small: Harness, store: StoreRoles) -
 async def test_compact_session_summarizes_a_long_backlog_a_part_at_a_time(
     small: Harness, store: StoreRoles
 ) -> None:
-    session = await store.new_session()
-    roles = (Role.USER, Role.ASSISTANT)
-    await store.append_steps(
-        [Step(session.id, "run_old", roles[n % 2], content=f"{n}: {WORDS * 5}") for n in range(40)]
-    )  # ~3,000 tokens: six times the 500 one summary request may hold
+    # ~3,000 tokens: six times the 500 one summary request may hold
+    session = await backlog(store, 40)
     compactor = compactor_of(small, store)
-    done = await compactor.compact(session.id, keep_recent_steps=2)
+    done = await compactor.compact(session, keep_recent_steps=2)
     assert done.summary is not None
     assert (done.summary.summary_first_sequence, done.summary.summary_last_sequence) == (1, 38)
-    summaries = [s for s in await store.get_steps(session.id) if s.role is Role.SUMMARY]
+    summaries = [s for s in await store.get_steps(session) if s.role is Role.SUMMARY]
     assert len(summaries) > 1
     assert [s.summary_first_sequence for s in summaries] == [1] * len(summaries)
-    context = await small.runtime.next_context(session.id)
+    context = await small.runtime.next_context(session)
     assert [s.sequence for s in context] == [0, done.summary.sequence, 39, 40]
     assert done.tokens_after < done.tokens_before / 5
+
+
+async def test_compact_session_makes_a_refused_summary_request_on_a_smaller_part(
+    small: Harness, store: StoreRoles
+) -> None:
+    small.model.context_window = 200
+    small.model.refusal_states_window = False
+    session = await backlog(store, 12)
+    done = await compactor_of(small, store).compact(session, keep_recent_steps=2)
+    assert done.summary is not None
+    assert (done.summary.summary_first_sequence, done.summary.summary_last_sequence) == (1, 10)
+    summaries = [s for s in await store.get_steps(session) if s.role is Role.SUMMARY]
+    assert [s.summary_first_sequence for s in summaries] == [1] * len(summaries)
+    # Refused until the part was small enough; every part after it was made that small.
+    fits = [size <= 200 for size in prompt_sizes(small.model)]
+    refused = fits.index(True)
+    assert refused > 0
+    assert all(fits[refused:])
+    assert len(fits) - refused == len(summaries)
 
 
 async def test_compact_session_refuses_a_session_waiting_for_tool_outputs(

@@ -372,6 +372,36 @@ async def test_server_error_answers_500_with_openai_error_body(
     }
 
 
+async def test_a_prompt_over_the_context_window_is_refused_as_openai_refuses_it(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    server.context_window = 3
+    server.enqueue(Turn.text("kept for the next request"))
+    prompt: list[Any] = [{"role": "user", "content": "one two three four"}]
+
+    with pytest.raises(openai.BadRequestError) as raised:
+        await stream_chunks(client, prompt)
+
+    assert raised.value.status_code == 400
+    assert raised.value.body == {
+        "message": "This model's maximum context length is 3 tokens. However, your messages "
+        "resulted in 4 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    server.refusal_states_window = False
+    with pytest.raises(openai.BadRequestError) as raised:
+        await stream_chunks(client, prompt)
+    assert raised.value.body == {
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "code": 400,
+    }
+    assert server.pending == 1  # a refused request consumes no turn
+    assert content_of(await stream_chunks(client)) == "kept for the next request"
+
+
 async def test_cut_after_drops_the_connection_mid_stream(
     server: FakeModelServer, client: openai.AsyncOpenAI
 ) -> None:

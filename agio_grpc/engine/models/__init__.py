@@ -15,10 +15,9 @@ nothing of steps, the store or the event channel.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from agio_grpc.domain import StepMetrics, StopReason, ToolCall
 from agio_grpc.engine.events import ToolCallDelta
@@ -122,22 +121,6 @@ class ModelError(Exception):
         self.status_code = status_code
         self.error_code = error_code
         self.retries = retries
-
-    @property
-    def context_exceeded(self) -> bool:
-        """Whether the provider refused the request as longer than the model's context
-        window: OpenAI's `context_length_exceeded` code, or the messages vLLM, llama.cpp and
-        Anthropic-compatible servers send for it."""
-        if self.error_code == "context_length_exceeded":
-            return True
-        return self.status_code in (400, 413, 422) and bool(_CONTEXT_EXCEEDED.search(self.message))
-
-
-_CONTEXT_EXCEEDED: Final = re.compile(
-    r"maximum context length|context length|context window|prompt is too long"
-    r"|exceeds? the (?:model'?s? )?context",
-    re.IGNORECASE,
-)
 
 
 class ModelDriver(Protocol):
