@@ -290,6 +290,12 @@ class StepStore(Protocol):
         """The step with the highest sequence, or None for an empty session."""
         ...
 
+    async def first_user_messages(self, session_ids: Sequence[str], chars: int) -> dict[str, str]:
+        """Session id -> the first `chars` characters of its step 1, for each of these
+        sessions whose step 1 is a user step (the others are left out), in one read. No
+        tenant check: the caller passes sessions it has already read as the tenant's."""
+        ...
+
     async def count_steps(self, session_id: str) -> int:
         """How many steps the session holds."""
         ...

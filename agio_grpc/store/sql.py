@@ -370,6 +370,17 @@ class SqlStepStore:
 
         return await self._read(work)
 
+    async def first_user_messages(self, session_ids: Sequence[str], chars: int) -> dict[str, str]:
+        if not session_ids:
+            return {}
+        query = select(step_table.c.session_id, func.substr(step_table.c.content, 1, chars)).where(
+            step_table.c.session_id.in_(session_ids),
+            step_table.c.sequence == 1,
+            step_table.c.role == Role.USER.value,
+        )
+        rows = await self._read(lambda conn: conn.execute(query).all())
+        return {session_id: first for session_id, first in rows}
+
     async def count_steps(self, session_id: str) -> int:
         # Sequences are exactly 1..N, so the counter is the count.
         return await self._read(lambda conn: _require_session(conn, session_id))

@@ -127,6 +127,11 @@ class InstrumentedStepStore:
     async def get_last_step(self, session_id: str) -> Step | None:
         return await self._timed("get_last_step", self.inner.get_last_step(session_id))
 
+    async def first_user_messages(self, session_ids: Sequence[str], chars: int) -> dict[str, str]:
+        return await self._timed(
+            "first_user_messages", self.inner.first_user_messages(session_ids, chars)
+        )
+
     async def count_steps(self, session_id: str) -> int:
         return await self._timed("count_steps", self.inner.count_steps(session_id))
 
