@@ -133,7 +133,7 @@ def run_to_proto(run: domain.Run) -> pb.Run:
     )
 
 
-def session_to_proto(session: domain.Session) -> pb.Session:
+def session_to_proto(session: domain.Session, first_user_message: str = "") -> pb.Session:
     return pb.Session(
         id=session.id,
         parent_session_id=session.parent_session_id,
@@ -141,6 +141,7 @@ def session_to_proto(session: domain.Session) -> pb.Session:
         create_time=timestamp(session.create_time),
         update_time=timestamp(session.update_time),
         step_count=session.step_count,
+        first_user_message=first_user_message,
     )
 
 

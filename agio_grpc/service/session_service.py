@@ -7,6 +7,7 @@ caller's tenant's sessions only (`current_caller`), and its page tokens are the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import grpc
@@ -30,8 +31,8 @@ from agio_grpc.service.validation import (
 )
 from agio_grpc.store.errors import NotFoundError
 from agio_grpc.store.log import SessionLog
+from agio_grpc.v1 import resources_pb2, session_service_pb2_grpc
 from agio_grpc.v1 import session_service_pb2 as pb
-from agio_grpc.v1 import session_service_pb2_grpc
 
 TAIL_READ = 64
 """Steps read at a time, back from an edit's cut, looking for the calls it would split."""
@@ -39,6 +40,9 @@ DEFAULT_SESSION_PAGE = 50
 DEFAULT_STEP_PAGE = 100
 DEFAULT_PAGE_BYTES = 12 * 1024 * 1024
 """How much a page of steps or messages may hold: room to spare in a 16 MiB message."""
+FIRST_USER_MESSAGE_CHARS = 200
+"""How much of its first user message a `Session` carries: enough to tell sessions apart in
+a list, little enough that a page of a thousand sessions stays small."""
 
 
 def _tenant() -> str:
@@ -95,7 +99,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     ) -> pb.GetSessionResponse:
         raise_if_any(check_id("session_id", request.session_id))
         session = await self._log.get_session(request.session_id, tenant=_tenant())
-        return pb.GetSessionResponse(session=convert.session_to_proto(session))
+        return pb.GetSessionResponse(session=(await self._sessions_to_proto([session]))[0])
 
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
@@ -109,7 +113,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             await self._log.list_sessions(limit + 1, after, tenant=tenant), limit, query
         )
         return pb.ListSessionsResponse(
-            sessions=[convert.session_to_proto(s) for s in sessions], next_page_token=token
+            sessions=await self._sessions_to_proto(sessions), next_page_token=token
         )
 
     async def DeleteSession(
@@ -195,7 +199,17 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         )
         # The fork is the parent's tenant's: the caller's.
         fork = await self._log.fork_session(request.session_id, sequence, tenant=tenant)
-        return pb.ForkSessionResponse(session=convert.session_to_proto(fork))
+        return pb.ForkSessionResponse(session=(await self._sessions_to_proto([fork]))[0])
+
+    async def _sessions_to_proto(
+        self, sessions: Sequence[domain.Session]
+    ) -> list[resources_pb2.Session]:
+        """The sessions with the start of their first user message: one read for them all,
+        so that a client can list sessions by what they were asked at no extra call."""
+        firsts = await self._log.first_user_messages(
+            [s.id for s in sessions if s.step_count], FIRST_USER_MESSAGE_CHARS
+        )
+        return [convert.session_to_proto(s, firsts.get(s.id, "")) for s in sessions]
 
     async def _refuse_open_calls(
         self, session_id: str, last_kept: int, field: str, edit: str

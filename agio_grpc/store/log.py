@@ -117,6 +117,12 @@ class SessionLog(Protocol):
         """The step at `sequence`. Raises NotFoundError (the session's first)."""
         ...
 
+    async def first_user_messages(self, session_ids: Sequence[str], chars: int) -> dict[str, str]:
+        """Session id -> the first `chars` characters of its step 1, for each of these
+        sessions whose step 1 is a user step (the others are left out), in one read. No
+        tenant check: the caller passes sessions it has already read as the tenant's."""
+        ...
+
     async def append_to_idle_session(
         self, step: Step, *, after: HistoryMark | None, tenant: str | None = None
     ) -> Step:

@@ -235,20 +235,22 @@ class Run(_message.Message):
     def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., stop_signal: _Optional[_Union[StopSignal, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., step_count: _Optional[int] = ..., tool_call_count: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "parent_session_id", "fork_sequence", "create_time", "update_time", "step_count")
+    __slots__ = ("id", "parent_session_id", "fork_sequence", "create_time", "update_time", "step_count", "first_user_message")
     ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FORK_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     STEP_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_USER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     id: str
     parent_session_id: str
     fork_sequence: int
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     step_count: int
-    def __init__(self, id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., fork_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step_count: _Optional[int] = ...) -> None: ...
+    first_user_message: str
+    def __init__(self, id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., fork_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step_count: _Optional[int] = ..., first_user_message: _Optional[str] = ...) -> None: ...
 
 class ContextSummary(_message.Message):
     __slots__ = ("total_steps", "user_steps", "assistant_steps", "tool_steps", "tool_calls", "min_sequence", "max_sequence", "total_tokens")

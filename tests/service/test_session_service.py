@@ -174,6 +174,30 @@ async def test_sessions_are_listed_newest_first_across_pages(
     assert [s.id for s in listed] == [s.id for s in reversed(created)]
 
 
+async def test_sessions_carry_the_start_of_their_first_user_message(
+    served: tuple[AgioClient, StoreRoles],
+) -> None:
+    client, store = served
+    asked = await seed_session(store, turns=2)
+    long = await store.new_session()
+    await store.append_one(Step(long.id, "run_seed", Role.USER, content="é" * 300 + " end"))
+    answered = await store.new_session()
+    await store.append_one(Step(answered.id, "run_seed", Role.ASSISTANT, content="hello"))
+    empty = await store.new_session()
+    emptied = await seed_session(store, turns=1)
+    await client.delete_steps(emptied.id, 1)
+    listed = {s.id: s.first_user_message for s in await client.list_sessions(page_size=2)}
+    assert listed == {
+        asked.id: "question 0",
+        long.id: "é" * 200,
+        answered.id: "",
+        empty.id: "",
+        emptied.id: "",
+    }
+    assert (await client.get_session(asked.id)).first_user_message == "question 0"
+    assert (await client.fork_session(asked.id, 1)).first_user_message == "question 0"
+
+
 async def test_delete_session_removes_its_steps(served: tuple[AgioClient, StoreRoles]) -> None:
     client, store = served
     session = await seed_session(store, turns=1)

@@ -468,6 +468,25 @@ async def test_get_step_and_last_step_and_count(store: StoreRoles) -> None:
     assert await store.step_count(session.id) == 3
 
 
+async def test_first_user_messages_reads_the_start_of_each_session_s_step_one(
+    store: StoreRoles,
+) -> None:
+    asked = await store.new_session()
+    await store.append_steps(
+        [
+            Step(asked.id, "run_1", Role.USER, content="ü" * 5 + " and more"),
+            Step(asked.id, "run_1", Role.ASSISTANT, content="an answer"),
+        ]
+    )
+    answered = await store.new_session()
+    await store.append_one(Step(answered.id, "run_1", Role.ASSISTANT, content="hello"))
+    empty = await store.new_session()
+    ids = [asked.id, answered.id, empty.id, "sess_missing"]
+
+    assert await store.first_user_messages(ids, 5) == {asked.id: "ü" * 5}
+    assert await store.first_user_messages([], 5) == {}
+
+
 async def test_empty_session_has_no_last_step_and_count_zero(store: StoreRoles) -> None:
     session = await store.new_session()
 

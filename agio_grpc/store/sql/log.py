@@ -185,6 +185,17 @@ class SqlSessionLog(SqlRole):
 
         return await self._read(work)
 
+    async def first_user_messages(self, session_ids: Sequence[str], chars: int) -> dict[str, str]:
+        if not session_ids:
+            return {}
+        query = select(step_table.c.session_id, func.substr(step_table.c.content, 1, chars)).where(
+            step_table.c.session_id.in_(session_ids),
+            step_table.c.sequence == 1,
+            step_table.c.role == Role.USER.value,
+        )
+        rows = await self._read(lambda conn: conn.execute(query).all())
+        return {session_id: first for session_id, first in rows}
+
     async def append_to_idle_session(
         self, step: Step, *, after: HistoryMark | None, tenant: str | None = None
     ) -> Step:

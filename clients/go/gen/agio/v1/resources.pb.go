@@ -1083,9 +1083,13 @@ type Session struct {
 	// When a step was last written or deleted.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// How many steps the session holds.
-	StepCount     int64 `protobuf:"varint,6,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StepCount int64 `protobuf:"varint,6,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
+	// The start of the session's first step when it is a user message (what the session's
+	// first run was asked), at most 200 characters: enough to tell sessions apart in a list.
+	// Empty when the session has no steps or its first step is not a user message.
+	FirstUserMessage string `protobuf:"bytes,7,opt,name=first_user_message,json=firstUserMessage,proto3" json:"first_user_message,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -1158,6 +1162,13 @@ func (x *Session) GetStepCount() int64 {
 		return x.StepCount
 	}
 	return 0
+}
+
+func (x *Session) GetFirstUserMessage() string {
+	if x != nil {
+		return x.FirstUserMessage
+	}
+	return ""
 }
 
 // ContextSummary describes the steps a session's next model call would see.
@@ -1431,7 +1442,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\bmetadata\x18\x0f \x03(\v2\x1a.agio.v1.Run.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x83\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x02\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
 	"\x11parent_session_id\x18\x02 \x01(\tR\x0fparentSessionId\x12#\n" +
@@ -1441,7 +1452,8 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12\x1d\n" +
 	"\n" +
-	"step_count\x18\x06 \x01(\x03R\tstepCount\"\xa0\x02\n" +
+	"step_count\x18\x06 \x01(\x03R\tstepCount\x12,\n" +
+	"\x12first_user_message\x18\a \x01(\tR\x10firstUserMessage\"\xa0\x02\n" +
 	"\x0eContextSummary\x12\x1f\n" +
 	"\vtotal_steps\x18\x01 \x01(\x03R\n" +
 	"totalSteps\x12\x1d\n" +
