@@ -9,7 +9,7 @@ invariants every stream must keep (gapless seqs, one terminal event at the end, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from agio_grpc.engine import (
 from agio_grpc.engine.builtin_tools import TOOLS
 from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
+from agio_grpc.engine.remote import FollowedEvent, RemoteRuns
 from agio_grpc.store.protocol import SessionLeases, StepStore
 from agio_grpc.testing import FakeModelServer
 
@@ -205,7 +206,7 @@ class Harness:
         `check_stored`, that each completed step is in the store: not for a run whose steps
         another run may roll back meanwhile)."""
         events: list[SequencedEvent] = []
-        async for sequenced in handle.events(after_seq):
+        async for sequenced in own(handle.events(after_seq)):
             if events:
                 assert sequenced.seq == events[-1].seq + 1, (
                     f"seqs are gapless: {[(e.seq, e.event.type) for e in events]}, then "
@@ -226,6 +227,17 @@ class Harness:
     async def history(self, session_id: str) -> list[Step]:
         return await self.store.get_steps(session_id)
 
+    def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+        """`Runtime.follow` of the run."""
+        return own(self.runtime.follow(run_id, after_seq))
+
+
+async def own(events: AsyncIterator[FollowedEvent]) -> AsyncIterator[SequencedEvent]:
+    """The events of a runtime with no other member to relay from: all its own."""
+    async for event in events:
+        assert isinstance(event, SequencedEvent), "nothing is relayed without other members"
+        yield event
+
 
 def build_runtime(
     store: StepStore,
@@ -236,6 +248,7 @@ def build_runtime(
     retry: RetryPolicy = FAST_RETRIES,
     history_cache_bytes: int = 64_000_000,
     leases: SessionLeases | None = None,
+    remote: RemoteRuns | None = None,
     cancel_poll_s: float = 0.5,
     watch_poll_s: float = 0.25,
     max_queued_runs: int = 10,
@@ -256,6 +269,7 @@ def build_runtime(
             max_queued_runs=max_queued_runs,
         ),
         leases=leases,
+        remote=remote,
     )
     return Harness(runtime, store, model, gate, driver)
 
