@@ -2,13 +2,12 @@
 
 A run a busy session queued (BUSY_POLICY_ENQUEUE, INTERRUPT, ROLLBACK) waits in the store,
 its input on its row. Whichever transition frees the session (a run's end, a waiting or
-queued run's cancel) tells the lifecycle, which calls `start_next_soon`; the sweep of
-`ready_queues` (every third of a lease) starts the queues a crash left with no one to
-start them. Starting is one store transaction (`Lifecycle.begin_queued`), which only the
-head of a free session's queue passes, on whichever member.
-
-A run starts as any new run does (`Segments.spawn_started`), in a task of its own, and
-sessions free through `LiveRuns.session_freed` (engine/live.py), which the queues answer.
+queued run's cancel) has the lifecycle call `LiveRuns.session_freed` (engine/live.py),
+which the queues answer with `start_next_soon`; the lease keeper's sweep of `ready_queues`
+(every third of a lease) does the same for the queues a crash left with no one to start
+them. Starting is one store transaction (`Lifecycle.begin_queued`), which only the head of
+a free session's queue passes, on whichever member; the run then starts as any new run
+does (`Segments.spawn_started`).
 
 The caller of a queued run follows the channel its queueing published to: when this
 process starts the run, it goes on in that same channel, so the caller misses nothing,
