@@ -1,4 +1,4 @@
-"""`Runtime`: the engine's API for the service layer — start, continue, retry, cancel, watch.
+"""`Runtime`: the engine's API for the service layer — start, continue, retry, cancel, follow.
 
 Each verb validates its request, reads what it decides on, has the lifecycle make the
 transition (engine/lifecycle.py: one store transaction, which also journals the events it
