@@ -3,7 +3,9 @@
 `AgentSpec` is an agent from the server config; `RunInput` is one `Run` request;
 `resolve_settings` merges the two into `RunSettings`, the effective settings of one run,
 stored in the run row (`Run.options`) so a continuation runs with exactly the same ones.
-Plain typed dataclasses; never imports grpc or the store.
+`AgentCatalog` holds the server's agents with the tools they may offer: what a run started
+without a request (a queued one, a retry) takes its settings from. Plain typed dataclasses;
+never imports grpc or the store.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, ToolCall
-from agio_grpc.engine.errors import InvalidInputError
+from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run, ToolCall
+from agio_grpc.engine.errors import AgentNotFoundError, InvalidInputError
+from agio_grpc.engine.tools import ToolRegistry
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -212,6 +215,37 @@ def check_agents(
         missing = [name for name in agent.tools if name not in tools]
         if missing:
             raise ValueError(f"agent {agent.name!r} names unknown tools: {missing}")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCatalog:
+    """The server's agents, and the registry of the tools they may offer."""
+
+    agents: Mapping[str, AgentSpec]
+    default_agent: str
+    registry: ToolRegistry
+
+    def agent(self, name: str = "") -> AgentSpec:
+        """The named agent ("" = the default). Raises AgentNotFoundError."""
+        spec = self.agents.get(name or self.default_agent)
+        if spec is None:
+            raise AgentNotFoundError(name, list(self.agents))
+        return spec
+
+    def tools_of(self, agent: AgentSpec) -> list[str]:
+        """The server tools the agent offers now (its MCP servers' as they list them)."""
+        return self.registry.agent_tools(agent.tools, agent.mcp_servers)
+
+    def default_settings(self, agent: AgentSpec) -> RunSettings:
+        """The settings of a run of `agent` with no overrides and no client tools."""
+        return resolve_settings(agent, RunOverrides(), [], self.tools_of(agent))
+
+    def settings_of(self, run: Run) -> RunSettings:
+        """The run's stored settings; its agent's (else the default's) when the store kept
+        none."""
+        if run.options:
+            return RunSettings.from_options(run.options)
+        return self.default_settings(self.agents.get(run.agent) or self.agent())
 
 
 def resolve_settings(

@@ -1,13 +1,15 @@
 """`LeaseKeeper`: this process's side of the session leases shared with other replicas.
 
 The store holds each session for its run under a lease (store/leases.py). One task
-renews the leases of every run live in this process every third of the lease, so a session
-outlives a crashed process by at most one lease; a run whose lease was found taken over
-(this process stalled past it) is stopped as INTERRUPTED. Another task polls for cancel
-requests other replicas recorded for the runs live here. `cancel_elsewhere` is the other
-direction: a CancelRun here for a run another process runs; `tell_owner` (the service's
-member calls) makes that process act on the request at once instead of at its next poll.
-Never imports grpc.
+renews the leases of every run live in this process (engine/live.py) every third of the
+lease, so a session outlives a crashed process by at most one lease; a run whose lease was
+found taken over (this process stalled past it) is stopped as INTERRUPTED. After each
+renewal it looks for the queues a crash left with no one to start them (a session free, a
+run queued on it), and frees their sessions here (`LiveRuns.session_freed`). Another task
+polls for cancel requests other replicas recorded for the runs live here.
+`cancel_elsewhere` is the other direction: a CancelRun here for a run another process
+runs; the owner is told through `RemoteRuns` (engine/remote.py), so that it acts on the
+request at once instead of at its next poll. Never imports grpc.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Awaitable, Callable, Mapping
 
 from agio_grpc.domain import Run, StopSignal
-from agio_grpc.engine.control import RunControl
 from agio_grpc.engine.lifecycle import Lifecycle, lease_lost
+from agio_grpc.engine.live import LiveRuns
+from agio_grpc.engine.remote import RemoteRuns
 from agio_grpc.store.errors import StoreError
 from agio_grpc.store.leases import SessionLeases
 from agio_grpc.store.log import SessionLog
@@ -28,13 +30,6 @@ from agio_grpc.store.runs import RunRecords
 logger = logging.getLogger(__name__)
 
 _CANCEL_WAIT_POLL_S = 0.1  # how often a cancel for a run elsewhere rereads the run
-
-LiveRuns = Callable[[], Mapping[str, tuple[str, RunControl]]]
-"""The runs live in this process: run id -> (session id, its control)."""
-
-TellOwner = Callable[[str, float], Awaitable[None]]
-"""Tell the process running the run (id) that a cancel request stands for it, and wait up
-to the timeout (s) for it to act; never raises (the request stands either way)."""
 
 
 class LeaseKeeper:
@@ -48,20 +43,15 @@ class LeaseKeeper:
         lifecycle: Lifecycle,
         live: LiveRuns,
         cancel_poll_s: float,
-        *,
-        on_tick: Callable[[], Awaitable[None]] | None = None,
-        tell_owner: TellOwner | None = None,
+        remote: RemoteRuns | None = None,
     ) -> None:
-        """`on_tick` runs after each renewal (every third of the lease): the runtime starts
-        the queues a crash left with no one to start them."""
         self.leases = leases
         self._log = log
         self._runs = runs
         self._lifecycle = lifecycle
         self._live = live
         self._cancel_poll_s = cancel_poll_s
-        self._on_tick = on_tick
-        self._tell_owner = tell_owner
+        self._remote = remote
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -92,10 +82,10 @@ class LeaseKeeper:
         deadline = loop.time() + wait_s
         # Asked again at every look: the run may have waited for its client (which spends
         # a request) and been continued since.
-        tell = self._tell_owner
+        tell = self._remote
         while await self.leases.request_cancel(run.id, copy.deepcopy(signal)):
             if tell is not None:  # once the request stands: acted on now, not at a poll
-                await tell(run.id, max(deadline - loop.time(), 0.0))
+                await tell.tell_owner(run.id, max(deadline - loop.time(), 0.0))
                 tell = None
                 continue
             if loop.time() >= deadline:
@@ -114,15 +104,15 @@ class LeaseKeeper:
             await asyncio.sleep(interval)
             try:
                 await self._renew()
-                if self._on_tick is not None:
-                    await self._on_tick()
+                for session_id in await self._runs.ready_queues():
+                    self._live.session_freed(session_id)
             except StoreError as error:
                 logger.warning("could not renew session leases (will retry): %s", error)
             except Exception:
                 logger.exception("could not renew session leases (will retry)")
 
     async def _renew(self) -> None:
-        live = dict(self._live())
+        live = dict(self._live.controls())
         if not live:
             return
         renewed = await self.leases.renew_leases(
@@ -141,7 +131,7 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(self._cancel_poll_s)
             try:
-                live = dict(self._live())
+                live = dict(self._live.controls())
                 requests = await self.leases.cancel_requests(live.keys()) if live else {}
                 for run_id, signal in requests.items():
                     control = live[run_id][1]

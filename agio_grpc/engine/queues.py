@@ -2,17 +2,20 @@
 
 A run a busy session queued (BUSY_POLICY_ENQUEUE, INTERRUPT, ROLLBACK) waits in the store,
 its input on its row. Whichever transition frees the session (a run's end, a waiting or
-queued run's cancel) tells the lifecycle, which calls `start_next_soon`; the sweep of
-`ready_queues` (every third of a lease) starts the queues a crash left with no one to
-start them. Starting is one store transaction (`Lifecycle.begin_queued`), which only the
-head of a free session's queue passes, on whichever member.
+queued run's cancel) has the lifecycle call `LiveRuns.session_freed` (engine/live.py),
+which the queues answer with `start_next_soon`; the lease keeper's sweep of `ready_queues`
+(every third of a lease) does the same for the queues a crash left with no one to start
+them. Starting is one store transaction (`Lifecycle.begin_queued`), which only the head of
+a free session's queue passes, on whichever member; the run then starts as any new run
+does (`Segments.spawn_started`).
 
 The caller of a queued run follows the channel its queueing published to: when this
 process starts the run, it goes on in that same channel, so the caller misses nothing,
-deltas included; when another member starts (or a cancel ends) it, the caller goes on from
-the journal. A caller's deadline holds while the run is queued: the run is stopped TIMEOUT
-when it comes (ending a queued run, stopping a started one wherever it runs), and a run
-started here gets it as any run does. Never imports grpc.
+deltas included; when another member starts (or a cancel ends) it, the caller follows it
+as any watcher does (`Watching.follow`: live from that member, then from the journal). A
+caller's deadline holds while the run is queued: the run is stopped TIMEOUT when it comes
+(ending a queued run, stopping a started one wherever it runs: engine/stopping.py), and a
+run started here gets it as any run does. Never imports grpc.
 """
 
 from __future__ import annotations
@@ -20,17 +23,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextvars import Context
 
-from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step, StopSignal
-from agio_grpc.engine.agents import RunSettings
+from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step
+from agio_grpc.engine.agents import AgentCatalog, RunSettings
 from agio_grpc.engine.channel import RunChannel
-from agio_grpc.engine.events import SequencedEvent
-from agio_grpc.engine.history import CachedHistory, HistoryCache
+from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.lifecycle import Lifecycle, deadline_reached, superseded
-from agio_grpc.engine.segments import RunHandle, RunPlan, Segments
+from agio_grpc.engine.live import LiveRuns
+from agio_grpc.engine.options import RuntimeOptions
+from agio_grpc.engine.remote import FollowedEvent
+from agio_grpc.engine.segments import RunHandle, Segments
+from agio_grpc.engine.stopping import RunStops
 from agio_grpc.engine.tracing import RunTrace, RunTracer
+from agio_grpc.engine.watching import Watching
 from agio_grpc.store.errors import (
     RunRequiresActionError,
     RunStateConflictError,
@@ -45,9 +52,6 @@ logger = logging.getLogger(__name__)
 # (another client may put a new waiting run in its way meanwhile).
 _INTERRUPT_ATTEMPTS = 3
 
-Watch = Callable[[str, int], AsyncIterator[SequencedEvent]]
-Stop = Callable[[str, StopSignal], Awaitable[Run]]
-
 
 class RunQueues:
     """Queued runs: their handles, and their start when their session frees."""
@@ -56,25 +60,30 @@ class RunQueues:
         self,
         runs: RunRecords,
         lifecycle: Lifecycle,
+        live: LiveRuns,
         segments: Segments,
+        *,
         histories: HistoryCache,
         tracer: RunTracer,
-        settings_of: Callable[[Run], RunSettings],
-        poll_s: float,
-        max_queued: int,
-        stop: Stop,
+        catalog: AgentCatalog,
+        stops: RunStops,
+        watching: Watching,
+        options: RuntimeOptions,
     ) -> None:
-        """`stop` is `Runtime.stop` (a run wherever it is: queued, here or elsewhere)."""
+        """Answers `live`'s sessions that free; `stops` stops a run at its caller's
+        deadline, wherever it is; `watching` follows one started elsewhere."""
         self._runs = runs
         self._lifecycle = lifecycle
+        self._live = live
         self._segments = segments
         self._histories = histories
         self._tracer = tracer
-        self._settings_of = settings_of
-        self._poll_s = poll_s
-        self._max_queued = max_queued
-        self._stop = stop
-        self.closing = False
+        self._catalog = catalog
+        self._stops = stops
+        self._watching = watching
+        self._poll_s = options.watch_poll_s
+        self._max_queued = options.max_queued_runs
+        live.when_session_frees(self.start_next_soon)
         # Starts of queued runs still running (`start_next_soon`): their tasks, the sessions
         # they start, and the sessions asked for again meanwhile.
         self._starting: set[asyncio.Task[None]] = set()
@@ -132,7 +141,6 @@ class RunQueues:
         started: RunStart,
         policy: BusyPolicy,
         channel: RunChannel,
-        watch: Watch,
         deadline_at: float | None,
     ) -> RunHandle:
         """The handle of a run stored QUEUED, whose caller's deadline is `deadline_at`. The
@@ -140,7 +148,7 @@ class RunQueues:
         cancel request); a free session starts its queue."""
         run_id = started.run.id
         if started.interrupted:
-            control = self._segments.control(started.interrupted)
+            control = self._live.control(started.interrupted)
             if control is not None:
                 control.request_stop(superseded(run_id, policy.value))
         self._channels[run_id] = channel
@@ -150,7 +158,7 @@ class RunQueues:
             self.start_next_soon(started.run.session_id)
         return RunHandle(
             started.run.snapshot(),
-            lambda after: self._follow(run_id, channel, after, watch, deadline_at),
+            lambda after: self._follow(run_id, channel, after, deadline_at),
         )
 
     async def _follow(
@@ -158,12 +166,11 @@ class RunQueues:
         run_id: str,
         channel: RunChannel,
         after_seq: int,
-        watch: Watch,
         deadline_at: float | None,
-    ) -> AsyncIterator[SequencedEvent]:
+    ) -> AsyncIterator[FollowedEvent]:
         """A queued run's events: from its channel while it waits or runs here (the channel
-        then has every one of them, to the terminal event); from the journal once it
-        started (or ended) without this process. At `deadline_at` the run is stopped
+        then has every one of them, to the terminal event); as any watcher follows it once
+        it started (or ended) without this process. At `deadline_at` the run is stopped
         TIMEOUT, wherever it is."""
         loop = asyncio.get_running_loop()
         queued_seq = channel.last_seq
@@ -178,15 +185,15 @@ class RunQueues:
                         return
                 if deadline_at is not None and loop.time() >= deadline_at:
                     deadline_at = None
-                    await self._stop(run_id, deadline_reached())
+                    await self._stops.stop(run_id, deadline_reached())
                     continue
-                here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
+                here = channel.last_seq > queued_seq or self._live.starts_here(run_id)
                 if not events and not here:
                     run = await self._runs.get_run(run_id)
-                    here = channel.last_seq > queued_seq or self._segments.starts_here(run_id)
+                    here = channel.last_seq > queued_seq or self._live.starts_here(run_id)
                     if run.status is not RunStatus.QUEUED and not here:
-                        async for event in self._watch_until(run_id, cursor, watch, deadline_at):
-                            yield event
+                        async for followed in self._follow_until(run_id, cursor, deadline_at):
+                            yield followed
                         return
                 wait_s = self._poll_s
                 if deadline_at is not None:
@@ -195,22 +202,22 @@ class RunQueues:
         finally:
             self._deadlines.pop(run_id, None)
 
-    async def _watch_until(
-        self, run_id: str, after_seq: int, watch: Watch, deadline_at: float | None
-    ) -> AsyncIterator[SequencedEvent]:
-        """`watch` of a run started elsewhere, stopped TIMEOUT at `deadline_at` (which that
-        process, not having the caller, does not know)."""
+    async def _follow_until(
+        self, run_id: str, after_seq: int, deadline_at: float | None
+    ) -> AsyncIterator[FollowedEvent]:
+        """`Watching.follow` of a run started elsewhere, stopped TIMEOUT at `deadline_at`
+        (which that process, not having the caller, does not know)."""
         timer: asyncio.TimerHandle | None = None
         if deadline_at is not None:
 
             def stop() -> None:
-                task = asyncio.ensure_future(self._stop(run_id, deadline_reached()))
+                task = asyncio.ensure_future(self._stops.stop(run_id, deadline_reached()))
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
 
             timer = asyncio.get_running_loop().call_at(deadline_at, stop)
         try:
-            async for event in watch(run_id, after_seq):
+            async for event in self._watching.follow(run_id, after_seq):
                 yield event
         finally:
             if timer is not None:
@@ -221,7 +228,7 @@ class RunQueues:
         of its own: its trace must not continue the trace of whatever freed the session).
         One start per session at a time: asked again while one is under way, it looks at
         the queue once more when that one is done."""
-        if self.closing:
+        if self._live.closing:
             return
         if session_id in self._sessions:
             self._again.add(session_id)
@@ -238,19 +245,14 @@ class RunQueues:
             while True:
                 self._again.discard(session_id)
                 await self._start_next(session_id)
-                if session_id not in self._again or self.closing:
+                if session_id not in self._again or self._live.closing:
                     return
         finally:
             self._sessions.discard(session_id)
 
-    async def start_ready(self) -> None:
-        """Start the queues whose session freed with no one to start them (a crash)."""
-        for session_id in await self._runs.ready_queues():
-            self.start_next_soon(session_id)
-
     async def settle(self, wait_s: float) -> None:
-        """Stop starting queued runs; wait (up to `wait_s`) for the starts under way."""
-        self.closing = True
+        """Wait (up to `wait_s`) for the starts under way (the runtime is closing: no other
+        one begins)."""
         if self._starting:
             await asyncio.wait(set(self._starting), timeout=wait_s)
 
@@ -261,9 +263,9 @@ class RunQueues:
         run: Run | None = None
         try:
             run = await self._runs.next_queued_run(session_id)
-            if run is None or self.closing:
+            if run is None or self._live.closing:
                 return
-            settings = self._settings_of(run)
+            settings = self._catalog.settings_of(run)
             trace = self._tracer.start_run(run, settings, "run")
             run.trace_id = trace.trace_id
             user = Step(
@@ -278,11 +280,11 @@ class RunQueues:
             channel = self._channels.get(run.id)
             if channel is None or channel.last_seq != run.last_event_seq:
                 channel = RunChannel(run.id, session_id, start_after_seq=run.last_event_seq)
-            self._segments.starting.add(run.id)
+            self._live.starting.add(run.id)
             try:
                 await self._start(run, settings, user, channel, trace)
             finally:
-                self._segments.starting.discard(run.id)
+                self._live.starting.discard(run.id)
         except RunRequiresActionError as waiting:
             # The run it was to interrupt stopped to wait for its client before it saw the
             # request (its end clears it): end that one now, as the interrupt asked.
@@ -308,19 +310,12 @@ class RunQueues:
     async def _start(
         self, run: Run, settings: RunSettings, user: Step, channel: RunChannel, trace: RunTrace
     ) -> None:
-        cached: CachedHistory = self._histories.cached(run.session_id)
+        cached = self._histories.cached(run.session_id)
         try:
             started = await self._lifecycle.begin_queued(run, [user], channel, cached.mark)
         except BaseException:
             trace.end(run)
             raise
         self._channels.pop(run.id, None)
-        try:
-            history = cached.join(started.history_start, started.history)
-        except ValueError:
-            trace.end(started.run)
-            await self._lifecycle.abandon(started.run, channel)
-            return
-        plan = RunPlan(history, kept_steps=len(history) - len(started.history))
         deadline_at = self._deadlines.pop(run.id, None)
-        self._segments.spawn(started.run, settings, plan, channel, deadline_at, trace)
+        await self._segments.spawn_started(started, cached, settings, channel, trace, deadline_at)

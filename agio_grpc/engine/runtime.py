@@ -1,4 +1,4 @@
-"""`Runtime`: the engine's API for the service layer — start, continue, retry, cancel, watch.
+"""`Runtime`: the engine's API for the service layer — start, continue, retry, cancel, follow.
 
 Each verb validates its request, reads what it decides on, has the lifecycle make the
 transition (engine/lifecycle.py: one store transaction, which also journals the events it
@@ -18,10 +18,14 @@ Verbs and their store calls, with the session's history cached (as after a run h
 A write refused for a log that changed is decided again once, on the log read afresh. A
 verb on a caller's ids takes its `tenant`: another tenant's is missing (store/log.py).
 
-Live segments are engine/segments.py's, queued runs engine/queues.py's; `watch` follows a
-segment live, and replays any other run from the journal (engine/watching.py), exactly,
-across restarts and replicas. Session leases and cancels across replicas are the
-`LeaseKeeper`'s (engine/leases.py).
+The runtime's parts share one `LiveRuns` (engine/live.py: the segments live here, whether
+the runtime is closing, the hook of a session that frees) and call nothing back in the
+runtime: segments start through engine/segments.py (one path for a new run, direct or
+queued), queued runs are engine/queues.py's, stops engine/stopping.py's, and `follow`
+(engine/watching.py) follows a run live here, live from the member running it
+(`RemoteRuns`, engine/remote.py), or from the journal, exactly, across restarts and
+replicas. Session leases and cancels across replicas are the `LeaseKeeper`'s
+(engine/leases.py).
 
 A segment's trace (engine/tracing.py) continues the caller's trace context (the gRPC server
 span); its first steps and run row keep its ids.
@@ -39,9 +43,9 @@ from dataclasses import replace
 from agio_grpc.domain import DEFAULT_TENANT, Role, Run, RunStatus, Session, Step, StopSignal
 from agio_grpc.engine.admission import RunSlots, Slot
 from agio_grpc.engine.agents import (
+    AgentCatalog,
     AgentSpec,
     RunInput,
-    RunOverrides,
     RunSettings,
     ToolOutput,
     check_agents,
@@ -50,36 +54,27 @@ from agio_grpc.engine.agents import (
 )
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import context_steps, open_tool_calls
-from agio_grpc.engine.errors import (
-    AgentNotFoundError,
-    InvalidInputError,
-    RunStateError,
-    RuntimeClosedError,
-)
+from agio_grpc.engine.errors import InvalidInputError, RunStateError, RuntimeClosedError
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache, mark_of
 from agio_grpc.engine.hooks import Hooks
-from agio_grpc.engine.leases import LeaseKeeper, TellOwner
+from agio_grpc.engine.leases import LeaseKeeper
 from agio_grpc.engine.lifecycle import cancelled, shutting_down
+from agio_grpc.engine.live import LiveRuns
 from agio_grpc.engine.loop import LoopServices
 from agio_grpc.engine.models import ModelDriver
 from agio_grpc.engine.options import RuntimeOptions
 from agio_grpc.engine.queues import RunQueues
+from agio_grpc.engine.remote import FollowedEvent, RemoteRuns
 from agio_grpc.engine.segments import RunHandle, RunPlan, Segments, retry_plan
+from agio_grpc.engine.stopping import RunStops
 from agio_grpc.engine.storage import Storage
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import NO_TRACER, RunTracer
-from agio_grpc.engine.watching import Watching, follow
-from agio_grpc.store import (
-    HistoryChangedError,
-    NotFoundError,
-    RunStateConflictError,
-    SessionBusyError,
-)
+from agio_grpc.engine.watching import Watching
+from agio_grpc.store import NotFoundError, RunStateConflictError
 
 logger = logging.getLogger(__name__)
-
-_CANCEL_AGAIN_S = 0.01  # how soon a cancel looks again at a run that was just continued
 
 
 class Runtime:
@@ -96,66 +91,66 @@ class Runtime:
         *,
         options: RuntimeOptions | None = None,
         tracer: RunTracer | None = None,
-        tell_owner: TellOwner | None = None,
+        remote: RemoteRuns | None = None,
     ) -> None:
-        """`tracer` traces each run segment (none by default); `tell_owner`: LeaseKeeper's."""
+        """`storage` holds the store's roles (its `leases` renew the sessions of this process's
+        live runs); `tracer` traces each run segment (nothing by default); `remote` reaches
+        the runs other members run (followed live, told of cancels; without it, through the
+        store only)."""
         check_agents(agents, default_agent, registry)
         self.log, self.runs, leases = storage.log, storage.runs, storage.leases
         self.agents = agents
         self.default_agent = default_agent
         self.registry = registry
-        self.options = options or RuntimeOptions()
+        self.options = options = options or RuntimeOptions()
+        self._catalog = AgentCatalog(agents, default_agent, registry)
+        self._tracer = tracer or NO_TRACER
+        self._live = live = LiveRuns()
         self.lifecycle = storage.lifecycle
-        self._histories = HistoryCache(self.options.history_cache_bytes)
+        self.lifecycle.on_session_free = live.session_freed
+        self._histories = HistoryCache(options.history_cache_bytes)
         services = LoopServices(
             self.log, registry, model, hooks or Hooks(), self._histories, self.lifecycle
         )
-        slots = RunSlots(self.options.max_running_runs, self.options.admission_wait_s)
-        self._segments = Segments(services, self.start, slots)
-        self._closing = False
-        self._tracer = tracer or NO_TRACER
-        self._queues = RunQueues(
-            self.runs,
-            self.lifecycle,
-            self._segments,
-            self._histories,
-            self._tracer,
-            self._settings_of,
-            self.options.watch_poll_s,
-            self.options.max_queued_runs,
-            self.stop,
-        )
-        self.lifecycle.on_session_free = self._queues.start_next_soon
         self._keeper = (
             LeaseKeeper(
-                leases,
-                self.log,
-                self.runs,
-                self.lifecycle,
-                self._segments.controls,
-                self.options.cancel_poll_s,
-                on_tick=self._queues.start_ready,
-                tell_owner=tell_owner,
+                leases, self.log, self.runs, self.lifecycle, live, options.cancel_poll_s, remote
             )
             if leases is not None
             else None
         )
-        closing, spawned = (lambda: self._closing), (lambda: self._segments.spawned)
-        poll_s = self.options.watch_poll_s
-        lease_s = leases.session_lease_s if leases else 0.0
-        live = self._segments.channel
+        slots = RunSlots(options.max_running_runs, options.admission_wait_s)
+        self._segments = Segments(services, live, slots, self._keeper)
+        self._stops = RunStops(
+            self.log,
+            self.runs,
+            live,
+            self.lifecycle,
+            self._histories,
+            self._keeper,
+            options.cancel_wait_s,
+        )
         self._watching = Watching(
-            self.runs, self.lifecycle, lease_s, live, closing, poll_s, spawned
+            self.runs, self.lifecycle, live, options.watch_poll_s, leases, remote
+        )
+        self._queues = RunQueues(
+            self.runs,
+            self.lifecycle,
+            live,
+            self._segments,
+            histories=self._histories,
+            tracer=self._tracer,
+            catalog=self._catalog,
+            stops=self._stops,
+            watching=self._watching,
+            options=options,
         )
 
     # -- agents and context -----------------------------------------------------------------
 
     def agent(self, name: str = "") -> AgentSpec:
         """The named agent ("" = the default). Raises AgentNotFoundError."""
-        spec = self.agents.get(name or self.default_agent)
-        if spec is None:
-            raise AgentNotFoundError(name, list(self.agents))
-        return spec
+        return self._catalog.agent(name)
 
     async def next_context(
         self, session_id: str, agent: str = "", *, tenant: str | None = None
@@ -181,7 +176,7 @@ class Runtime:
         agent = self.agent(request.agent)
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
-        tools = self.registry.agent_tools(agent.tools, agent.mcp_servers)
+        tools = self._catalog.tools_of(agent)
         settings = resolve_settings(agent, request.overrides, request.client_tools, tools)
         new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
@@ -213,19 +208,10 @@ class Runtime:
                 if started.run.status is RunStatus.QUEUED:
                     trace.end(started.run)  # it gets a trace of its own when it starts
                     return self._queues.handle(
-                        started, request.on_busy, channel, self.watch, request.deadline_at
+                        started, request.on_busy, channel, request.deadline_at
                     )
-                for step in started.steps:
-                    trace.step_stored(step.id, step.sequence)
-                try:
-                    history = cached.join(started.history_start, started.history)
-                except ValueError:
-                    await self.lifecycle.abandon(started.run, channel)
-                    raise
-                plan = RunPlan(history, kept_steps=len(history) - len(started.history))
-                deadline_at = request.deadline_at
-                return self._segments.spawn(
-                    started.run, settings, plan, channel, deadline_at, trace, slot=slot
+                return await self._segments.spawn_started(
+                    started, cached, settings, channel, trace, request.deadline_at, slot
                 )
         except BaseException:
             trace.end(run)  # no stop signal: the run never started
@@ -250,7 +236,7 @@ class Runtime:
         """
         self._check_open()
         run = RunStateError.unless_waiting(await self.runs.get_run(run_id, tenant=tenant))
-        settings = self._settings_of(run)
+        settings = self._catalog.settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
             return await self._submit(run, settings, outputs, history, kept, deadline_at, slot)
@@ -395,65 +381,32 @@ class Runtime:
         for alike); one whose process died ends INTERRUPTED once its lease ran out. Never
         SESSION_BUSY. Raises NotFoundError, also for another `tenant`'s run (left as it is).
         """
-        wait_s = self.options.cancel_wait_s
-        deadline = asyncio.get_running_loop().time() + wait_s
-        while True:
-            if await self._segments.stop(run_id, signal, wait_s, tenant=tenant):
-                return await self.runs.get_run(run_id)
-            run = await self.runs.get_run(run_id, tenant=tenant)
-            if run.status is RunStatus.RUNNING and self._keeper is not None:
-                run = await self._keeper.cancel_elsewhere(run, signal, wait_s)
-            if run.status not in (RunStatus.REQUIRES_ACTION, RunStatus.QUEUED):
-                return run
-            try:
-                if ended := await self._end_idle(run, signal):
-                    return ended
-            except (SessionBusyError, HistoryChangedError):
-                pass  # a submit is continuing it right now: cancel what it runs
-            if asyncio.get_running_loop().time() >= deadline:
-                return run
-            await asyncio.sleep(_CANCEL_AGAIN_S)  # it started or went on just now: again
+        return await self._stops.stop(run_id, signal, tenant=tenant)
 
-    async def _end_idle(self, run: Run, signal: StopSignal) -> Run | None:
-        async def end(history: list[Step] | None, _: int = 0) -> Run | None:
-            ended = await self.lifecycle.end_idle(run, signal, history)
-            if ended is not None and history is not None:  # the log, checked by the write
-                self._histories.remember(
-                    run.session_id, [*history, *ended.steps], tenant=run.tenant
-                )
-            return ended.run if ended is not None else None
-
-        waits = run.status is RunStatus.REQUIRES_ACTION
-        return await (self._histories.decide(self.log, run.session_id, end) if waits else end(None))
-
-    def runs_here(self, run_id: str) -> bool:
-        """Whether a segment of the run is live in this process (`watch` follows it)."""
-        return self._segments.channel(run_id) is not None
-
-    async def watch(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+    def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[FollowedEvent]:
         """The run's events after `after_seq` up to its next terminal event: live for a run
-        segment this process runs, else from the journal (engine/watching.py), without the
-        deltas of finished steps. Raises NotFoundError on the first iteration for an unknown
-        run, RuntimeClosedError when the runtime closes while following one elsewhere."""
-        channel = self._segments.channel(run_id)
-        if channel is not None and after_seq >= channel.first_seq - 1:
-            async for event in channel.subscribe(after_seq):
-                yield event
-            return
-        async for event in follow(self._watching, run_id, after_seq):
-            yield event
+        segment this process runs, live from the member running it (relayed as it streamed
+        them), else from the journal (engine/watching.py), without the deltas of finished
+        steps. Raises NotFoundError on the first iteration for an unknown run,
+        RuntimeClosedError when the runtime closes while following one elsewhere."""
+        return self._watching.follow(run_id, after_seq)
+
+    def follow_here(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+        """`follow` without relaying another member's stream: what a member serves the
+        others (a relay of a relay would chain members)."""
+        return self._watching.follow_here(run_id, after_seq)
 
     async def shutdown(self, grace_s: float) -> None:
         """Refuse new runs, let running ones finish for up to `grace_s`, then interrupt the
         rest (INTERRUPTED, retryable) and wait for their rows to be finalised.
         """
-        self._closing = True
+        self._live.closing = True
         try:
             await self._queues.settle(self.options.cancel_wait_s)
-            running = self._segments.running()
+            running = self._live.running()
             if running and grace_s > 0:
                 _, running = await asyncio.wait(running, timeout=grace_s)
-            self._segments.stop_all(running, shutting_down())
+            self._live.stop_all(running, shutting_down())
             if running:
                 await asyncio.wait(running, timeout=self.options.cancel_wait_s)
             await self.settle()
@@ -476,16 +429,8 @@ class Runtime:
             self._keeper.start()
 
     def _check_open(self) -> None:
-        if self._closing:
+        if self._live.closing:
             raise RuntimeClosedError()
-
-    def _settings_of(self, run: Run) -> RunSettings:
-        """The run's stored settings; its agent's when the store kept none."""
-        if run.options:
-            return RunSettings.from_options(run.options)
-        agent = self.agents.get(run.agent) or self.agent()
-        tools = self.registry.agent_tools(agent.tools, agent.mcp_servers)
-        return resolve_settings(agent, RunOverrides(), [], tools)
 
     async def _settings_of_step(self, step: Step) -> tuple[str, RunSettings]:
         """The agent name and settings of the run that wrote `step` (else the default)."""
@@ -495,6 +440,5 @@ class Runtime:
             run = None
         if run is None or run.agent not in self.agents:
             agent = self.agent()
-            tools = self.registry.agent_tools(agent.tools, agent.mcp_servers)
-            return agent.name, resolve_settings(agent, RunOverrides(), [], tools)
-        return run.agent, self._settings_of(run)
+            return agent.name, self._catalog.default_settings(agent)
+        return run.agent, self._catalog.settings_of(run)

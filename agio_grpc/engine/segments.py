@@ -1,30 +1,34 @@
-"""`Segments`: the run segments this process runs, each a loop task with its channel.
+"""`Segments`: how a run segment starts in this process, a loop task with its channel.
 
 A segment is spawned from a `RunPlan` (where it starts: its history, and tool calls to run
-before the model) once the lifecycle has stored its start, and forgotten when its task
-ends: a later watch replays the run from the journal. `spawned` is set whenever a segment
-starts, so that a watch waiting for a run to start here looks again at once. Never
-imports grpc; never touches the store.
+before the model) once the lifecycle has stored its start: `spawn_started` for a new run,
+direct (`Runtime.start_run`) or queued (engine/queues.py), both alike; `spawn` itself for a
+continued run (SubmitToolOutputs) and a Retry. The segment is live (engine/live.py) until
+its task ends: a later watch replays the run from the journal. Never imports grpc; touches
+the store only through the lifecycle, to abandon a start it cannot run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from agio_grpc.domain import Role, Run, Step, StopSignal, ToolCall
+from agio_grpc.domain import Role, Run, Step, ToolCall
 from agio_grpc.engine.admission import RunSlots, Slot
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.engine.control import RunControl
 from agio_grpc.engine.errors import InvalidInputError
-from agio_grpc.engine.events import SequencedEvent
+from agio_grpc.engine.history import CachedHistory
+from agio_grpc.engine.leases import LeaseKeeper
+from agio_grpc.engine.live import LiveRuns, LiveSegment
 from agio_grpc.engine.loop import LoopServices, RunLoop, RunSegment
+from agio_grpc.engine.remote import FollowedEvent
 from agio_grpc.engine.tracing import RunTrace
+from agio_grpc.store.records import RunStart
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ class RunHandle:
 
     run: Run
     """The run as it started, RUNNING or QUEUED (a snapshot)."""
-    follow: Callable[[int], AsyncIterator[SequencedEvent]]
+    follow: Callable[[int], AsyncIterator[FollowedEvent]]
 
     @property
     def run_id(self) -> str:
@@ -45,9 +49,10 @@ class RunHandle:
     def session_id(self) -> str:
         return self.run.session_id
 
-    def events(self, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+    def events(self, after_seq: int = 0) -> AsyncIterator[FollowedEvent]:
         """The segment's events after `after_seq`, live; ends after the terminal event (a
-        queued run's: from its queueing through its start to its end)."""
+        queued run's: from its queueing through its start to its end, relayed from the
+        member that started it when another one did)."""
         return self.follow(after_seq)
 
 
@@ -63,31 +68,52 @@ class RunPlan:
     """How many steps of `history` came from the history cache rather than the store."""
 
 
-@dataclass(slots=True)
-class _Segment:
-    session_id: str
-    tenant: str
-    channel: RunChannel
-    control: RunControl
-    task: asyncio.Task[Run] | None = None
-
-
 class Segments:
-    """The live run segments of this process."""
+    """Starts the run segments of this process: the one path from a stored start to a live
+    loop task."""
 
     def __init__(
-        self, services: LoopServices, on_spawn: Callable[[], None], slots: RunSlots
+        self,
+        services: LoopServices,
+        live: LiveRuns,
+        slots: RunSlots,
+        keeper: LeaseKeeper | None = None,
     ) -> None:
-        """`on_spawn` runs at each spawn (the runtime starts its lease keeper); each segment
-        holds one of `slots` while its task runs."""
+        """Each segment holds one of `slots` while its task runs; the first spawn starts
+        `keeper` (the runtime may have started it before)."""
         self._services = services
-        self._on_spawn = on_spawn
+        self._live = live
         self._slots = slots
-        self._segments: dict[str, _Segment] = {}
-        self.starting: set[str] = set()
-        """Queued runs this process is starting: their callers follow their channels."""
-        self.spawned = asyncio.Event()
-        """Set (and replaced) whenever a segment starts here."""
+        self._keeper = keeper
+
+    async def admit(self, deadline_at: float | None) -> Slot:
+        """A slot for a segment about to start (engine/admission.py): `with` it around the
+        start, and hand it to `spawn`. Raises ServerBusyError when none frees in time."""
+        return await self._slots.take(deadline_at)
+
+    async def spawn_started(
+        self,
+        started: RunStart,
+        cached: CachedHistory,
+        settings: RunSettings,
+        channel: RunChannel,
+        trace: RunTrace,
+        deadline_at: float | None,
+        slot: Slot | None = None,
+    ) -> RunHandle:
+        """The segment of a new run, direct or queued, whose start the lifecycle stored
+        (`begin`, `begin_queued`) after the steps of `cached`. Raises ValueError, the run
+        abandoned, when the store read its history from elsewhere than `cached` ends."""
+        for step in started.steps:
+            trace.step_stored(step.id, step.sequence)
+        try:
+            history = cached.join(started.history_start, started.history)
+        except ValueError:
+            trace.end(started.run)
+            await self._services.lifecycle.abandon(started.run, channel)
+            raise
+        plan = RunPlan(history, kept_steps=len(history) - len(started.history))
+        return self.spawn(started.run, settings, plan, channel, deadline_at, trace, slot=slot)
 
     def spawn(
         self,
@@ -104,7 +130,7 @@ class Segments:
         `slot` (`admit`), or takes one past the limit (a queued run, accepted before)."""
         trace.history_loaded(plan.kept_steps, len(plan.history) - plan.kept_steps)
         control = RunControl()
-        segment = _Segment(run.session_id, run.tenant, channel, control)
+        segment = LiveSegment(run.session_id, run.tenant, channel, control)
         loop = RunLoop(
             self._services,
             RunSegment(
@@ -128,73 +154,15 @@ class Segments:
         segment.task.add_done_callback(lambda task: self._ended(run.id, segment, task))
         # The loop ends its trace; this ends it too if the task never got to run.
         segment.task.add_done_callback(lambda _: trace.end(loop.run_row))
-        self._segments[run.id] = segment
-        self._on_spawn()
-        self.spawned.set()
-        self.spawned = asyncio.Event()
+        self._live.add(run.id, segment)
+        if self._keeper is not None:
+            self._keeper.start()
         return RunHandle(started, channel.subscribe)
 
-    async def admit(self, deadline_at: float | None) -> Slot:
-        """A slot for a segment about to start (engine/admission.py): `with` it around the
-        start, and hand it to `spawn`. Raises ServerBusyError when none frees in time."""
-        return await self._slots.take(deadline_at)
-
-    def _ended(self, run_id: str, segment: _Segment, task: asyncio.Task[Run]) -> None:
+    def _ended(self, run_id: str, segment: LiveSegment, task: asyncio.Task[Run]) -> None:
         if not task.cancelled() and task.exception() is not None:
             logger.error("run loop task failed", exc_info=task.exception())
-        if self._segments.get(run_id) is segment:  # not a segment a continuation replaced
-            del self._segments[run_id]
-
-    def starts_here(self, run_id: str) -> bool:
-        """Whether the run runs here, or is being started here (queued before)."""
-        return run_id in self._segments or run_id in self.starting
-
-    def channel(self, run_id: str) -> RunChannel | None:
-        """The channel of the run's segment here, while its task runs (or finishes)."""
-        segment = self._segments.get(run_id)
-        return segment.channel if segment is not None else None
-
-    def control(self, run_id: str) -> RunControl | None:
-        """The control of the run's segment here, while its task runs."""
-        segment = self._live(run_id)
-        return segment.control if segment is not None else None
-
-    def controls(self) -> Mapping[str, tuple[str, RunControl]]:
-        """The runs live here: run id -> (session id, control)."""
-        return {
-            run_id: (segment.session_id, segment.control)
-            for run_id in list(self._segments)
-            if (segment := self._live(run_id)) is not None
-        }
-
-    def running(self) -> set[asyncio.Task[Run]]:
-        return {s.task for s in self._segments.values() if s.task and not s.task.done()}
-
-    async def stop(
-        self, run_id: str, signal: StopSignal, wait_s: float, *, tenant: str | None = None
-    ) -> bool:
-        """Stop the run's segment running here and wait (up to `wait_s`) for its end to be
-        recorded; False when none runs here, or not one of `tenant`'s (when given)."""
-        segment = self._live(run_id)
-        if segment is None or segment.task is None:
-            return False
-        if tenant is not None and segment.tenant != tenant:
-            return False
-        segment.control.request_stop(copy.deepcopy(signal))
-        await asyncio.wait({segment.task}, timeout=wait_s)
-        return True
-
-    def stop_all(self, tasks: set[asyncio.Task[Run]], signal: StopSignal) -> None:
-        """Ask the segments running `tasks` to stop with `signal`."""
-        for segment in list(self._segments.values()):
-            if segment.task in tasks:
-                segment.control.request_stop(copy.deepcopy(signal))
-
-    def _live(self, run_id: str) -> _Segment | None:
-        segment = self._segments.get(run_id)
-        if segment is None or segment.task is None or segment.task.done():
-            return None
-        return segment
+        self._live.remove(run_id, segment)
 
 
 def retry_plan(history: list[Step], sequence: int) -> RunPlan:

@@ -26,11 +26,11 @@ from agio_grpc.domain import BusyPolicy, StopSignal
 from agio_grpc.engine.agents import AgentSpec, ClientTool, RunInput, RunOverrides, ToolOutput
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.lifecycle import cancelled, server_fault
+from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, deadline_too_short
 from agio_grpc.service.identity import current_caller
-from agio_grpc.service.members import TERMINAL_EVENTS, MemberCalls
 from agio_grpc.service.validation import (
     PageTokens,
     ToolSchemaChecks,
@@ -222,19 +222,16 @@ def _encoded(event: SequencedEvent) -> tuple[events_pb2.StepEvent, bool]:
 
 
 class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
-    """Serves AgentService from the engine runtime (and its reads of runs and sessions)."""
+    """Serves AgentService from the engine runtime and the store."""
 
     def __init__(
         self,
         runtime: Runtime,
         config: ServerConfig | None = None,
         pages: PageTokens | None = None,
-        members: MemberCalls | None = None,
     ) -> None:
-        """`pages` signs page tokens (the store's shared key: `PageTokens`); `members`
-        follows a watched run live from the member running it (service/members.py)."""
+        """`pages` signs page tokens (the store's shared key: `PageTokens`)."""
         self._runtime = runtime
-        self._members = members
         self._config = config or ServerConfig()
         self._pages = pages or PageTokens()
         self._page_bytes = self._config.max_message_bytes * 3 // 4
@@ -254,26 +251,10 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         raise_if_any(*violations)
         return _to_run_input(request, current_caller().tenant)
 
-    async def _watch(
-        self, run_id: str, after_seq: int
-    ) -> AsyncIterator[SequencedEvent | events_pb2.StepEvent]:
-        """The run's events after `after_seq` up to its next terminal event: live from the
-        member running it when that is another one, then (or else) `Runtime.watch` from
-        the last one relayed."""
-        cursor = after_seq
-        if self._members is not None and not self._runtime.runs_here(run_id):
-            async for relayed in self._members.follow(run_id, cursor):
-                yield relayed
-                cursor = relayed.seq
-                if relayed.WhichOneof("event") in TERMINAL_EVENTS:
-                    return
-        async for event in self._runtime.watch(run_id, cursor):
-            yield event
-
     async def _relay(
         self,
         run_id: str,
-        events: AsyncIterator[SequencedEvent | events_pb2.StepEvent],
+        events: AsyncIterator[FollowedEvent],
         context: grpc.aio.ServicerContext,
         *,
         owns_run: bool,
@@ -287,8 +268,8 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         ending = False  # the run is being ended for an event that could not be sent
         try:
             async for event in events:
-                if isinstance(event, events_pb2.StepEvent):  # relayed from another member
-                    await context.write(event)
+                if isinstance(event, RelayedEvent):  # a StepEvent from the member running it
+                    await context.write(event.message)
                     continue
                 message, sendable = _encoded(event)
                 await context.write(message)
@@ -375,7 +356,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         )
         # NOT_FOUND (a run of another tenant's too) before the stream starts.
         await self._runtime.runs.get_run(request.run_id, tenant=current_caller().tenant)
-        events = self._watch(request.run_id, request.after_seq)
+        events = self._runtime.follow(request.run_id, request.after_seq)
         await self._relay(request.run_id, events, context, owns_run=False)
 
     async def CancelRun(
@@ -412,9 +393,8 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         query: dict[str, object] = {"rpc": "ListRuns", "session": request.session_id}
         after = time_key(pages.decode(request.page_token, query))
         await self._runtime.log.get_session(request.session_id, tenant=tenant)
-        runs = await self._runtime.runs.list_runs(
-            request.session_id, limit + 1, after, tenant=tenant
-        )
+        reads = self._runtime.runs
+        runs = await reads.list_runs(request.session_id, limit + 1, after, tenant=tenant)
         page = [convert.run_to_proto(r) for r in runs[:limit]]
         del page[fitting(page, self._page_bytes) :]
         runs, token = pages.trim_time_keyed(runs, len(page), query)

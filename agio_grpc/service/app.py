@@ -263,7 +263,7 @@ class AgioApp:
                 model=model,
                 hooks=hooks,
                 tracer=tracer,
-                tell_owner=member_calls.tell_owner,
+                remote=member_calls,
                 options=RuntimeOptions(
                     history_cache_bytes=int(settings.server.history_cache_mb * 1_000_000),
                     max_queued_runs=settings.server.max_queued_runs,
@@ -292,7 +292,7 @@ class AgioApp:
             register: list[tuple[object, object]] = [
                 (
                     agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                    AgentServicer(runtime, settings.server, pages, member_calls),
+                    AgentServicer(runtime, settings.server, pages),
                 ),
                 (
                     session_service_pb2_grpc.add_SessionServiceServicer_to_server,

@@ -6,11 +6,13 @@ server that takes calls from the other members only, and registers that address 
 store under its instance id (`MemberDirectory`). Two calls cross between members:
 
 - `Follow`: a `WatchRun` sent to a member that does not run the run follows it live from
-  the one that does: that member's `Runtime.watch` (its live channel, with the deltas of
-  the step in progress), relayed as the `StepEvent`s it streams, under their seqs. Should
-  the call fail (that member died or is shutting down), the watch goes on from the journal
-  after the last event relayed (`Runtime.watch`), where it sees the run end INTERRUPTED
-  once the dead member's lease runs out.
+  the one that does: that member's `Runtime.follow_here` (its live channel, with the deltas
+  of the step in progress), relayed as the `StepEvent`s it streams, under their seqs.
+  `MemberCalls` is the engine's `RemoteRuns` port (engine/remote.py): `Runtime.follow`
+  calls it, and each `StepEvent` goes to the engine as a `RelayedEvent` wrapping it as it
+  came, never converted (the servicer writes it on). Should the call fail (that member
+  died or is shutting down), the follow goes on from the journal after the last event
+  relayed, where it sees the run end INTERRUPTED once the dead member's lease runs out.
 - `CancelRequested`: a `CancelRun` sent elsewhere records its cancel request on the run
   (engine/leases.py), then tells the member running it, which acts on the request at once
   instead of at its next poll, and answers once the run has stopped.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import empty_pb2
 
+from agio_grpc.engine.remote import RelayedEvent
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.store.leases import MemberDirectory, SessionLeases
@@ -102,7 +105,7 @@ class _MemberStub:
 
 @dataclass
 class MemberCalls:
-    """This member's calls to the others (module docstring)."""
+    """This member's calls to the others (module docstring): the engine's `RemoteRuns`."""
 
     directory: MemberDirectory
     instance_id: str
@@ -114,7 +117,7 @@ class MemberCalls:
         for stub in stubs.values():
             await stub.channel.close()
 
-    async def follow(self, run_id: str, after_seq: int) -> AsyncIterator[events_pb2.StepEvent]:
+    async def follow(self, run_id: str, after_seq: int) -> AsyncIterator[RelayedEvent]:
         """The run's events after `after_seq` as the member running it streams them, up to
         its next terminal event; nothing when it runs nowhere else. Ends early (the caller
         goes on from the journal) when that member cannot be followed to the end."""
@@ -125,7 +128,8 @@ class MemberCalls:
         stream = self._stub(member).follow(request, metadata=self._metadata())
         try:
             async for event in stream:
-                yield event
+                terminal = event.WhichOneof("event") in TERMINAL_EVENTS
+                yield RelayedEvent(event.seq, terminal, event)
         except grpc.aio.AioRpcError as error:
             log.info(
                 "run %s: following it on member %s ended (%s): going on from the journal",
@@ -228,7 +232,7 @@ class MemberListener:
     ) -> AsyncIterator[events_pb2.StepEvent]:
         await self._check_caller(context)
         try:
-            async for event in self.runtime.watch(request.run_id, request.after_seq):
+            async for event in self.runtime.follow_here(request.run_id, request.after_seq):
                 yield convert.event_to_proto(event)
         except Exception as error:  # the caller goes on from the journal
             log.info("run %s: a member's follow of it ended: %r", request.run_id, error)

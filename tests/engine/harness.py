@@ -9,7 +9,7 @@ invariants every stream must keep (gapless seqs, one terminal event at the end, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
+from agio_grpc.engine.remote import FollowedEvent, RemoteRuns
 from agio_grpc.engine.storage import Storage
 from agio_grpc.store.leases import SessionLeases
 from agio_grpc.testing import FakeModelServer
@@ -208,7 +209,7 @@ class Harness:
         `check_stored`, that each completed step is in the store: not for a run whose steps
         another run may roll back meanwhile)."""
         events: list[SequencedEvent] = []
-        async for sequenced in handle.events(after_seq):
+        async for sequenced in own(handle.events(after_seq)):
             if events:
                 assert sequenced.seq == events[-1].seq + 1, (
                     f"seqs are gapless: {[(e.seq, e.event.type) for e in events]}, then "
@@ -229,6 +230,17 @@ class Harness:
     async def history(self, session_id: str) -> list[Step]:
         return await self.store.get_steps(session_id)
 
+    def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[SequencedEvent]:
+        """`Runtime.follow` of the run."""
+        return own(self.runtime.follow(run_id, after_seq))
+
+
+async def own(events: AsyncIterator[FollowedEvent]) -> AsyncIterator[SequencedEvent]:
+    """The events of a runtime with no other member to relay from: all its own."""
+    async for event in events:
+        assert isinstance(event, SequencedEvent), "nothing is relayed without other members"
+        yield event
+
 
 def storage_of(store: StoreRoles, leases: SessionLeases | None = None) -> Storage:
     """The runtime's storage on `store` (or a wrapper passing through to it): every role,
@@ -245,6 +257,7 @@ def build_runtime(
     retry: RetryPolicy = FAST_RETRIES,
     history_cache_bytes: int = 64_000_000,
     leases: SessionLeases | None = None,
+    remote: RemoteRuns | None = None,
     cancel_poll_s: float = 0.5,
     watch_poll_s: float = 0.25,
     max_queued_runs: int = 10,
@@ -264,6 +277,7 @@ def build_runtime(
             watch_poll_s=watch_poll_s,
             max_queued_runs=max_queued_runs,
         ),
+        remote=remote,
     )
     return Harness(runtime, store, model, gate, driver)
 

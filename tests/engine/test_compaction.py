@@ -212,7 +212,7 @@ async def test_the_compaction_event_replays_from_the_journal_as_it_was_streamed(
     outcome = await small.run(WORDS * 20, session_id=first.session_id)
     assert outcome.of(ContextCompacted)
     await segment_task_done(small, outcome.run_id)
-    replay = [e async for e in small.runtime.watch(outcome.run_id)]
+    replay = [e async for e in small.follow(outcome.run_id)]
     assert replay == without_deltas(outcome.events)
     kinds = [e.event.type for e in replay]
     at = kinds.index("context_compacted")

@@ -46,6 +46,7 @@ from tests.engine.harness import (
     Harness,
     assert_valid_messages,
     build_runtime,
+    own,
     storage_of,
 )
 from tests.roles import StoreRoles
@@ -571,7 +572,7 @@ async def test_an_unexpected_error_fails_the_run_with_a_clean_message(
     try:
         fake_model.enqueue(Turn.text("never stored"))
         handle = await harness.runtime.start_run(RunInput("hi"))
-        events = [e async for e in handle.events()]
+        events = [e async for e in own(handle.events())]
     finally:
         await harness.driver.close()
     terminal = events[-1].event

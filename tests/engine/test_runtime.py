@@ -40,6 +40,8 @@ from agio_grpc.engine import (
 )
 from agio_grpc.engine import lifecycle as lifecycle_module
 from agio_grpc.engine.lifecycle import opened
+from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
+from agio_grpc.engine.runtime import Runtime
 from agio_grpc.store.errors import (
     NotFoundError,
     SessionBusyError,
@@ -637,13 +639,13 @@ async def test_watch_replays_a_finished_run_from_the_journal_as_it_was_streamed(
     harness.model.enqueue(Turn.text("hello there", chunks=2))
     outcome = await harness.run("hi")
     await segment_task_done(harness, outcome.run_id)
-    replay = [e async for e in harness.runtime.watch(outcome.run_id)]
+    replay = [e async for e in harness.follow(outcome.run_id)]
     # The same events, seqs, times and contents, less the finished step's deltas.
     assert replay == without_deltas(outcome.events)
     assert len(replay) < len(outcome.events)
-    tail = [e async for e in harness.runtime.watch(outcome.run_id, after_seq=3)]
+    tail = [e async for e in harness.follow(outcome.run_id, after_seq=3)]
     assert tail == [e for e in without_deltas(outcome.events) if e.seq > 3]
-    assert [e async for e in harness.runtime.watch(outcome.run_id, outcome.events[-1].seq)] == []
+    assert [e async for e in harness.follow(outcome.run_id, outcome.events[-1].seq)] == []
 
 
 async def test_watch_of_a_live_run_replays_its_deltas_then_follows_it(harness: Harness) -> None:
@@ -652,7 +654,7 @@ async def test_watch_of_a_live_run_replays_its_deltas_then_follows_it(harness: H
     )
     handle = await harness.runtime.start_run(RunInput("work"))
     await harness.gate.entered.wait()
-    watching = asyncio.create_task(drain_events(harness.runtime.watch(handle.run_id)))
+    watching = asyncio.create_task(drain_events(harness.follow(handle.run_id)))
     harness.gate.release.set()
     outcome = await harness.collect(handle)
     assert await watching == outcome.events  # live: every delta too
@@ -664,7 +666,7 @@ async def drain_events(events: AsyncIterator[SequencedEvent]) -> list[SequencedE
 
 async def segment_task_done(harness: Harness, run_id: str) -> None:
     """Wait for the run's loop task itself to end (its stream ends a little before)."""
-    running = harness.runtime._segments.running()
+    running = harness.runtime._live.running()
     if running:
         await asyncio.wait(running)
     # An ended task's done callbacks (the runtime's bookkeeping among them) were scheduled
@@ -755,6 +757,71 @@ async def test_a_run_queued_on_one_replica_and_started_on_another_times_out_at_i
         assert (await sqlite_store.get_run(queued.run_id)).stop_signal == outcome.run.stop_signal
 
 
+class OwnerInProcess:
+    """The `RemoteRuns` of a replica whose runs elsewhere are `owner`'s: each event relayed
+    as the owner serves a member (`Runtime.follow_here`), as service/members.py does it over
+    gRPC."""
+
+    def __init__(self, owner: Runtime) -> None:
+        self.owner = owner
+
+    async def follow(self, run_id: str, after_seq: int) -> AsyncIterator[RelayedEvent]:
+        async for event in self.owner.follow_here(run_id, after_seq):
+            yield RelayedEvent(event.seq, event.is_terminal, event)
+
+    async def tell_owner(self, run_id: str, timeout_s: float) -> None:
+        """Unreachable: the owner finds the cancel request at its next poll."""
+
+
+async def test_a_queued_run_another_replica_starts_is_followed_live_from_it(
+    sqlite_store: StoreRoles, fake_model: FakeModelServer
+) -> None:
+    # The caller follows the queued run on `other`; `owner` starts it once its own run ends.
+    # The caller gets the step in progress live from `owner`, its deltas included (the
+    # journal has none), under the seqs it would have had here. (`other` has no lease
+    # keeper: its sweep of free queues cannot start the run first.)
+    gate = Gate()
+    owner = build_runtime(sqlite_store, fake_model, gate, leases=sqlite_store)
+    other = build_runtime(sqlite_store, fake_model, Gate(), remote=OwnerInProcess(owner.runtime))
+    events: list[FollowedEvent] = []
+    mid_step = asyncio.Event()
+
+    async def follow(queued: RunHandle) -> None:
+        async for event in queued.events():
+            events.append(event)
+            relayed = event.message if isinstance(event, RelayedEvent) else None
+            if isinstance(relayed, SequencedEvent) and isinstance(relayed.event, StepDelta):
+                mid_step.set()
+
+    try:
+        fake_model.enqueue(
+            Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]),
+            Turn.text("first done"),
+            Turn.text("Hello world", chunks=2, chunk_delay=3600),  # "Hello ", then waits
+        )
+        first = await owner.runtime.start_run(RunInput("work"))
+        await gate.entered.wait()
+        queued = await other.runtime.start_run(
+            RunInput("then this", session_id=first.session_id, on_busy=BusyPolicy.ENQUEUE)
+        )
+        assert queued.run.status is RunStatus.QUEUED
+        following = asyncio.create_task(follow(queued))
+        gate.release.set()
+        async with asyncio.timeout(10):  # a follow that never relays fails here
+            await mid_step.wait()
+            await owner.runtime.cancel(queued.run_id, "enough")
+            await following
+    finally:
+        for harness in (owner, other):
+            await harness.runtime.shutdown(grace_s=0)
+            await harness.driver.close()
+
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))
+    assert events[-1].is_terminal
+    assert isinstance(events[-1], RelayedEvent)  # to its end, from the owner
+    assert (await sqlite_store.get_run(queued.run_id)).status is RunStatus.CANCELLED
+
+
 async def start_run_then_die(url: str, *, lease_s: float) -> Run:
     """A run started by a process that died right after: nobody renews its short lease."""
     crashed = await open_roles(url, session_lease_s=lease_s)
@@ -842,7 +909,7 @@ async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
     outcome = await two_turn_session(harness)
     other = build_runtime(sqlite_store, fake_model, Gate())
     try:
-        events = [e async for e in other.runtime.watch(outcome.run_id)]
+        events = [e async for e in other.follow(outcome.run_id)]
     finally:
         await other.driver.close()
     assert events == without_deltas(outcome.events)
@@ -854,7 +921,7 @@ async def test_watch_of_a_run_from_another_process_is_rebuilt_from_the_store(
     ]
     assert events[-1].is_terminal
     with pytest.raises(NotFoundError):
-        [e async for e in other.runtime.watch("run_missing")]
+        [e async for e in other.follow("run_missing")]
 
 
 async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
@@ -874,7 +941,7 @@ async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
         caught_up = asyncio.Event()
 
         async def watch() -> None:
-            async for event in other.runtime.watch(handle.run_id):
+            async for event in other.follow(handle.run_id):
                 watched.append(event)
                 if len(watched) == 4:
                     caught_up.set()
@@ -914,7 +981,7 @@ async def test_a_watch_of_a_run_whose_process_died_ends_once_its_lease_runs_out(
     )
     try:
         async with asyncio.timeout(10):  # a watch that never ends fails here
-            watched = [e async for e in other.runtime.watch(run.id)]
+            watched = [e async for e in other.follow(run.id)]
     finally:
         await other.runtime.shutdown(grace_s=0)
         await other.driver.close()
@@ -941,7 +1008,7 @@ async def test_a_watch_of_a_run_left_running_without_its_session_ends_it_interru
         assert await store.release_session(session.id, run.id)
 
         async with asyncio.timeout(10):  # a watch that never ends fails here
-            watched = [e async for e in other.runtime.watch(run.id)]
+            watched = [e async for e in other.follow(run.id)]
         assert not (await store.get_session(session.id)).active_run_id  # released again
     finally:
         await other.runtime.shutdown(grace_s=0)
@@ -963,7 +1030,7 @@ async def test_a_watch_served_from_the_store_ends_unavailable_when_the_server_st
         fake_model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
         handle = await owner.runtime.start_run(RunInput("work"))
         await gate.entered.wait()
-        watch = other.runtime.watch(handle.run_id)
+        watch = other.follow(handle.run_id)
         for _ in range(4):  # run_started, the input, the step's start, the call: all stored
             await anext(watch)
 
