@@ -178,8 +178,9 @@ class McpServerConfig(_Strict):
     args: list[str] = Field(default_factory=list)
     """stdio: its arguments."""
     env: dict[str, str] = Field(default_factory=dict)
-    """stdio: its whole environment. Nothing of the service's own environment is passed on
-    unless named here; a value `${NAME}` is the service's variable NAME."""
+    """stdio: its environment besides PATH, HOME and LANG, which it gets from the service's
+    (those set there; an entry here wins). Nothing else of the service's environment is
+    passed on unless named here; a value `${NAME}` is the service's variable NAME."""
     cwd: Path | None = None
     """stdio: its working directory (default: the service's)."""
     url: str | None = None

@@ -66,7 +66,8 @@ class McpServerSpec:
     """stdio: the absolute path of the program."""
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    """stdio: the server's whole environment."""
+    """stdio: the server's whole environment (service/mcp_setup.py adds PATH, HOME and LANG
+    to the configured entries)."""
     cwd: Path | None = None
     url: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from agio_grpc.client import AgioClient, AgioError
 from agio_grpc.config import AgentConfig, McpServerConfig, Settings
 from agio_grpc.service.app import AgioApp
+from agio_grpc.service.mcp_setup import mcp_server_spec
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
@@ -105,6 +106,21 @@ async def test_list_agents_shows_mcp_tools_with_schemas_and_availability_while_s
     assert (tools["echo"].source, tools["echo"].unavailable) == ("python", False)
     hello = tools["down__hello"]
     assert (hello.source, hello.unavailable) == ("mcp:down", True)
+
+
+def test_a_stdio_server_gets_path_home_and_lang_of_the_service_and_its_env_entries() -> None:
+    service = {"PATH": "/usr/bin", "HOME": "/home/agio", "LANG": "C.UTF-8", "API_KEY": "k"}
+    config = McpServerConfig(
+        name="files", command=sys.executable, env={"LANG": "de_DE.UTF-8", "KEY": "${API_KEY}"}
+    )
+    assert mcp_server_spec(config, service).env == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/agio",
+        "LANG": "de_DE.UTF-8",
+        "KEY": "k",
+    }
+    bare = McpServerConfig(name="files", command=sys.executable)
+    assert mcp_server_spec(bare, {"PATH": "/bin", "API_KEY": "k"}).env == {"PATH": "/bin"}
 
 
 async def test_per_run_tool_selection_covers_mcp_tools(
