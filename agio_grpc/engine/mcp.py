@@ -106,7 +106,16 @@ class McpTool:
 
     @property
     def available(self) -> bool:
-        return self.listed and self.server.connected
+        return not self.unavailable_reason
+
+    @property
+    def unavailable_reason(self) -> str:
+        server = self.server
+        if not server.connected:
+            return f"MCP server {server.spec.name!r} is not connected"
+        if not self.listed:
+            return f"MCP server {server.spec.name!r} does not list it"
+        return ""
 
     def definition(self) -> dict[str, Any]:
         return function_definition(self)

@@ -106,6 +106,8 @@ async def test_list_agents_shows_mcp_tools_with_schemas_and_availability_while_s
     assert (tools["echo"].source, tools["echo"].unavailable) == ("python", False)
     hello = tools["down__hello"]
     assert (hello.source, hello.unavailable) == ("mcp:down", True)
+    assert hello.unavailable_reason == "MCP server 'down' is not connected"
+    assert (add.unavailable_reason, tools["echo"].unavailable_reason) == ("", "")
 
 
 def test_a_stdio_server_gets_path_home_and_lang_of_the_service_and_its_env_entries() -> None:
@@ -270,10 +272,17 @@ def test_the_cli_marks_unavailable_tools(capsys: pytest.CaptureFixture[str]) -> 
         model="fake-model",
         tools=[
             resources_pb2.ToolDefinition(name="echo", source="python"),
-            resources_pb2.ToolDefinition(name="down__hello", unavailable=True, source="mcp:down"),
+            resources_pb2.ToolDefinition(
+                name="down__hello",
+                unavailable=True,
+                source="mcp:down",
+                unavailable_reason="MCP server 'down' is not connected (starting)",
+            ),
         ],
     )
     HumanPrinter().agents([agent], verbose=True)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "assistant  model=fake-model  tools: echo, down__hello (unavailable)"
-    assert lines[2].startswith("    down__hello (unavailable) [mcp:down]: ")
+    assert lines[2].startswith(
+        "    down__hello (unavailable: MCP server 'down' is not connected (starting)) [mcp:down]: "
+    )
