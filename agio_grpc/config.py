@@ -199,6 +199,10 @@ class McpServerConfig(_Strict):
     connect_timeout_s: float = Field(10.0, gt=0)
     """How long one attempt to connect (start, initialize, list the tools) may take; start-up
     waits at most this long for every server before serving without those not yet up."""
+    ping_interval_s: float = Field(15.0, gt=0)
+    """How often an idle connection is checked with an MCP ping: how soon a Streamable HTTP
+    server that went away, or a stdio server that hangs, loses its tools. (A stdio server
+    whose process exits loses them at once.)"""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

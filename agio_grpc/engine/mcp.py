@@ -1,15 +1,18 @@
 """Tools of MCP servers: one long-lived connection per configured server, through the official
-`mcp` SDK (`ClientSession` over `stdio_client` or `streamable_http_client`).
+`mcp` SDK (`ClientSession` over a watched stdio process, `mcp_stdio.py`, or
+`streamable_http_client`).
 
 Each `McpServer` has one owner task that opens the connection (the SDK's context managers
 are entered and left in that task), lists the tools, keeps the connection and lists again on
-`notifications/tools/list_changed`; when the connection fails (the process exits, a call
-finds it closed, a health ping fails) the task reconnects with capped exponential backoff,
-and the server's tools are unavailable meanwhile. Calls from run tasks go through the open
-session. A call's arguments are checked against the tool's input schema (jsonschema); its
-result becomes the text of a tool step (`render_call_result`); `isError` becomes a
-`ToolError`; a call cut off by its timeout or its run's cancellation is cancelled on the
-server by the SDK (`notifications/cancelled` for the request id).
+`notifications/tools/list_changed`; when the connection fails (a stdio server's process
+exits, noticed at once; a call finds it closed; a health ping fails) the task reconnects
+with capped exponential backoff, and the server's tools are unavailable meanwhile. Each
+failure is one warning line saying why (for a stdio server: the program, its exit code, the
+last line of its stderr). Calls from run tasks go through the open session. A call's
+arguments are checked against the tool's input schema (jsonschema); its result becomes the
+text of a tool step (`render_call_result`); `isError` becomes a `ToolError`; a call cut off
+by its timeout or its run's cancellation is cancelled on the server by the SDK
+(`notifications/cancelled` for the request id).
 
 The model sees an MCP tool as `server__tool` (OpenAI function names allow no `.`); the
 config names it `server.tool`. Never imports grpc, the store or OpenTelemetry; never logs a
@@ -24,7 +27,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,11 +35,11 @@ from typing import Any, Literal
 import httpx2
 import jsonschema
 import mcp.types as mcp_types
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp import ClientSession, MCPError
 from mcp.client.session import IncomingMessage
-from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
 from mcp.client.streamable_http import streamable_http_client
 
+from agio_grpc.engine.mcp_stdio import StdioProcess, Streams, started_process
 from agio_grpc.engine.tools import (
     ArgumentsError,
     ToolContext,
@@ -80,8 +83,8 @@ class McpServerSpec:
     restart_max_s: float = 30.0
     """The longest wait between reconnection attempts."""
     ping_interval_s: float = 15.0
-    """How often an idle connection is checked (a stdio server that exited, a lost HTTP
-    session) with an MCP ping."""
+    """How often an idle connection is checked with an MCP ping (a lost HTTP session, a
+    stdio server that no longer answers; one that exits is noticed without it)."""
 
     def admits(self, tool: str) -> bool:
         """Whether `allowed_tools` and `blocked_tools` let the service use `tool`."""
@@ -112,7 +115,7 @@ class McpTool:
     def unavailable_reason(self) -> str:
         server = self.server
         if not server.connected:
-            return f"MCP server {server.spec.name!r} is not connected"
+            return f"MCP server {server.spec.name!r} is not connected ({server.down_reason})"
         if not self.listed:
             return f"MCP server {server.spec.name!r} does not list it"
         return ""
@@ -166,6 +169,10 @@ class McpServer:
         self._pinned: set[str] = set()
         self._tools: dict[str, McpTool] = {}
         self._session: ClientSession | None = None
+        self._process: StdioProcess | None = None
+        self.down_reason = "starting"
+        """Why the server is not connected now, for a tool's `unavailable_reason` (no stderr
+        text: that goes to the log only)."""
         self._session_id = ""
         self._protocol_version = ""
         self._attention = asyncio.Event()
@@ -231,22 +238,27 @@ class McpServer:
         delay = self.spec.restart_initial_s
         while not self._stopping:
             connections = self.connections
+            self._process = None
+            failure: Exception | None = None
             try:
                 await self._connect_and_serve()
-                problem = "closed its connection"
             except Exception as error:  # any failure of the connection means: reconnect
-                problem = f"is down ({_describe(error)})"
+                failure = error
             finally:
                 self._session = None
+                cause, self.down_reason = self._why_down(failure)
                 self._first_attempt.set()
             if self._stopping:
                 break
-            if self.connections > connections:
+            came_up = self.connections > connections
+            if came_up:
                 delay = self.spec.restart_initial_s
             log.warning(
-                "mcp server %s %s; its tools are unavailable, reconnecting in %.2gs",
+                "mcp server %s %s: %s; its tools are unavailable, %s in %gs",
                 self.spec.name,
-                problem,
+                "stopped" if came_up else "failed to start",
+                cause,
+                "reconnecting" if came_up else "retrying",
                 delay,
             )
             with contextlib.suppress(TimeoutError):
@@ -254,9 +266,39 @@ class McpServer:
                     await self._wait_for_attention()
             delay = min(delay * 2, self.spec.restart_max_s)
 
+    def _why_down(self, failure: Exception | None) -> tuple[str, str]:
+        """Why the last connection or attempt ended: in the words of a log line, and in the
+        shorter ones of `down_reason` (without the server's stderr, which only the log shows)."""
+        end = self._process.end if self._process is not None else None
+        last_words = ""
+        if end is not None and end.last_stderr_line:
+            last_words = f"; last stderr line: {end.last_stderr_line!r}"
+        if end is not None and end.ended_by_itself:
+            return f"{self.spec.command} {end.describe()}{last_words}", (
+                f"its process {end.describe()}"
+            )
+        if isinstance(failure, TimeoutError):
+            short = f"it did not answer within {self.spec.connect_timeout_s:g}s"
+            return short + last_words, short
+        if failure is not None:
+            return _describe(failure) + last_words, (
+                f"it failed: {type(_innermost(failure)).__name__}"
+            )
+        return "its connection closed" + last_words, "its connection closed"
+
+    def _process_ended(self) -> None:
+        """The stdio server's process exited (or closed its stdout): its tools are unavailable
+        from this moment on, and the owner task restarts it."""
+        self._session = None
+        self._lost = True
+        self.down_reason = "its process ended"
+        self._attention.set()
+
     async def _connect_and_serve(self) -> None:
         """Connect, list the tools, then keep the connection until it is lost (returns or
         raises) or the server stops (returns)."""
+        self._lost = False
+        self._attention.clear()  # what was pending concerned the last connection
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.spec.connect_timeout_s):
                 read, write = await stack.enter_async_context(self._transport())
@@ -266,7 +308,8 @@ class McpServer:
                 initialized = await session.initialize()
                 self._protocol_version = str(initialized.protocol_version)
                 await self._list_tools(session)
-            self._lost = False
+            if self._lost:  # its process ended while connecting
+                return
             self._session = session
             self.connections += 1
             log.info(
@@ -300,10 +343,18 @@ class McpServer:
         self._attention.clear()
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        spec = self.spec
-        if spec.transport == "stdio":
-            return stdio_client(stdio_parameters(spec))
+        if self.spec.transport == "stdio":
+            return self._stdio_transport()
         return self._http_transport()
+
+    @contextlib.asynccontextmanager
+    async def _stdio_transport(self) -> AsyncIterator[Streams]:
+        spec = self.spec
+        async with started_process(
+            spec.command, spec.args, spec.env, spec.cwd, self._process_ended
+        ) as process:
+            self._process = process
+            yield process.streams
 
     @contextlib.asynccontextmanager
     async def _http_transport(self) -> Any:
@@ -423,25 +474,6 @@ async def _within(waiting: Any, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             await waiting
-
-
-def stdio_parameters(spec: McpServerSpec) -> StdioServerParameters:
-    """The SDK's parameters starting `spec`'s command with exactly `spec.env` as its
-    environment. The SDK adds some of the service's variables (HOME, PATH, ...) to the
-    environment it is given: the command runs through `env -u NAME ...`, which removes
-    those the entry does not name."""
-    removed = [name for name in DEFAULT_INHERITED_ENV_VARS if name not in spec.env]
-    unset = [part for name in removed for part in ("-u", name)]
-    return StdioServerParameters(
-        command=ENV_PROGRAM,
-        args=[*unset, spec.command, *spec.args],
-        env=dict(spec.env),
-        cwd=spec.cwd,
-    )
-
-
-ENV_PROGRAM = "/usr/bin/env"
-"""The program that starts a stdio server with variables removed (POSIX `env -u`)."""
 
 
 def render_call_result(result: mcp_types.CallToolResult) -> str:

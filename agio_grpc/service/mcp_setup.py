@@ -78,6 +78,7 @@ def mcp_server_spec(config: McpServerConfig, environ: Mapping[str, str]) -> McpS
         allowed_tools=allowed,
         blocked_tools=frozenset(config.blocked_tools),
         connect_timeout_s=config.connect_timeout_s,
+        ping_interval_s=config.ping_interval_s,
     )
     if config.command is None:
         headers = {

@@ -5,6 +5,8 @@ says so). Configuration mistakes stop the start with one line naming the setting
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from agio_grpc.service.mcp_setup import mcp_server_spec
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
-from tests.mcp.conftest import TOOLBOX, HttpToolbox, http_toolbox, wait_for
+from tests.mcp.conftest import TOOLBOX, HttpToolbox, eventually, http_toolbox, wait_for
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
@@ -36,8 +38,10 @@ def toolbox_http(url: str, **fields: Any) -> McpServerConfig:
     return McpServerConfig(name="toolbox", url=url, **fields)
 
 
-def toolbox_stdio(**fields: Any) -> McpServerConfig:
-    return McpServerConfig(name="toolbox", command=sys.executable, args=[str(TOOLBOX)], **fields)
+def toolbox_stdio(*options: str, **fields: Any) -> McpServerConfig:
+    return McpServerConfig(
+        name="toolbox", command=sys.executable, args=[str(TOOLBOX), *options], **fields
+    )
 
 
 def mcp_settings(
@@ -59,6 +63,20 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
 
 async def run_to_end(client: AgioClient, text: str, **options: Any) -> list[Any]:
     return [event async for event in client.run(text, **options)]
+
+
+async def listed_tools(client: AgioClient) -> dict[str, resources_pb2.ToolDefinition]:
+    """The one agent's tools as ListAgents gives them, by name."""
+    (agent,) = await client.list_agents()
+    return {tool.name: tool for tool in agent.tools}
+
+
+def offered_to_model(request: dict[str, Any]) -> list[str]:
+    return [tool["function"]["name"] for tool in request.get("tools", [])]
+
+
+async def steps_of(client: AgioClient, events: list[Any]) -> list[resources_pb2.Step]:
+    return list(await client.list_steps(events[-1].run_completed.run.session_id))
 
 
 async def test_a_run_calls_an_mcp_tool_as_an_ordinary_tool_step(
@@ -106,8 +124,38 @@ async def test_list_agents_shows_mcp_tools_with_schemas_and_availability_while_s
     assert (tools["echo"].source, tools["echo"].unavailable) == ("python", False)
     hello = tools["down__hello"]
     assert (hello.source, hello.unavailable) == ("mcp:down", True)
-    assert hello.unavailable_reason == "MCP server 'down' is not connected"
+    assert hello.unavailable_reason == (
+        "MCP server 'down' is not connected (its process exited with code 1)"
+    )
     assert (add.unavailable_reason, tools["echo"].unavailable_reason) == ("", "")
+
+
+async def test_a_killed_stdio_server_is_gone_from_list_agents_and_the_next_run_at_once(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    # It cannot start a second time, so its tools stay away; and no ping comes for an hour.
+    once = tmp_path / "started"
+    toolbox = toolbox_stdio("--start-once", str(once), ping_interval_s=3600)
+    settings = mcp_settings(tmp_path, fake_model, [toolbox], mcp=["toolbox"])
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        assert not (await listed_tools(client))["toolbox__hello"].unavailable
+        first = await steps_of(client, await run_to_end(client, "use the toolbox__pid tool"))
+        (pid_step,) = [step for step in first if step.role == resources_pb2.ROLE_TOOL]
+        os.kill(int(pid_step.content.splitlines()[0]), signal.SIGKILL)
+
+        async def hello_when_gone() -> resources_pb2.ToolDefinition | None:
+            hello = (await listed_tools(client))["toolbox__hello"]
+            return hello if hello.unavailable else None
+
+        hello = await eventually(hello_when_gone, "ListAgents to mark the tools unavailable")
+        asked = len(fake_model.requests)
+        second = await steps_of(client, await run_to_end(client, "use the toolbox__hello tool"))
+    assert hello.unavailable_reason.startswith("MCP server 'toolbox' is not connected (")
+    assert offered_to_model(fake_model.requests[asked]) == ["echo"]
+    assert [step.role for step in second] == [
+        resources_pb2.ROLE_USER,
+        resources_pb2.ROLE_ASSISTANT,
+    ]  # the model had no toolbox__hello to call
 
 
 def test_a_stdio_server_gets_path_home_and_lang_of_the_service_and_its_env_entries() -> None:
