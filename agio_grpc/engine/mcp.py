@@ -12,7 +12,9 @@ last line of its stderr). Calls from run tasks go through the open session. A ca
 arguments are checked against the tool's input schema (jsonschema); its result becomes the
 text of a tool step (`render_call_result`); `isError` becomes a `ToolError`; a call cut off
 by its timeout or its run's cancellation is cancelled on the server by the SDK
-(`notifications/cancelled` for the request id).
+(`notifications/cancelled` for the request id). A tool that requires MCP task support
+(`execution.taskSupport: "required"`) is listed but never available: this client sends no
+task-augmented calls, and the server refuses plain ones.
 
 The model sees an MCP tool as `server__tool` (OpenAI function names allow no `.`); the
 config names it `server.tool`. Never imports grpc, the store or OpenTelemetry; never logs a
@@ -57,6 +59,11 @@ MCP_SESSION_HEADER = "mcp-session-id"
 """The Streamable HTTP response header naming the MCP session."""
 _CONNECTION_CLOSED = -32000
 """The SDK's error code for a request whose connection closed (`mcp_types.CONNECTION_CLOSED`)."""
+TASK_SUPPORT_MISSING = (
+    'it requires MCP task support (execution.taskSupport "required"), which this client '
+    "does not implement"
+)
+"""Why a tool that only runs as an MCP task is never offered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +107,8 @@ class McpTool:
         self.remote_name = remote_name
         self.name = model_tool_name(server.spec.name, remote_name)
         self.listed = listed is not None
+        self.requires_task = listed is not None and _requires_task(listed)
+        """Whether the server runs it only as an MCP task, which this client cannot start."""
         self.description = (listed.description or "") if listed else ""
         schema = listed.input_schema if listed else {"type": "object", "properties": {}}
         self.parameters: dict[str, Any] = dict(schema)
@@ -118,6 +127,8 @@ class McpTool:
             return f"MCP server {server.spec.name!r} is not connected ({server.down_reason})"
         if not self.listed:
             return f"MCP server {server.spec.name!r} does not list it"
+        if self.requires_task:
+            return TASK_SUPPORT_MISSING
         return ""
 
     def definition(self) -> dict[str, Any]:
@@ -146,6 +157,8 @@ class McpTool:
                 f"tool {self.name!r} is unavailable: MCP server {self.server.spec.name!r} "
                 f"does not list a tool {self.remote_name!r}"
             )
+        if self.requires_task:
+            raise ToolUnavailableError(f"tool {self.name!r} is unavailable: {TASK_SUPPORT_MISSING}")
         result = await self.server.call(self.remote_name, self.name, arguments)
         text = render_call_result(result)
         if result.is_error:
@@ -170,6 +183,7 @@ class McpServer:
         self._tools: dict[str, McpTool] = {}
         self._session: ClientSession | None = None
         self._process: StdioProcess | None = None
+        self._task_only_logged: set[str] = set()
         self.down_reason = "starting"
         """Why the server is not connected now, for a tool's `unavailable_reason` (no stderr
         text: that goes to the log only)."""
@@ -394,6 +408,14 @@ class McpServer:
                     tool.name,
                 )
                 continue
+            if tool.requires_task and item.name not in self._task_only_logged:
+                self._task_only_logged.add(item.name)  # said once, not at each listing
+                log.warning(
+                    "mcp server %s: tool %r is never offered to models: %s",
+                    self.spec.name,
+                    item.name,
+                    TASK_SUPPORT_MISSING,
+                )
             tools[tool.name] = tool
         for remote_name in self._pinned:
             name = model_tool_name(self.spec.name, remote_name)
@@ -509,6 +531,11 @@ def _decoded_size(data: str) -> int:
         return len(base64.b64decode(data, validate=False))
     except ValueError:
         return len(data) * 3 // 4
+
+
+def _requires_task(tool: mcp_types.Tool) -> bool:
+    """Whether `tool` runs only as a task (a `tools/call` with `task` params)."""
+    return tool.execution is not None and tool.execution.task_support == "required"
 
 
 def _innermost(error: BaseException) -> BaseException:

@@ -1,5 +1,6 @@
 """Real MCP servers for the tests: tests/mcp/servers/toolbox.py over stdio (started by the
-client) and over Streamable HTTP on 127.0.0.1 (a subprocess on a free port).
+client) and over Streamable HTTP on 127.0.0.1 (a subprocess on a free port), and the pinned
+reference servers of the MCP project (`reference_servers`, tests/mcp/reference.py).
 
 `Toolbox` starts an `McpServer` (engine/mcp.py) against one of them and calls its tools
 through the executor, as a run does. The slow tool writes to an events file when the
@@ -26,6 +27,7 @@ from agio_grpc.domain import ToolCall
 from agio_grpc.engine.executor import ToolResult, execute_tool_call
 from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
 from agio_grpc.engine.tools import ToolContext, ToolRegistry
+from tests.mcp.reference import ReferenceServers, install_reference_servers
 
 TOOLBOX = Path(__file__).parent / "servers" / "toolbox.py"
 DEADLINE_S = 20.0
@@ -152,3 +154,9 @@ async def connected(spec: McpServerSpec, events: Path) -> AsyncIterator[Toolbox]
         yield Toolbox(server, events)
     finally:
         await servers.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_servers() -> ReferenceServers:
+    """The pinned MCP reference servers (tests/mcp/reference.py), installed when missing."""
+    return install_reference_servers()

@@ -1,6 +1,8 @@
 """MCP tools through the real service: the gRPC server, the fake model over HTTP, SQLite,
 and the toolbox MCP server (Streamable HTTP, one process per module; stdio where the test
-says so). Configuration mistakes stop the start with one line naming the setting."""
+says so), or the MCP project's reference server-everything (pinned, installed with npm by
+tests/mcp/reference.py). Configuration mistakes stop the start with one line naming the
+setting."""
 
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ from pydantic import ValidationError
 
 from agio_grpc.client import AgioClient, AgioError
 from agio_grpc.config import AgentConfig, McpServerConfig, Settings
+from agio_grpc.engine.mcp import TASK_SUPPORT_MISSING
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.mcp_setup import mcp_server_spec
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
 from tests.mcp.conftest import TOOLBOX, HttpToolbox, eventually, http_toolbox, wait_for
+from tests.mcp.reference import ReferenceServers
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
@@ -156,6 +160,58 @@ async def test_a_killed_stdio_server_is_gone_from_list_agents_and_the_next_run_a
         resources_pb2.ROLE_USER,
         resources_pb2.ROLE_ASSISTANT,
     ]  # the model had no toolbox__hello to call
+
+
+async def test_a_tool_that_requires_task_support_is_not_offered_and_list_agents_says_why(
+    tmp_path: Path, fake_model: FakeModelServer, reference_servers: ReferenceServers
+) -> None:
+    everything = McpServerConfig(
+        name="everything",
+        command="node",
+        args=[str(reference_servers.everything), "stdio"],
+        connect_timeout_s=60,
+    )
+    settings = mcp_settings(tmp_path, fake_model, [everything], mcp=["everything"])
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        tools = await listed_tools(client)
+        events = await run_to_end(client, "use the everything__simulate-research-query tool")
+        steps = await steps_of(client, events)
+    research = tools["everything__simulate-research-query"]
+    assert (research.unavailable, research.unavailable_reason) == (True, TASK_SUPPORT_MISSING)
+    echo = tools["everything__echo"]
+    assert (echo.unavailable, echo.unavailable_reason) == (False, "")
+    offered = offered_to_model(fake_model.requests[0])
+    assert "everything__echo" in offered
+    assert "everything__simulate-research-query" not in offered
+    assert events[-1].run_completed.run.stop_signal.reason == resources_pb2.STOP_REASON_COMPLETED
+    # Never called, so never refused with -32601: the model answered without it.
+    assert [step.role for step in steps] == [resources_pb2.ROLE_USER, resources_pb2.ROLE_ASSISTANT]
+
+
+async def test_npx_as_a_command_starts_with_the_default_environment_and_no_env_entry(
+    tmp_path: Path,
+    fake_model: FakeModelServer,
+    reference_servers: ReferenceServers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("AGIO_TEST_SERVICE_SECRET", "for the service only")
+    npx = McpServerConfig(
+        name="everything",
+        command="npx",  # without PATH it finds no `mcp-server-everything` to run
+        args=["--offline", "--prefix", str(reference_servers.prefix), "mcp-server-everything"],
+        connect_timeout_s=60,
+    )
+    settings = mcp_settings(tmp_path, fake_model, [npx], tools=["everything.get-env"])
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        tools = await listed_tools(client)
+        steps = await steps_of(client, await run_to_end(client, "use the everything__get-env tool"))
+    assert not tools["everything__get-env"].unavailable
+    (tool_step,) = [step for step in steps if step.role == resources_pb2.ROLE_TOOL]
+    assert not tool_step.is_error
+    environment = json.loads(tool_step.content)
+    assert (environment["HOME"], environment["LANG"]) == (os.environ["HOME"], "C.UTF-8")
+    assert "AGIO_TEST_SERVICE_SECRET" not in environment
 
 
 def test_a_stdio_server_gets_path_home_and_lang_of_the_service_and_its_env_entries() -> None:

@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from agio_grpc.config import McpServerConfig
-from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
+from agio_grpc.engine.mcp import TASK_SUPPORT_MISSING, McpServer, McpServers, McpServerSpec
 from agio_grpc.service.mcp_setup import mcp_server_spec
 from agio_grpc.telemetry import trace_log_handler
 from tests.mcp.conftest import (
@@ -32,6 +33,7 @@ from tests.mcp.conftest import (
     stdio_spec,
     wait_for,
 )
+from tests.mcp.reference import ReferenceServers
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -312,6 +314,30 @@ async def test_tools_of_a_server_that_is_down_are_unavailable(tmp_path: Path) ->
         assert "is unavailable" in result.content
     finally:
         await servers.stop()
+
+
+async def test_a_call_to_a_tool_that_requires_task_support_never_reaches_the_server(
+    tmp_path: Path, reference_servers: ReferenceServers
+) -> None:
+    spec = McpServerSpec(
+        name="everything",
+        transport="stdio",
+        command=str(shutil.which("node")),
+        args=(str(reference_servers.everything), "stdio"),
+        connect_timeout_s=60,
+    )
+    async with connected(spec, tmp_path / "events.txt") as box:
+        research = box.server.tools()["everything__simulate-research-query"]
+        assert (research.listed, research.requires_task, research.available) == (True, True, False)
+        assert box.registry.definitions([research.name]) == []
+        # A model that saw the tool elsewhere calls it anyway: refused here, not with -32601.
+        result = await box.call("simulate-research-query", '{"topic": "tides"}')
+        sum_result = await box.call("get-sum", '{"a": 2, "b": 40}')
+    assert result.is_error
+    assert result.content == (
+        f"tool 'everything__simulate-research-query' is unavailable: {TASK_SUPPORT_MISSING}"
+    )
+    assert sum_result.content == "The sum of 2 and 40 is 42."  # the server's other tools work
 
 
 async def test_allowed_and_blocked_tools_filter_the_listing(http_server: HttpToolbox) -> None:
