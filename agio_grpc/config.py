@@ -178,8 +178,9 @@ class McpServerConfig(_Strict):
     args: list[str] = Field(default_factory=list)
     """stdio: its arguments."""
     env: dict[str, str] = Field(default_factory=dict)
-    """stdio: its whole environment. Nothing of the service's own environment is passed on
-    unless named here; a value `${NAME}` is the service's variable NAME."""
+    """stdio: its environment besides PATH, HOME and LANG, which it gets from the service's
+    (those set there; an entry here wins). Nothing else of the service's environment is
+    passed on unless named here; a value `${NAME}` is the service's variable NAME."""
     cwd: Path | None = None
     """stdio: its working directory (default: the service's)."""
     url: str | None = None
@@ -198,6 +199,10 @@ class McpServerConfig(_Strict):
     connect_timeout_s: float = Field(10.0, gt=0)
     """How long one attempt to connect (start, initialize, list the tools) may take; start-up
     waits at most this long for every server before serving without those not yet up."""
+    ping_interval_s: float = Field(15.0, gt=0)
+    """How often an idle connection is checked with an MCP ping: how soon a Streamable HTTP
+    server that went away, or a stdio server that hangs, loses its tools. (A stdio server
+    whose process exits loses them at once.)"""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

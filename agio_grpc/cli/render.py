@@ -270,9 +270,15 @@ class HumanPrinter:
                     schema = json.dumps(json.loads(tool.parameters_json or "{}"))
                     # Where it runs, unless in the server's process.
                     where = f" [{tool.source}]" if tool.source not in ("", "python") else ""
-                    print(f"    {_tool_label(tool)}{where}: {tool.description} {schema}")
+                    label = _tool_label(tool, with_reason=True)
+                    print(f"    {label}{where}: {tool.description} {schema}")
 
 
-def _tool_label(tool: resources_pb2.ToolDefinition) -> str:
-    """A tool's name, marked when it cannot be called now (its MCP server is down)."""
-    return f"{tool.name} (unavailable)" if tool.unavailable else tool.name
+def _tool_label(tool: resources_pb2.ToolDefinition, *, with_reason: bool = False) -> str:
+    """A tool's name, marked when it cannot be called now (its MCP server is down, say), with
+    the reason when asked and known."""
+    if not tool.unavailable:
+        return tool.name
+    if with_reason and tool.unavailable_reason:
+        return f"{tool.name} (unavailable: {tool.unavailable_reason})"
+    return f"{tool.name} (unavailable)"

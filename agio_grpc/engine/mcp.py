@@ -1,15 +1,20 @@
 """Tools of MCP servers: one long-lived connection per configured server, through the official
-`mcp` SDK (`ClientSession` over `stdio_client` or `streamable_http_client`).
+`mcp` SDK (`ClientSession` over a watched stdio process, `mcp_stdio.py`, or
+`streamable_http_client`).
 
 Each `McpServer` has one owner task that opens the connection (the SDK's context managers
 are entered and left in that task), lists the tools, keeps the connection and lists again on
-`notifications/tools/list_changed`; when the connection fails (the process exits, a call
-finds it closed, a health ping fails) the task reconnects with capped exponential backoff,
-and the server's tools are unavailable meanwhile. Calls from run tasks go through the open
-session. A call's arguments are checked against the tool's input schema (jsonschema); its
-result becomes the text of a tool step (`render_call_result`); `isError` becomes a
-`ToolError`; a call cut off by its timeout or its run's cancellation is cancelled on the
-server by the SDK (`notifications/cancelled` for the request id).
+`notifications/tools/list_changed`; when the connection fails (a stdio server's process
+exits, noticed at once; a call finds it closed; a health ping fails) the task reconnects
+with capped exponential backoff, and the server's tools are unavailable meanwhile. Each
+failure is one warning line saying why (for a stdio server: the program, its exit code, the
+last line of its stderr). Calls from run tasks go through the open session. A call's
+arguments are checked against the tool's input schema (jsonschema); its result becomes the
+text of a tool step (`render_call_result`); `isError` becomes a `ToolError`; a call cut off
+by its timeout or its run's cancellation is cancelled on the server by the SDK
+(`notifications/cancelled` for the request id). A tool that requires MCP task support
+(`execution.taskSupport: "required"`) is listed but never available: this client sends no
+task-augmented calls, and the server refuses plain ones.
 
 The model sees an MCP tool as `server__tool` (OpenAI function names allow no `.`); the
 config names it `server.tool`. Never imports grpc, the store or OpenTelemetry; never logs a
@@ -24,7 +29,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,11 +37,11 @@ from typing import Any, Literal
 import httpx2
 import jsonschema
 import mcp.types as mcp_types
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp import ClientSession, MCPError
 from mcp.client.session import IncomingMessage
-from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
 from mcp.client.streamable_http import streamable_http_client
 
+from agio_grpc.engine.mcp_stdio import StdioProcess, Streams, started_process
 from agio_grpc.engine.tools import (
     ArgumentsError,
     ToolContext,
@@ -54,6 +59,11 @@ MCP_SESSION_HEADER = "mcp-session-id"
 """The Streamable HTTP response header naming the MCP session."""
 _CONNECTION_CLOSED = -32000
 """The SDK's error code for a request whose connection closed (`mcp_types.CONNECTION_CLOSED`)."""
+TASK_SUPPORT_MISSING = (
+    'it requires MCP task support (execution.taskSupport "required"), which this client '
+    "does not implement"
+)
+"""Why a tool that only runs as an MCP task is never offered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +76,8 @@ class McpServerSpec:
     """stdio: the absolute path of the program."""
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    """stdio: the server's whole environment."""
+    """stdio: the server's whole environment (service/mcp_setup.py adds PATH, HOME and LANG
+    to the configured entries)."""
     cwd: Path | None = None
     url: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -79,8 +90,8 @@ class McpServerSpec:
     restart_max_s: float = 30.0
     """The longest wait between reconnection attempts."""
     ping_interval_s: float = 15.0
-    """How often an idle connection is checked (a stdio server that exited, a lost HTTP
-    session) with an MCP ping."""
+    """How often an idle connection is checked with an MCP ping (a lost HTTP session, a
+    stdio server that no longer answers; one that exits is noticed without it)."""
 
     def admits(self, tool: str) -> bool:
         """Whether `allowed_tools` and `blocked_tools` let the service use `tool`."""
@@ -96,6 +107,8 @@ class McpTool:
         self.remote_name = remote_name
         self.name = model_tool_name(server.spec.name, remote_name)
         self.listed = listed is not None
+        self.requires_task = listed is not None and _requires_task(listed)
+        """Whether the server runs it only as an MCP task, which this client cannot start."""
         self.description = (listed.description or "") if listed else ""
         schema = listed.input_schema if listed else {"type": "object", "properties": {}}
         self.parameters: dict[str, Any] = dict(schema)
@@ -105,7 +118,18 @@ class McpTool:
 
     @property
     def available(self) -> bool:
-        return self.listed and self.server.connected
+        return not self.unavailable_reason
+
+    @property
+    def unavailable_reason(self) -> str:
+        server = self.server
+        if not server.connected:
+            return f"MCP server {server.spec.name!r} is not connected ({server.down_reason})"
+        if not self.listed:
+            return f"MCP server {server.spec.name!r} does not list it"
+        if self.requires_task:
+            return TASK_SUPPORT_MISSING
+        return ""
 
     def definition(self) -> dict[str, Any]:
         return function_definition(self)
@@ -133,6 +157,8 @@ class McpTool:
                 f"tool {self.name!r} is unavailable: MCP server {self.server.spec.name!r} "
                 f"does not list a tool {self.remote_name!r}"
             )
+        if self.requires_task:
+            raise ToolUnavailableError(f"tool {self.name!r} is unavailable: {TASK_SUPPORT_MISSING}")
         result = await self.server.call(self.remote_name, self.name, arguments)
         text = render_call_result(result)
         if result.is_error:
@@ -156,6 +182,11 @@ class McpServer:
         self._pinned: set[str] = set()
         self._tools: dict[str, McpTool] = {}
         self._session: ClientSession | None = None
+        self._process: StdioProcess | None = None
+        self._task_only_logged: set[str] = set()
+        self.down_reason = "starting"
+        """Why the server is not connected now, for a tool's `unavailable_reason` (no stderr
+        text: that goes to the log only)."""
         self._session_id = ""
         self._protocol_version = ""
         self._attention = asyncio.Event()
@@ -221,22 +252,27 @@ class McpServer:
         delay = self.spec.restart_initial_s
         while not self._stopping:
             connections = self.connections
+            self._process = None
+            failure: Exception | None = None
             try:
                 await self._connect_and_serve()
-                problem = "closed its connection"
             except Exception as error:  # any failure of the connection means: reconnect
-                problem = f"is down ({_describe(error)})"
+                failure = error
             finally:
                 self._session = None
+                cause, self.down_reason = self._why_down(failure)
                 self._first_attempt.set()
             if self._stopping:
                 break
-            if self.connections > connections:
+            came_up = self.connections > connections
+            if came_up:
                 delay = self.spec.restart_initial_s
             log.warning(
-                "mcp server %s %s; its tools are unavailable, reconnecting in %.2gs",
+                "mcp server %s %s: %s; its tools are unavailable, %s in %gs",
                 self.spec.name,
-                problem,
+                "stopped" if came_up else "failed to start",
+                cause,
+                "reconnecting" if came_up else "retrying",
                 delay,
             )
             with contextlib.suppress(TimeoutError):
@@ -244,9 +280,39 @@ class McpServer:
                     await self._wait_for_attention()
             delay = min(delay * 2, self.spec.restart_max_s)
 
+    def _why_down(self, failure: Exception | None) -> tuple[str, str]:
+        """Why the last connection or attempt ended: in the words of a log line, and in the
+        shorter ones of `down_reason` (without the server's stderr, which only the log shows)."""
+        end = self._process.end if self._process is not None else None
+        last_words = ""
+        if end is not None and end.last_stderr_line:
+            last_words = f"; last stderr line: {end.last_stderr_line!r}"
+        if end is not None and end.ended_by_itself:
+            return f"{self.spec.command} {end.describe()}{last_words}", (
+                f"its process {end.describe()}"
+            )
+        if isinstance(failure, TimeoutError):
+            short = f"it did not answer within {self.spec.connect_timeout_s:g}s"
+            return short + last_words, short
+        if failure is not None:
+            return _describe(failure) + last_words, (
+                f"it failed: {type(_innermost(failure)).__name__}"
+            )
+        return "its connection closed" + last_words, "its connection closed"
+
+    def _process_ended(self) -> None:
+        """The stdio server's process exited (or closed its stdout): its tools are unavailable
+        from this moment on, and the owner task restarts it."""
+        self._session = None
+        self._lost = True
+        self.down_reason = "its process ended"
+        self._attention.set()
+
     async def _connect_and_serve(self) -> None:
         """Connect, list the tools, then keep the connection until it is lost (returns or
         raises) or the server stops (returns)."""
+        self._lost = False
+        self._attention.clear()  # what was pending concerned the last connection
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.spec.connect_timeout_s):
                 read, write = await stack.enter_async_context(self._transport())
@@ -256,7 +322,8 @@ class McpServer:
                 initialized = await session.initialize()
                 self._protocol_version = str(initialized.protocol_version)
                 await self._list_tools(session)
-            self._lost = False
+            if self._lost:  # its process ended while connecting
+                return
             self._session = session
             self.connections += 1
             log.info(
@@ -290,10 +357,18 @@ class McpServer:
         self._attention.clear()
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        spec = self.spec
-        if spec.transport == "stdio":
-            return stdio_client(stdio_parameters(spec))
+        if self.spec.transport == "stdio":
+            return self._stdio_transport()
         return self._http_transport()
+
+    @contextlib.asynccontextmanager
+    async def _stdio_transport(self) -> AsyncIterator[Streams]:
+        spec = self.spec
+        async with started_process(
+            spec.command, spec.args, spec.env, spec.cwd, self._process_ended
+        ) as process:
+            self._process = process
+            yield process.streams
 
     @contextlib.asynccontextmanager
     async def _http_transport(self) -> Any:
@@ -333,6 +408,14 @@ class McpServer:
                     tool.name,
                 )
                 continue
+            if tool.requires_task and item.name not in self._task_only_logged:
+                self._task_only_logged.add(item.name)  # said once, not at each listing
+                log.warning(
+                    "mcp server %s: tool %r is never offered to models: %s",
+                    self.spec.name,
+                    item.name,
+                    TASK_SUPPORT_MISSING,
+                )
             tools[tool.name] = tool
         for remote_name in self._pinned:
             name = model_tool_name(self.spec.name, remote_name)
@@ -415,25 +498,6 @@ async def _within(waiting: Any, seconds: float) -> None:
             await waiting
 
 
-def stdio_parameters(spec: McpServerSpec) -> StdioServerParameters:
-    """The SDK's parameters starting `spec`'s command with exactly `spec.env` as its
-    environment. The SDK adds some of the service's variables (HOME, PATH, ...) to the
-    environment it is given: the command runs through `env -u NAME ...`, which removes
-    those the entry does not name."""
-    removed = [name for name in DEFAULT_INHERITED_ENV_VARS if name not in spec.env]
-    unset = [part for name in removed for part in ("-u", name)]
-    return StdioServerParameters(
-        command=ENV_PROGRAM,
-        args=[*unset, spec.command, *spec.args],
-        env=dict(spec.env),
-        cwd=spec.cwd,
-    )
-
-
-ENV_PROGRAM = "/usr/bin/env"
-"""The program that starts a stdio server with variables removed (POSIX `env -u`)."""
-
-
 def render_call_result(result: mcp_types.CallToolResult) -> str:
     """A tool result as the text of a tool step, one line per block: text blocks as they
     are; images, audio and resources described by their type and size (their bytes are not
@@ -467,6 +531,11 @@ def _decoded_size(data: str) -> int:
         return len(base64.b64decode(data, validate=False))
     except ValueError:
         return len(data) * 3 // 4
+
+
+def _requires_task(tool: mcp_types.Tool) -> bool:
+    """Whether `tool` runs only as a task (a `tools/call` with `task` params)."""
+    return tool.execution is not None and tool.execution.task_support == "required"
 
 
 def _innermost(error: BaseException) -> BaseException:

@@ -136,6 +136,11 @@ class ServerTool(Protocol):
         ...
 
     @property
+    def unavailable_reason(self) -> str:
+        """Why it is unavailable, one sentence for ListAgents; "" when it is available."""
+        ...
+
+    @property
     def timeout_s(self) -> float | None:
         """Its own hard timeout, when shorter than the run's tool timeout; None: the run's."""
         ...
@@ -209,6 +214,7 @@ class Tool:
 
     source = "python"
     available = True
+    unavailable_reason = ""
     timeout_s: float | None = None
 
     def origin(self) -> ToolOrigin | None:

@@ -414,8 +414,9 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
                             name=tool.name,
                             description=tool.description,
                             parameters_json=tool.parameters_json,
-                            unavailable=tool.unavailable,
+                            unavailable=bool(tool.unavailable_reason),
                             source=tool.source,
+                            unavailable_reason=tool.unavailable_reason,
                         )
                         for tool in _tool_definitions(self._runtime, agent)
                     ],
@@ -434,13 +435,13 @@ class _ToolInfo:
     name: str
     description: str
     parameters_json: str
-    unavailable: bool
+    unavailable_reason: str
     source: str
 
 
 def _tool_definitions(runtime: Runtime, agent: AgentSpec) -> list[_ToolInfo]:
     """The agent's server tools (name, description, JSON schema, where they run), those the
-    model cannot be offered now included, marked unavailable. An MCP tool's schema is the
+    model cannot be offered now included, with the reason why. An MCP tool's schema is the
     one its server listed last (an empty object schema if it never listed the tool)."""
     infos = []
     for name in runtime.registry.agent_tools(agent.tools, agent.mcp_servers):
@@ -452,7 +453,7 @@ def _tool_definitions(runtime: Runtime, agent: AgentSpec) -> list[_ToolInfo]:
                 name=tool.name,
                 description=tool.description,
                 parameters_json=json.dumps(tool.parameters),
-                unavailable=not tool.available,
+                unavailable_reason=tool.unavailable_reason,
                 source=tool.source,
             )
         )

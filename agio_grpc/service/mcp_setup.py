@@ -2,9 +2,10 @@
 
 Resolves what the config leaves to start-up: `${NAME}` in a header or environment value
 (the service's variable NAME; a missing one names the variable, never a value), a stdio
-command given as a bare name (looked up on the service's PATH, since the server itself
-gets no PATH unless its entry names one), and the tools agents name one by one
-(`server.tool`), which must be neither blocked nor named like an in-process tool.
+server's environment (PATH, HOME and LANG from the service's, then its entry's `env`), a
+stdio command given as a bare name (looked up on the service's PATH), and the tools agents
+name one by one (`server.tool`), which must be neither blocked nor named like an in-process
+tool.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.startup import StartupError
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+INHERITED_VARIABLES = ("PATH", "HOME", "LANG")
+"""What every stdio server gets of the service's environment, besides its entry's `env`:
+without PATH a launcher finds nothing to run (`npx` ends with `sh: 1: mcp-server-everything:
+not found`, exit code 127), without HOME npm has no cache, and LANG sets the locale a
+server reads and writes text in. None of them is a secret."""
 
 
 def build_mcp_servers(
@@ -72,6 +78,7 @@ def mcp_server_spec(config: McpServerConfig, environ: Mapping[str, str]) -> McpS
         allowed_tools=allowed,
         blocked_tools=frozenset(config.blocked_tools),
         connect_timeout_s=config.connect_timeout_s,
+        ping_interval_s=config.ping_interval_s,
     )
     if config.command is None:
         headers = {
@@ -79,7 +86,8 @@ def mcp_server_spec(config: McpServerConfig, environ: Mapping[str, str]) -> McpS
             for key, value in config.headers.items()
         }
         return replace(base, url=config.url or "", headers=headers)
-    env = {
+    env = {name: environ[name] for name in INHERITED_VARIABLES if name in environ}
+    env |= {
         key: substitute(value, environ, f"{where}: env {key}") for key, value in config.env.items()
     }
     command = find_command(config.command, where)

@@ -90,18 +90,20 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ToolDefinition(_message.Message):
-    __slots__ = ("name", "description", "parameters_json", "unavailable", "source")
+    __slots__ = ("name", "description", "parameters_json", "unavailable", "source", "unavailable_reason")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     parameters_json: str
     unavailable: bool
     source: str
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., unavailable: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+    unavailable_reason: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., unavailable: _Optional[bool] = ..., source: _Optional[str] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("duration_ms", "first_token_latency_ms", "input_tokens", "output_tokens", "total_tokens", "cached_input_tokens", "reasoning_tokens", "model_name", "provider", "tool_exec_time_ms", "retries")

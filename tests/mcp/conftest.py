@@ -1,10 +1,11 @@
 """Real MCP servers for the tests: tests/mcp/servers/toolbox.py over stdio (started by the
-client) and over Streamable HTTP on 127.0.0.1 (a subprocess on a free port).
+client) and over Streamable HTTP on 127.0.0.1 (a subprocess on a free port), and the pinned
+reference servers of the MCP project (`reference_servers`, tests/mcp/reference.py).
 
 `Toolbox` starts an `McpServer` (engine/mcp.py) against one of them and calls its tools
 through the executor, as a run does. The slow tool writes to an events file when the
-client's cancellation reaches it; `wait_for` polls (never a fixed sleep) with a generous
-deadline.
+client's cancellation reaches it; `wait_for` and `eventually` poll (never a fixed sleep)
+with a generous deadline.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -25,9 +27,11 @@ from agio_grpc.domain import ToolCall
 from agio_grpc.engine.executor import execute_tool_call
 from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
+from tests.mcp.reference import ReferenceServers, install_reference_servers
 
 TOOLBOX = Path(__file__).parent / "servers" / "toolbox.py"
 DEADLINE_S = 20.0
+T = TypeVar("T")
 
 
 async def wait_for(
@@ -40,6 +44,20 @@ async def wait_for(
         if loop.time() > give_up:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], what: str, deadline_s: float = DEADLINE_S
+) -> T:
+    """Ask `probe` until it answers something other than None (a gRPC read, say); fail naming
+    `what` after `deadline_s`."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + deadline_s
+    while (answer := await probe()) is None:
+        if loop.time() > give_up:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+    return answer
 
 
 def free_port() -> int:
@@ -136,3 +154,9 @@ async def connected(spec: McpServerSpec, events: Path) -> AsyncIterator[Toolbox]
         yield Toolbox(server, events)
     finally:
         await servers.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_servers() -> ReferenceServers:
+    """The pinned MCP reference servers (tests/mcp/reference.py), installed when missing."""
+    return install_reference_servers()

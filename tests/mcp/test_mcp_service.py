@@ -1,10 +1,14 @@
 """MCP tools through the real service: the gRPC server, the fake model over HTTP, SQLite,
 and the toolbox MCP server (Streamable HTTP, one process per module; stdio where the test
-says so). Configuration mistakes stop the start with one line naming the setting."""
+says so), or the MCP project's reference server-everything (pinned, installed with npm by
+tests/mcp/reference.py). Configuration mistakes stop the start with one line naming the
+setting."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,11 +20,14 @@ from pydantic import ValidationError
 
 from agio_grpc.client import AgioClient, AgioError
 from agio_grpc.config import AgentConfig, McpServerConfig, Settings
+from agio_grpc.engine.mcp import TASK_SUPPORT_MISSING
 from agio_grpc.service.app import AgioApp
+from agio_grpc.service.mcp_setup import mcp_server_spec
 from agio_grpc.service.startup import StartupError
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2, resources_pb2
-from tests.mcp.conftest import TOOLBOX, HttpToolbox, http_toolbox, wait_for
+from tests.mcp.conftest import TOOLBOX, HttpToolbox, eventually, http_toolbox, wait_for
+from tests.mcp.reference import ReferenceServers
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
@@ -35,8 +42,10 @@ def toolbox_http(url: str, **fields: Any) -> McpServerConfig:
     return McpServerConfig(name="toolbox", url=url, **fields)
 
 
-def toolbox_stdio(**fields: Any) -> McpServerConfig:
-    return McpServerConfig(name="toolbox", command=sys.executable, args=[str(TOOLBOX)], **fields)
+def toolbox_stdio(*options: str, **fields: Any) -> McpServerConfig:
+    return McpServerConfig(
+        name="toolbox", command=sys.executable, args=[str(TOOLBOX), *options], **fields
+    )
 
 
 def mcp_settings(
@@ -58,6 +67,20 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
 
 async def run_to_end(client: AgioClient, text: str, **options: Any) -> list[Any]:
     return [event async for event in client.run(text, **options)]
+
+
+async def listed_tools(client: AgioClient) -> dict[str, resources_pb2.ToolDefinition]:
+    """The one agent's tools as ListAgents gives them, by name."""
+    (agent,) = await client.list_agents()
+    return {tool.name: tool for tool in agent.tools}
+
+
+def offered_to_model(request: dict[str, Any]) -> list[str]:
+    return [tool["function"]["name"] for tool in request.get("tools", [])]
+
+
+async def steps_of(client: AgioClient, events: list[Any]) -> list[resources_pb2.Step]:
+    return list(await client.list_steps(events[-1].run_completed.run.session_id))
 
 
 async def test_a_run_calls_an_mcp_tool_as_an_ordinary_tool_step(
@@ -105,6 +128,105 @@ async def test_list_agents_shows_mcp_tools_with_schemas_and_availability_while_s
     assert (tools["echo"].source, tools["echo"].unavailable) == ("python", False)
     hello = tools["down__hello"]
     assert (hello.source, hello.unavailable) == ("mcp:down", True)
+    assert hello.unavailable_reason == (
+        "MCP server 'down' is not connected (its process exited with code 1)"
+    )
+    assert (add.unavailable_reason, tools["echo"].unavailable_reason) == ("", "")
+
+
+async def test_a_killed_stdio_server_is_gone_from_list_agents_and_the_next_run_at_once(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    # It cannot start a second time, so its tools stay away; and no ping comes for an hour.
+    once = tmp_path / "started"
+    toolbox = toolbox_stdio("--start-once", str(once), ping_interval_s=3600)
+    settings = mcp_settings(tmp_path, fake_model, [toolbox], mcp=["toolbox"])
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        assert not (await listed_tools(client))["toolbox__hello"].unavailable
+        first = await steps_of(client, await run_to_end(client, "use the toolbox__pid tool"))
+        (pid_step,) = [step for step in first if step.role == resources_pb2.ROLE_TOOL]
+        os.kill(int(pid_step.content.splitlines()[0]), signal.SIGKILL)
+
+        async def hello_when_gone() -> resources_pb2.ToolDefinition | None:
+            hello = (await listed_tools(client))["toolbox__hello"]
+            return hello if hello.unavailable else None
+
+        hello = await eventually(hello_when_gone, "ListAgents to mark the tools unavailable")
+        asked = len(fake_model.requests)
+        second = await steps_of(client, await run_to_end(client, "use the toolbox__hello tool"))
+    assert hello.unavailable_reason.startswith("MCP server 'toolbox' is not connected (")
+    assert offered_to_model(fake_model.requests[asked]) == ["echo"]
+    assert [step.role for step in second] == [
+        resources_pb2.ROLE_USER,
+        resources_pb2.ROLE_ASSISTANT,
+    ]  # the model had no toolbox__hello to call
+
+
+async def test_a_tool_that_requires_task_support_is_not_offered_and_list_agents_says_why(
+    tmp_path: Path, fake_model: FakeModelServer, reference_servers: ReferenceServers
+) -> None:
+    everything = McpServerConfig(
+        name="everything",
+        command="node",
+        args=[str(reference_servers.everything), "stdio"],
+        connect_timeout_s=60,
+    )
+    settings = mcp_settings(tmp_path, fake_model, [everything], mcp=["everything"])
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        tools = await listed_tools(client)
+        events = await run_to_end(client, "use the everything__simulate-research-query tool")
+        steps = await steps_of(client, events)
+    research = tools["everything__simulate-research-query"]
+    assert (research.unavailable, research.unavailable_reason) == (True, TASK_SUPPORT_MISSING)
+    echo = tools["everything__echo"]
+    assert (echo.unavailable, echo.unavailable_reason) == (False, "")
+    offered = offered_to_model(fake_model.requests[0])
+    assert "everything__echo" in offered
+    assert "everything__simulate-research-query" not in offered
+    assert events[-1].run_completed.run.stop_signal.reason == resources_pb2.STOP_REASON_COMPLETED
+    # Never called, so never refused with -32601: the model answered without it.
+    assert [step.role for step in steps] == [resources_pb2.ROLE_USER, resources_pb2.ROLE_ASSISTANT]
+
+
+async def test_npx_as_a_command_starts_with_the_default_environment_and_no_env_entry(
+    tmp_path: Path,
+    fake_model: FakeModelServer,
+    reference_servers: ReferenceServers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("AGIO_TEST_SERVICE_SECRET", "for the service only")
+    npx = McpServerConfig(
+        name="everything",
+        command="npx",  # without PATH it finds no `mcp-server-everything` to run
+        args=["--offline", "--prefix", str(reference_servers.prefix), "mcp-server-everything"],
+        connect_timeout_s=60,
+    )
+    settings = mcp_settings(tmp_path, fake_model, [npx], tools=["everything.get-env"])
+    async with serving(settings) as app, AgioClient(app.address) as client:
+        tools = await listed_tools(client)
+        steps = await steps_of(client, await run_to_end(client, "use the everything__get-env tool"))
+    assert not tools["everything__get-env"].unavailable
+    (tool_step,) = [step for step in steps if step.role == resources_pb2.ROLE_TOOL]
+    assert not tool_step.is_error
+    environment = json.loads(tool_step.content)
+    assert (environment["HOME"], environment["LANG"]) == (os.environ["HOME"], "C.UTF-8")
+    assert "AGIO_TEST_SERVICE_SECRET" not in environment
+
+
+def test_a_stdio_server_gets_path_home_and_lang_of_the_service_and_its_env_entries() -> None:
+    service = {"PATH": "/usr/bin", "HOME": "/home/agio", "LANG": "C.UTF-8", "API_KEY": "k"}
+    config = McpServerConfig(
+        name="files", command=sys.executable, env={"LANG": "de_DE.UTF-8", "KEY": "${API_KEY}"}
+    )
+    assert mcp_server_spec(config, service).env == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/agio",
+        "LANG": "de_DE.UTF-8",
+        "KEY": "k",
+    }
+    bare = McpServerConfig(name="files", command=sys.executable)
+    assert mcp_server_spec(bare, {"PATH": "/bin", "API_KEY": "k"}).env == {"PATH": "/bin"}
 
 
 async def test_per_run_tool_selection_covers_mcp_tools(
@@ -254,10 +376,17 @@ def test_the_cli_marks_unavailable_tools(capsys: pytest.CaptureFixture[str]) -> 
         model="fake-model",
         tools=[
             resources_pb2.ToolDefinition(name="echo", source="python"),
-            resources_pb2.ToolDefinition(name="down__hello", unavailable=True, source="mcp:down"),
+            resources_pb2.ToolDefinition(
+                name="down__hello",
+                unavailable=True,
+                source="mcp:down",
+                unavailable_reason="MCP server 'down' is not connected (starting)",
+            ),
         ],
     )
     HumanPrinter().agents([agent], verbose=True)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "assistant  model=fake-model  tools: echo, down__hello (unavailable)"
-    assert lines[2].startswith("    down__hello (unavailable) [mcp:down]: ")
+    assert lines[2].startswith(
+        "    down__hello (unavailable: MCP server 'down' is not connected (starting)) [mcp:down]: "
+    )

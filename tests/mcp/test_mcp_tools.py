@@ -9,6 +9,9 @@ import contextlib
 import io
 import json
 import logging
+import os
+import shutil
+import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from agio_grpc.config import McpServerConfig
-from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
+from agio_grpc.engine.mcp import TASK_SUPPORT_MISSING, McpServer, McpServers, McpServerSpec
 from agio_grpc.service.mcp_setup import mcp_server_spec
 from agio_grpc.telemetry import trace_log_handler
 from tests.mcp.conftest import (
@@ -30,6 +33,7 @@ from tests.mcp.conftest import (
     stdio_spec,
     wait_for,
 )
+from tests.mcp.reference import ReferenceServers
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -211,6 +215,70 @@ async def test_http_server_that_crashes_mid_call_is_reconnected_once_it_is_back(
             assert (await box.call("hello")).content.startswith("hello from the toolbox")
 
 
+async def test_a_stdio_server_whose_process_dies_loses_its_tools_without_waiting_for_a_ping(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "agio_grpc.engine.mcp")
+    # No ping and no restart comes within the test: only the watched process can tell.
+    spec = stdio_spec(tmp_path / "events.txt", ping_interval_s=3600, restart_initial_s=3600)
+    async with connected(spec, tmp_path / "events.txt") as box:
+        hello = box.server.tools()["toolbox__hello"]
+        assert box.registry.definitions(["toolbox__hello"]) != []
+        pid = int((await box.call("pid")).content.splitlines()[0])
+        os.kill(pid, signal.SIGKILL)
+        await wait_for(lambda: not hello.available, "the death to be noticed")
+        assert box.registry.definitions(["toolbox__hello"]) == []  # no longer offered
+        await wait_for(lambda: "signal" in hello.unavailable_reason, "the exit to be known")
+        assert hello.unavailable_reason == (
+            "MCP server 'toolbox' is not connected (its process was killed by signal SIGKILL)"
+        )
+        result = await box.call("hello")
+        assert result.is_error
+        assert "MCP server 'toolbox' is restarting" in result.content
+    assert warnings(caplog) == [
+        f"mcp server toolbox stopped: {sys.executable} was killed by signal SIGKILL; its tools "
+        "are unavailable, reconnecting in 3600s"
+    ]
+
+
+async def test_a_server_that_fails_to_start_logs_its_program_exit_code_and_last_stderr_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "agio_grpc.engine.mcp")
+    script = (
+        "import sys; print('starting', file=sys.stderr); "
+        "print('error: WEATHER_TOKEN is not set', file=sys.stderr); sys.exit(3)"
+    )
+    spec = McpServerSpec(
+        name="weather",
+        transport="stdio",
+        command=sys.executable,
+        args=("-c", script),
+        restart_initial_s=3600,
+    )
+    server = McpServer(spec)
+    server.pin("forecast")
+    servers = McpServers([server])
+    await servers.start()
+    try:
+        reason = server.tools()["weather__forecast"].unavailable_reason
+    finally:
+        await servers.stop()
+    assert warnings(caplog) == [
+        f"mcp server weather failed to start: {sys.executable} exited with code 3; last stderr "
+        "line: 'error: WEATHER_TOKEN is not set'; its tools are unavailable, retrying in 3600s"
+    ]
+    assert reason == "MCP server 'weather' is not connected (its process exited with code 3)"
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "agio_grpc.engine.mcp" and record.levelno == logging.WARNING
+    ]
+
+
 async def test_stop_ends_and_reaps_the_stdio_server(tmp_path: Path) -> None:
     events = tmp_path / "events.txt"
     async with connected(stdio_spec(events), events) as box:
@@ -246,6 +314,30 @@ async def test_tools_of_a_server_that_is_down_are_unavailable(tmp_path: Path) ->
         assert "is unavailable" in result.content
     finally:
         await servers.stop()
+
+
+async def test_a_call_to_a_tool_that_requires_task_support_never_reaches_the_server(
+    tmp_path: Path, reference_servers: ReferenceServers
+) -> None:
+    spec = McpServerSpec(
+        name="everything",
+        transport="stdio",
+        command=str(shutil.which("node")),
+        args=(str(reference_servers.everything), "stdio"),
+        connect_timeout_s=60,
+    )
+    async with connected(spec, tmp_path / "events.txt") as box:
+        research = box.server.tools()["everything__simulate-research-query"]
+        assert (research.listed, research.requires_task, research.available) == (True, True, False)
+        assert box.registry.definitions([research.name]) == []
+        # A model that saw the tool elsewhere calls it anyway: refused here, not with -32601.
+        result = await box.call("simulate-research-query", '{"topic": "tides"}')
+        sum_result = await box.call("get-sum", '{"a": 2, "b": 40}')
+    assert result.is_error
+    assert result.content == (
+        f"tool 'everything__simulate-research-query' is unavailable: {TASK_SUPPORT_MISSING}"
+    )
+    assert sum_result.content == "The sum of 2 and 40 is 42."  # the server's other tools work
 
 
 async def test_allowed_and_blocked_tools_filter_the_listing(http_server: HttpToolbox) -> None:

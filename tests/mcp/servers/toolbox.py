@@ -1,5 +1,7 @@
 """An MCP server for the tests (the SDK's MCPServer, FastMCP before mcp 2), over stdio
-(default) or Streamable HTTP on 127.0.0.1 (`--http PORT`).
+(default) or Streamable HTTP on 127.0.0.1 (`--http PORT`). With `--start-once MARKER` it
+starts only when the file MARKER does not exist (and creates it); a second start writes a
+line to stderr and exits with code 4, before any message: a server that cannot come back.
 
 Tools: `hello` (no arguments), `add` (structured result), `fail` (an `isError` result),
 `slow` (waits until cancelled; writes `cancelled <marker>` to the file named by `--events`
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -109,8 +112,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None)
     parser.add_argument("--events", type=Path, default=None)
+    parser.add_argument("--start-once", type=Path, default=None)
     options = parser.parse_args()
     events = options.events
+    if options.start_once is not None:
+        try:
+            options.start_once.touch(exist_ok=False)
+        except FileExistsError:
+            print("toolbox: starting", file=sys.stderr)
+            print(f"toolbox: {options.start_once} exists: started once already", file=sys.stderr)
+            raise SystemExit(4) from None
     if options.http is None:
         server.run()
     else:

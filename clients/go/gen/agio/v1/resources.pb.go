@@ -340,14 +340,18 @@ type ToolDefinition struct {
 	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
 	// The JSON schema of the arguments object, as JSON text.
 	ParametersJson string `protobuf:"bytes,3,opt,name=parameters_json,json=parametersJson,proto3" json:"parameters_json,omitempty"`
-	// In ListAgents: the tool cannot be called now (its MCP server is restarting, or no
-	// longer lists it) and is not offered to the model; false for every other tool.
+	// In ListAgents: the tool cannot be called now (its MCP server is not connected, no
+	// longer lists it, or runs it only as an MCP task, which the service does not implement)
+	// and is not offered to the model; false for every other tool.
 	Unavailable bool `protobuf:"varint,4,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
 	// In ListAgents: where the tool runs: `python` (a function in the server), `mcp:<server>`
 	// (a tool of that MCP server). Empty in a RunRequest's client_tools.
-	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	// In ListAgents: why the tool is unavailable, one sentence for people (e.g. "MCP server
+	// 'files' is not connected (its process exited with code 1)"); empty when it is available.
+	UnavailableReason string `protobuf:"bytes,6,opt,name=unavailable_reason,json=unavailableReason,proto3" json:"unavailable_reason,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ToolDefinition) Reset() {
@@ -411,6 +415,13 @@ func (x *ToolDefinition) GetUnavailable() bool {
 func (x *ToolDefinition) GetSource() string {
 	if x != nil {
 		return x.Source
+	}
+	return ""
+}
+
+func (x *ToolDefinition) GetUnavailableReason() string {
+	if x != nil {
+		return x.UnavailableReason
 	}
 	return ""
 }
@@ -1361,13 +1372,14 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\bToolCall\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
-	"\targuments\x18\x03 \x01(\tR\targuments\"\xa9\x01\n" +
+	"\targuments\x18\x03 \x01(\tR\targuments\"\xd8\x01\n" +
 	"\x0eToolDefinition\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12'\n" +
 	"\x0fparameters_json\x18\x03 \x01(\tR\x0eparametersJson\x12 \n" +
 	"\vunavailable\x18\x04 \x01(\bR\vunavailable\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"\xa9\x03\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\x12-\n" +
+	"\x12unavailable_reason\x18\x06 \x01(\tR\x11unavailableReason\"\xa9\x03\n" +
 	"\vStepMetrics\x12\x1f\n" +
 	"\vduration_ms\x18\x01 \x01(\x03R\n" +
 	"durationMs\x123\n" +
