@@ -381,8 +381,13 @@ class Run:
     # a ROLLBACK, its first sequence, from which its steps are deleted when this one starts.
     supersedes: str = ""
     rollback_from: int = 0
-    # Its session's tenant: a lookup by run id filters by it (store/protocol.py).
+    # Its session's tenant: a lookup by run id filters by it (store/log.py).
     tenant: str = DEFAULT_TENANT
+    # A QUEUED run whose caller's stream owns it (its end cancels the run): the server
+    # instance holding that stream, and the caller's deadline. Gone with the server, the
+    # stream cannot end the run; these let whoever comes next end it as the caller would.
+    caller_instance: str = ""
+    caller_deadline: datetime | None = None
 
     def ended(self, signal: StopSignal, at: datetime | None = None) -> Run:
         """This run stopped by `signal`: a copy with the status the signal's reason leaves it

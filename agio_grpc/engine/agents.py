@@ -157,6 +157,10 @@ class RunInput:
     then at the latest, however long it took to start."""
     on_busy: BusyPolicy = BusyPolicy.REJECT
     """What to do when the session is busy (domain.BusyPolicy)."""
+    followed: bool = False
+    """The caller's stream owns the run: its end cancels the run (a `Run` call that did not
+    ask the run to go on without it). Stored with a queued run, so that the run ends as the
+    caller's end would when the server holding the stream is gone."""
     tenant: str = DEFAULT_TENANT
     """The caller's tenant: the new session's, or the one `session_id` must belong to (another
     tenant's session is unknown to the caller)."""

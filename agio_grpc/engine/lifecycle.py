@@ -59,6 +59,7 @@ from agio_grpc.domain import (
     clean_text,
     unanswered_call_result,
     unfinished_reason,
+    utc_now,
 )
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
@@ -145,6 +146,14 @@ def task_cancelled() -> StopSignal:
     return StopSignal(
         StopReason.INTERRUPTED, "the run's task was cancelled", "server", retryable=True
     )
+
+
+def caller_gone(run: Run) -> StopSignal:
+    """The stop of a queued run whose caller's stream died with the server that held it:
+    what that caller's deadline, or its end, would have stopped it with."""
+    if run.caller_deadline is not None and run.caller_deadline <= utc_now():
+        return deadline_reached()
+    return cancelled("the caller is gone: the server it called restarted", "server")
 
 
 def superseded(run_id: str, policy: str) -> StopSignal:
@@ -382,8 +391,15 @@ class Lifecycle:
 
     async def recover_own(self) -> list[str]:
         """At start, before serving: end the runs this server's instance left RUNNING when
-        it stopped, and release their sessions; the run ids ended."""
-        return await self._ledger.recover_own_runs()
+        it stopped, and release their sessions; and end the queued runs whose callers'
+        streams it held, which died with it, as those callers' ends would have: TIMEOUT past
+        the caller's deadline, else CANCELLED (their disconnect policy: a run whose caller
+        asked it to go on has no caller stored). The run ids ended."""
+        ended = await self._ledger.recover_own_runs()
+        for run in await self._ledger.queued_runs_called_here():
+            if await self.end_idle(run, caller_gone(run)) is not None:
+                ended.append(run.id)
+        return ended
 
     async def recover_expired(self) -> list[str]:
         """End the runs whose servers stopped renewing their leases, and release their

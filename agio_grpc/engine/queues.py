@@ -25,9 +25,10 @@ import logging
 import weakref
 from collections.abc import AsyncIterator
 from contextvars import Context
+from datetime import timedelta
 
-from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step
-from agio_grpc.engine.agents import AgentCatalog, RunSettings
+from agio_grpc.domain import BusyPolicy, Role, Run, RunStatus, Session, Step, utc_now
+from agio_grpc.engine.agents import AgentCatalog, RunInput, RunSettings
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.history import HistoryCache
 from agio_grpc.engine.lifecycle import Lifecycle, deadline_reached, superseded
@@ -102,12 +103,13 @@ class RunQueues:
         channel: RunChannel,
         new_session: Session | None,
         since: HistoryMark | None,
-        policy: BusyPolicy,
+        request: RunInput,
     ) -> RunStart:
         """`Lifecycle.begin` with the busy policy's `QueueRequest`. INTERRUPT and ROLLBACK
         end a run waiting for its client first (the store leaves that to the engine: its
         open calls need error results), then try again."""
-        queue = self._queue_request(run.id, policy)
+        policy = request.on_busy
+        queue = self._queue_request(run.id, request)
         for _ in range(_INTERRUPT_ATTEMPTS):
             try:
                 return await self._lifecycle.begin(
@@ -125,15 +127,22 @@ class RunQueues:
             run, [user], channel, new_session=new_session, since=since, queue=queue
         )
 
-    def _queue_request(self, run_id: str, policy: BusyPolicy) -> QueueRequest | None:
+    def _queue_request(self, run_id: str, request: RunInput) -> QueueRequest | None:
+        policy = request.on_busy
         if policy is BusyPolicy.REJECT:
             return None
         ahead = policy in (BusyPolicy.INTERRUPT, BusyPolicy.ROLLBACK)
+        deadline = None
+        if request.deadline_at is not None:  # as the wall clock, which other servers share
+            left_s = request.deadline_at - asyncio.get_running_loop().time()
+            deadline = utc_now() + timedelta(seconds=left_s)
         return QueueRequest(
             self._max_queued,
             ahead=ahead,
             supersede=superseded(run_id, policy.value) if ahead else None,
             rollback=policy is BusyPolicy.ROLLBACK,
+            followed=request.followed,
+            deadline=deadline,
         )
 
     def handle(
@@ -264,6 +273,12 @@ class RunQueues:
         try:
             run = await self._runs.next_queued_run(session_id)
             if run is None or self._live.closing:
+                return
+            if run.caller_deadline is not None and run.caller_deadline <= utc_now():
+                # Its caller's deadline passed while it waited, wherever that caller was (a
+                # caller here has its timer too): it ends TIMEOUT instead of starting, and
+                # the next in the queue is looked at once that end frees the session.
+                await self._lifecycle.end_idle(run, deadline_reached())
                 return
             settings = self._catalog.settings_of(run)
             trace = self._tracer.start_run(run, settings, "run")

@@ -203,7 +203,7 @@ class Runtime:
             slot = await self._segments.admit(request.deadline_at)
             with slot:
                 started = await self._queues.begin(
-                    run, user, channel, new_session, cached.mark, request.on_busy
+                    run, user, channel, new_session, cached.mark, request
                 )
                 if started.run.status is RunStatus.QUEUED:
                     trace.end(started.run)  # it gets a trace of its own when it starts

@@ -303,6 +303,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         stays = request.on_disconnect == pb.DISCONNECT_POLICY_CONTINUE
         if not stays:
             run_input.deadline_at = _deadline_at(context)
+            run_input.followed = True  # this call's end cancels the run, queued or not
         handle = await self._runtime.start_run(run_input)
         await self._relay(handle.run_id, handle.events(), context, owns_run=not stays)
 

@@ -177,6 +177,12 @@ class RunLedger(RunRecords, Protocol):
         """
         ...
 
+    async def queued_runs_called_here(self) -> list[Run]:
+        """The QUEUED runs whose caller's stream this server instance held (`caller_instance`
+        is the store's instance id): for a server starting, callers it no longer has. None
+        without an instance id."""
+        ...
+
     async def recover_own_runs(self) -> list[str]:
         """Release every session this server instance holds (by the store's instance id),
         finalising the holder's run as a take-over would, live lease or not, with the

@@ -109,6 +109,11 @@ class QueueRequest:
     supersede: StopSignal | None = None
     rollback: bool = False
     """ROLLBACK: the interrupted run's steps are deleted when this run starts."""
+    followed: bool = False
+    """The caller's stream owns the run (its end cancels it): the run is stored with this
+    server's instance id as its `caller_instance`."""
+    deadline: datetime | None = None
+    """The caller's deadline, stored as the run's `caller_deadline`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -374,6 +374,8 @@ def run_from_row(row: Row[Any]) -> Run:
         supersedes=row.supersedes,
         rollback_from=row.rollback_from,
         tenant=row.tenant,
+        caller_instance=row.caller_instance,
+        caller_deadline=row.caller_deadline,
     )
 
 

@@ -170,6 +170,10 @@ runs = Table(
     Column("rollback_from", BigInteger, nullable=False, server_default="0"),
     # Its session's tenant (revision 0006), so a lookup by run id filters by tenant too.
     Column("tenant", String, nullable=False, server_default=DEFAULT_TENANT),
+    # A QUEUED run whose caller's stream owns it (revision 0010): the server instance that
+    # holds the stream, and the caller's deadline.
+    Column("caller_instance", String, nullable=False, server_default=""),
+    Column("caller_deadline", UTCDateTime, nullable=True),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),

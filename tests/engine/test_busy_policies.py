@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -24,14 +25,17 @@ from agio_grpc.domain import (
     StopReason,
     StopSignal,
     ToolCall,
+    utc_now,
 )
 from agio_grpc.engine import RunHandle, RunInput, ToolOutput
 from agio_grpc.engine.events import RunStarted
+from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.store.errors import (
     QueueFullError,
     RunRequiresActionError,
     SessionBusyError,
 )
+from agio_grpc.store.records import QueueRequest
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import (
     LOOKUP,
@@ -41,9 +45,10 @@ from tests.engine.harness import (
     assert_valid_messages,
     build_runtime,
 )
-from tests.roles import StoreRoles
+from tests.roles import StoreRoles, open_roles
 
 REPETITIONS = 20
+SLOW_FIRST_TOKEN_S = 10.0
 
 
 @pytest.fixture
@@ -201,9 +206,10 @@ async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcom
     """Two runs racing with `policy` on an idle session whose first model call is slow: the
     one that started is interrupted by the other. Returns (interrupted, winner). (Slow, not
     hanging: when the interrupted run is stopped before it calls the model, the winner's
-    call is the first and gets that turn.)"""
+    call is the first and gets that turn. Slow enough that the interrupt always comes
+    first, however busy the machine: at 1 s a loaded machine let the reply be stored.)"""
     session_id = await idle_session(policies)
-    policies.model.enqueue(Turn.text("slow", first_token_delay=1.0))
+    policies.model.enqueue(Turn.text("slow", first_token_delay=SLOW_FIRST_TOKEN_S))
     requests = [RunInput(f"run {n}", session_id=session_id, on_busy=policy) for n in range(2)]
     first, second = handles(await race(policies, *requests))
     check = policy is not BusyPolicy.ROLLBACK  # the loser's steps go as it is collected
@@ -352,3 +358,74 @@ async def test_an_interrupt_whose_run_went_to_wait_for_its_client_ends_that_run(
     assert ended.stop_signal is not None
     assert ended.stop_signal.context == {"superseded_by": handle.run_id}
     await assert_valid_log(policies, session.id)
+
+
+async def test_a_queued_run_whose_caller_s_deadline_passed_ends_timeout_instead_of_starting(
+    policies: Harness,
+) -> None:
+    # Its caller was on another server (no timer here): only the stored deadline says so.
+    session_id = await idle_session(policies)
+    policies.gate.release.clear()
+    policies.model.enqueue(Turn.tool_calls([ToolCallSpec("wait_for_gate", "{}")]))
+    policies.model.enqueue(Turn.text("done"))
+    holder = await policies.runtime.start_run(RunInput("hold it", session_id=session_id))
+    late = Run(session_id=session_id, agent="assistant")
+    queue = QueueRequest(2, followed=True, deadline=utc_now() - timedelta(seconds=1))
+    stored = await policies.store.start_run(
+        late, [Step(session_id, late.id, Role.USER, content="too late")], queue=queue
+    )
+    assert stored.run.status is RunStatus.QUEUED
+    policies.model.enqueue(Turn.text("never asked"))
+    policies.gate.release.set()
+    assert (await policies.collect(holder)).run.status is RunStatus.COMPLETED
+
+    events = [event async for event in policies.follow(late.id)]  # to its terminal event
+    ended = await policies.store.get_run(late.id)
+    assert events[-1].event.run.stop_signal == ended.stop_signal  # type: ignore[union-attr]
+    assert ended.status.is_terminal
+    assert ended.stop_signal is not None
+    assert ended.stop_signal.reason is StopReason.TIMEOUT
+    assert not any(step.run_id == late.id for step in await policies.store.get_steps(session_id))
+
+
+async def test_a_restart_ends_the_queued_runs_whose_callers_it_held_as_their_ends_would(
+    store_url: str,
+) -> None:
+    before = await open_roles(store_url, instance_id="host-a/0.0.0.0:50051")
+    try:
+        session = Session()
+        busy = Run(session_id=session.id, agent="assistant")
+        steps = [Step(session.id, busy.id, Role.USER, content="busy")]
+        await before.start_run(busy, steps, new_session=session)
+        queued: dict[str, Run] = {}
+        for name, followed, deadline_s in (
+            ("late", True, -1),
+            ("waiting", True, 300),
+            ("background", False, 300),
+        ):
+            run = Run(session_id=session.id, agent="assistant")
+            deadline = utc_now() + timedelta(seconds=deadline_s)
+            queue = QueueRequest(10, followed=followed, deadline=deadline)
+            step = Step(session.id, run.id, Role.USER, content=name)
+            queued[name] = (await before.start_run(run, [step], queue=queue)).run
+    finally:
+        await before.close()  # killed: its callers' streams are gone with it
+    restarted = await open_roles(store_url, instance_id="host-a/0.0.0.0:50051")
+    try:
+        ended = await Lifecycle(restarted, restarted).recover_own()
+        runs = {name: await restarted.get_run(run.id) for name, run in queued.items()}
+        journal = await restarted.read_journal(queued["waiting"].id)
+    finally:
+        await restarted.close()
+
+    assert set(ended) == {busy.id, queued["late"].id, queued["waiting"].id}
+    reasons = {
+        name: run.stop_signal.reason if run.stop_signal else None for name, run in runs.items()
+    }
+    assert reasons == {
+        "late": StopReason.TIMEOUT,
+        "waiting": StopReason.CANCELLED,
+        "background": None,  # its caller asked it to go on: it runs when its turn comes
+    }
+    assert runs["background"].status is RunStatus.QUEUED
+    assert journal[-1].kind == "run_completed"  # its watchers see it end

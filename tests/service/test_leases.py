@@ -25,12 +25,17 @@ import pytest
 from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.client import AgioClient, AgioError, collect
 from agio_grpc.config import ServerConfig
 from agio_grpc.domain import Role, Run, Session, Step, utc_now
 from agio_grpc.service.app import AgioApp
 from agio_grpc.store.tables import runs, sessions
 from agio_grpc.testing import FakeModelServer, Turn
+from agio_grpc.v1.agent_service_pb2 import (
+    BUSY_POLICY_ENQUEUE,
+    DISCONNECT_POLICY_CANCEL,
+    DISCONNECT_POLICY_CONTINUE,
+)
 from agio_grpc.v1.events_pb2 import StepEvent
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.roles import open_roles
@@ -41,6 +46,7 @@ from tests.service.test_serve import LISTENING, read_until, spawn_serve
 pytestmark = pytest.mark.slow
 
 LEASE_S = 1.0
+LATE_DEADLINE_S = 3.0  # a caller's deadline that passes while its server is down
 
 
 async def start_serve(
@@ -310,3 +316,62 @@ async def test_a_run_whose_session_was_taken_over_is_stopped_by_its_next_renewal
     assert "lost its session lease" in final.stop_signal.message
     query = select(sessions.c.active_run_id).where(sessions.c.id == started.session_id)
     assert await read_column(database_url, query) == "run_elsewhere"
+
+
+async def test_a_kill_dash_9_ends_the_queued_runs_whose_callers_died_with_it(
+    tmp_path: Path, fake_model: FakeModelServer, store_url: str
+) -> None:
+    """Queued runs whose callers' streams died with their server (kill -9) are not started
+    for no one after its restart: past the caller's deadline they end TIMEOUT, else as the
+    caller's disconnect policy says (CANCEL by default); a run whose caller asked it to go
+    on runs when its turn comes."""
+    await (await open_roles(store_url)).close()  # migrated before the servers race to it
+    same = {"AGIO_SERVER__INSTANCE_ID": "kill-test/one"}
+    process, address = await start_serve(tmp_path, store_url, fake_model.base_url, **same)
+    streams: list[AsyncIterator[StepEvent]] = []
+    try:
+        async with AgioClient(address) as client:
+            holder, rest = await start_hanging_run(client, fake_model)
+            streams.append(rest)
+            session_id = (await client.get_run(holder)).session_id
+            queued: dict[str, str] = {}
+            late_deadline = utc_now() + timedelta(seconds=LATE_DEADLINE_S)
+            for name, timeout, disconnect in (
+                ("late", LATE_DEADLINE_S, DISCONNECT_POLICY_CANCEL),
+                ("waiting", 300.0, DISCONNECT_POLICY_CANCEL),
+                ("background", None, DISCONNECT_POLICY_CONTINUE),
+            ):
+                events = client.run(
+                    name,
+                    session_id=session_id,
+                    on_busy=BUSY_POLICY_ENQUEUE,
+                    on_disconnect=disconnect,
+                    timeout=timeout,
+                )
+                queued[name] = (await anext(events)).run_id
+                streams.append(events)
+            await kill(process)  # callers' streams, their deadline timers and all
+    finally:
+        await kill(process)
+    await asyncio.sleep(max((late_deadline - utc_now()).total_seconds(), 0) + 0.05)
+
+    fake_model.enqueue(Turn.text("Done in the background."))
+    process, address = await start_serve(tmp_path, store_url, fake_model.base_url, **same)
+    try:
+        async with AgioClient(address) as client:
+            background = await collect(client.follow_run(queued["background"]))
+            ended = {name: await client.get_run(run_id) for name, run_id in queued.items()}
+            interrupted = await client.get_run(holder)
+    finally:
+        await kill(process)
+
+    assert interrupted.status == RunStatus.RUN_STATUS_INTERRUPTED
+    assert "restarted" in interrupted.stop_signal.message
+    reasons = {name: run.stop_signal.reason for name, run in ended.items()}
+    assert reasons == {
+        "late": StopReason.STOP_REASON_TIMEOUT,
+        "waiting": StopReason.STOP_REASON_CANCELLED,
+        "background": StopReason.STOP_REASON_COMPLETED,
+    }
+    assert background.text == "Done in the background."
+    assert len(fake_model.requests) == 2  # the hanging run's and the background run's

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from agio_grpc.domain import (
     ABANDONED_MESSAGE,
     LEASE_EXPIRED_MESSAGE,
+    RESTARTED_MESSAGE,
     Role,
     Run,
     RunStatus,
@@ -38,7 +39,7 @@ from agio_grpc.store import (
     SessionBusyError,
 )
 from agio_grpc.store.migrations import alembic_config, head_revision
-from agio_grpc.store.records import HistoryMark
+from agio_grpc.store.records import HistoryMark, QueueRequest
 from agio_grpc.store.tables import runs, sessions
 from tests.roles import StoreRoles, open_roles
 
@@ -507,6 +508,7 @@ async def test_a_restarted_instance_ends_the_runs_it_left_at_once(
         assert ended.status is RunStatus.INTERRUPTED
         assert ended.stop_signal is not None
         assert (ended.stop_signal.retryable, ended.stop_signal.resume_from_sequence) == (True, 2)
+        assert ended.stop_signal.message == RESTARTED_MESSAGE  # not "its lease expired"
         assert await lease_of(store_url, left.session_id) == (None, None)
         assert (await store.get_run(live.id)).status is RunStatus.RUNNING
         assert (await lease_of(store_url, live.session_id))[0] == live.id
@@ -655,3 +657,29 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     assert holder == "run_next"
     assert expires is not None
     assert head_revision() == "0009"
+
+
+async def test_a_queued_run_names_the_instance_holding_its_caller_s_stream(
+    store: StoreRoles, store_url: str
+) -> None:
+    here = await open_roles(store_url, instance_id="host-a/0.0.0.0:50051")
+    elsewhere = await open_roles(store_url, instance_id="host-b/0.0.0.0:50051")
+    try:
+        busy = await start(here)
+        deadline = utc_now() + timedelta(minutes=5)
+        queued: list[Run] = []
+        for followed in (True, False):
+            run = Run(session_id=busy.session_id, agent="a")
+            request = QueueRequest(10, followed=followed, deadline=deadline)
+            started = await here.start_run(run, [user(run.session_id, run.id)], queue=request)
+            queued.append(started.run)
+        called_here = await here.queued_runs_called_here()
+        assert [run.id for run in called_here] == [queued[0].id]
+        assert called_here[0].caller_instance == "host-a/0.0.0.0:50051"
+        assert called_here[0].caller_deadline == deadline
+        assert (await here.get_run(queued[1].id)).caller_instance == ""  # its caller let go
+        assert await elsewhere.queued_runs_called_here() == []
+        assert await store.queued_runs_called_here() == []  # no instance id: no caller's
+    finally:
+        await here.close()
+        await elsewhere.close()

@@ -120,7 +120,7 @@ class SqlRunLedger(SqlRole):
             raise ValueError("start_run needs a run id")
         fresh = stored_session(new_session) if new_session is not None else None
         session_id = run.session_id
-        quotas = self._quotas
+        quotas, owner = self._quotas, self._lease.owner
 
         def work(conn: Connection) -> RunStart:
             if fresh is not None:
@@ -143,7 +143,9 @@ class SqlRunLedger(SqlRole):
                     if queue is None:
                         raise
                     quotas.check_queued(conn, run.tenant)
-                    return enqueue(conn, run, steps, queued, busy.active_run_id, queue, journal)
+                    return enqueue(
+                        conn, run, steps, queued, busy.active_run_id, queue, journal, owner
+                    )
                 quotas.check_running(conn, run.tenant)
                 return store_start(conn, run, steps, since, journal, insert=True)
             if queue is None or (queue.ahead and waiting is not None):
@@ -152,7 +154,7 @@ class SqlRunLedger(SqlRole):
                 raise SessionBusyError(session_id, queued[0][0])
             holder = live_holder(conn, session_id)
             quotas.check_queued(conn, run.tenant)
-            return enqueue(conn, run, steps, queued, holder, queue, journal)
+            return enqueue(conn, run, steps, queued, holder, queue, journal, owner)
 
         return await self._write(work)
 
@@ -474,6 +476,21 @@ class SqlRunLedger(SqlRole):
 
         row = await self._read(work)
         return run_from_row(row) if row is not None else None
+
+    async def queued_runs_called_here(self) -> list[Run]:
+        owner = self._lease.owner
+        if owner is None:
+            return []
+        query = (
+            select(run_table)
+            .where(
+                run_table.c.status == RunStatus.QUEUED.value,
+                run_table.c.caller_instance == owner,
+            )
+            .order_by(run_table.c.create_time, run_table.c.id)
+        )
+        rows = await self._read(lambda conn: conn.execute(query).all())
+        return [run_from_row(row) for row in rows]
 
     async def ready_queues(self, limit: int = 100) -> list[str]:
         check_limit(limit)

@@ -174,15 +174,24 @@ def enqueue(
     holder: str,
     queue: QueueRequest,
     journal: Journal | None,
+    instance: str | None,
 ) -> RunStart:
     """Store `run` QUEUED behind (or, `queue.ahead`, before) the session's queue, its input
-    kept on its row; ahead, the holder is asked to stop (`queue.supersede`) and, for a
-    ROLLBACK, named with its first sequence so that its steps go when this run starts."""
+    kept on its row, with its caller (`instance`, this server's, when the caller's stream
+    owns it) and the caller's deadline; ahead, the holder is asked to stop
+    (`queue.supersede`) and, for a ROLLBACK, named with its first sequence so that its
+    steps go when this run starts."""
     if len(queued) >= queue.max_queued:
         raise QueueFullError(run.session_id, queue.max_queued)
     positions = [position for _, position in queued]
     position = min(positions, default=1) - 1 if queue.ahead else max(positions, default=0) + 1
-    waiting_run = replace(run, input=steps[0].content, queue_position=position).queued()
+    waiting_run = replace(
+        run,
+        input=steps[0].content,
+        queue_position=position,
+        caller_instance=(instance or "") if queue.followed else "",
+        caller_deadline=queue.deadline,
+    ).queued()
     if queue.ahead and holder:
         waiting_run.supersedes = holder
         if queue.supersede is not None:

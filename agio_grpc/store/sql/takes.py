@@ -195,6 +195,8 @@ def insert_run(conn: Connection, run: Run) -> None:
             "queue_position": run.queue_position,
             "supersedes": run.supersedes,
             "rollback_from": run.rollback_from,
+            "caller_instance": run.caller_instance,
+            "caller_deadline": run.caller_deadline,
             "tenant": run.tenant,
             **run_mutable_values(run),
         },
