@@ -385,8 +385,11 @@ class JwtAuthConfig(_Strict):
     tenant_claim: str = Field("tenant", min_length=1)
     """The claim naming the caller's tenant; a token without it is in the tenant of its
     `sub`."""
-    algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"], min_length=1)
-    """The signature algorithms accepted (public-key ones only)."""
+    algorithms: list[str] | None = Field(None, min_length=1)
+    """The signature algorithms accepted (public-key ones only), of those the key fits: a
+    token signed with another is refused. Unset: every algorithm of the key's type (an RSA
+    key: RS256, RS384, RS512, PS256, PS384, PS512; an EC key: the ES* of its curve; an
+    Ed25519 or Ed448 key: EdDSA; a key of the set: the algorithm it is published for)."""
     leeway_s: float = Field(30.0, ge=0, le=600)
     """Clock difference allowed when checking `exp`, `nbf` and `iat`."""
     jwks_cache_s: float = Field(300.0, gt=0)
@@ -404,8 +407,8 @@ class JwtAuthConfig(_Strict):
 
     @field_validator("algorithms")
     @classmethod
-    def _public_key_algorithms(cls, value: list[str]) -> list[str]:
-        refused = [name for name in value if name not in JWT_ALGORITHMS]
+    def _public_key_algorithms(cls, value: list[str] | None) -> list[str] | None:
+        refused = [name for name in value or () if name not in JWT_ALGORITHMS]
         if refused:
             raise ValueError(
                 f"{', '.join(map(repr, refused))} not accepted: use public-key algorithms "
