@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agio_grpc.client import open_channel
+from agio_grpc.client import AgioClient, open_channel
 from agio_grpc.config import MAX_WORKERS, Settings, available_cores
 from agio_grpc.service.worker import WORKER_HEADER
 from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
@@ -148,6 +149,47 @@ async def test_two_workers_share_a_port_and_a_killed_one_is_replaced(
             await process.wait()
     assert "stopped" in log
     assert all(gone(pid) for pid in started | {replacement})
+
+
+MAX_CLIENTS = 64
+"""Clients opened at most before both workers answered: the kernel spreads connections
+over the workers at random, so 64 connections all on one worker happen once in 2**63."""
+
+
+@pytest.mark.slow  # three real processes
+async def test_clients_of_one_address_spread_over_the_workers(tmp_path: Path) -> None:
+    """Each client held open, as a service holds its clients: each has its own connection,
+    and the connections go to both workers."""
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_SERVER__WORKERS": "2",
+            "AGIO_SERVER__GRACE_PERIOD_S": "1",
+        },
+    )
+    assert process.stderr is not None
+    try:
+        head, _ = await read_until(process.stderr, SUPERVISOR_LISTENING)
+        found = SUPERVISOR_LISTENING.search(head)
+        assert found is not None
+        address, started = found.group(1), {int(p) for p in found.group(2).split(", ")}
+        answered: list[int] = []
+        async with contextlib.AsyncExitStack() as clients:
+            while set(answered) != started and len(answered) < MAX_CLIENTS:
+                client = await clients.enter_async_context(AgioClient(address))
+                call = client.agents.ListAgents(agent_service_pb2.ListAgentsRequest(), timeout=30)
+                await call
+                answered.append(int(dict(await call.initial_metadata())[WORKER_HEADER]))
+        assert set(answered) == started, f"{len(answered)} clients, all on one worker"
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
+            await process.stderr.read()
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 @pytest.mark.slow  # a real supervisor and worker process
