@@ -6,7 +6,9 @@ Served by hypercorn on a socket bound here (so that a port of 0 is picked and re
 taken one refused with the same OSError as the gRPC port), over HTTP/1.1 and cleartext
 HTTP/2 (h2c, with prior knowledge or by `Upgrade`): bidirectional streams need HTTP/2, and
 `buf curl` asks server reflection (a bidirectional stream) over it. In front of the Connect
-application, `CrossOriginPolicy` decides which web pages may call: a request from a page of
+application, `HostPolicy` refuses a request naming a host the listener does not answer for
+(403 `HOST_NOT_ALLOWED`: a page of a name made to resolve to this server, DNS rebinding,
+names its own), then `CrossOriginPolicy` decides which web pages may call: a request from a page of
 another origin is refused (403, a Connect `permission_denied` error) unless that origin is in
 `http.allowed_origins`; requests from the listener's own origin and from clients that are not
 browsers (no `Origin` header) pass. Plain gRPC (`application/grpc`) is served over HTTP/2
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import re
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
+from connectrpc._protocol import ConnectWireError
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -41,8 +45,14 @@ from hypercorn.typing import ASGIFramework
 
 from agio_grpc.config import HttpConfig, Settings
 from agio_grpc.service.auth import is_loopback, reflection_enabled
-from agio_grpc.service.connect import ConnectApplication, ConnectGateway, HandlerTable
+from agio_grpc.service.connect import (
+    ConnectApplication,
+    ConnectGateway,
+    HandlerTable,
+    status_error,
+)
 from agio_grpc.service.console import ConsolePages
+from agio_grpc.service.errors import host_not_allowed, to_status
 from agio_grpc.service.reflection import REFLECTION_SERVICE, enable_reflection
 from agio_grpc.service.server import method_interceptors
 from agio_grpc.v1 import agent_service_pb2, session_service_pb2
@@ -99,6 +109,85 @@ async def _respond(
 
 def _connect_error_body(code: str, message: str) -> bytes:
     return json.dumps({"code": code, "message": message}).encode()
+
+
+def host_name(value: str) -> str:
+    """The host of a `Host` header or `:authority` (`name:port`, `[v6]:port`), lowercased,
+    without its port or a trailing dot."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    name, colon, port = value.rpartition(":")
+    if colon and port.isdigit() and ":" not in name:
+        value = name
+    return value.removesuffix(".")
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def own_host_names(settings: Settings) -> frozenset[str]:
+    """The names the HTTP listener answers to without `http.allowed_hosts`: its bound host,
+    the gRPC listener's and the advertised member address's hosts, the machine's name when
+    it listens on every interface, and `localhost` there or on loopback (IP addresses are
+    always answered: a page's origin is never an address of someone else's that reaches
+    this server)."""
+    assert settings.http_address is not None
+    bound = host_name(settings.http_address)
+    hosts = {bound}
+    for address in (settings.listen_address, settings.server.member_advertise_address):
+        if address:
+            hosts.add(host_name(address))
+    if bound in WILDCARD_HOSTS:
+        hosts.add(socket.gethostname().lower())
+    if bound in WILDCARD_HOSTS or is_loopback(settings.http_address):
+        hosts.add("localhost")
+    return frozenset(hosts - WILDCARD_HOSTS)
+
+
+class HostPolicy:
+    """Refuses a request whose `Host` (HTTP/2: `:authority`) names neither an IP address
+    nor one of `own_names`, nor matches `allowed` (`http.allowed_hosts`); a request naming
+    no host (HTTP/1.0) passes."""
+
+    def __init__(self, app: AsgiApp, own_names: frozenset[str], allowed: Sequence[str]) -> None:
+        self._app = app
+        self._any = "*" in allowed
+        self._names = own_names | {pattern for pattern in allowed if "*" not in pattern}
+        self._domains = tuple(pattern[1:] for pattern in allowed if pattern.startswith("*."))
+
+    def allows(self, host: str) -> bool:
+        return (
+            self._any or host in self._names or host.endswith(self._domains) or _is_ip_address(host)
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        named = _header(scope, b"host") or _header(scope, b":authority")
+        if named is None or self.allows(host_name(named)):
+            await self._app(scope, receive, send)
+            return
+        refusal = host_not_allowed(host_name(named))
+        log.info(
+            "refused a request for host %r (not in http.allowed_hosts)", refusal.metadata["host"]
+        )
+        wire = ConnectWireError.from_exception(status_error(to_status(refusal)))
+        await _respond(
+            send,
+            int(wire.to_http_status().code),
+            [(b"content-type", b"application/json")],
+            wire.to_json_bytes(),
+        )
 
 
 class CrossOriginPolicy:
@@ -302,9 +391,16 @@ class HttpListener:
 
     @classmethod
     async def start(
-        cls, app: AsgiApp, address: str, config: HttpConfig, *, share_port: bool = False
+        cls,
+        app: AsgiApp,
+        address: str,
+        config: HttpConfig,
+        *,
+        own_names: frozenset[str],
+        share_port: bool = False,
     ) -> HttpListener:
-        """Serve `app` behind the cross-origin policy; OSError when `address` cannot be
+        """Serve `app` behind the host and cross-origin policies (`own_names`: the hosts it
+        answers to besides `config.allowed_hosts`); OSError when `address` cannot be
         bound."""
         sock = bind_socket(address, share_port=share_port)
         served = ASGIWrapper(
@@ -312,10 +408,14 @@ class HttpListener:
                 ASGIFramework,
                 _RequestReadBeforeResponseEnds(
                     _Contained(
-                        CrossOriginPolicy(
-                            ConsolePages(app, config),
-                            config.allowed_origins,
-                            loopback=is_loopback(address),
+                        HostPolicy(
+                            CrossOriginPolicy(
+                                ConsolePages(app, config),
+                                config.allowed_origins,
+                                loopback=is_loopback(address),
+                            ),
+                            own_names,
+                            config.allowed_hosts,
                         )
                     )
                 ),
@@ -388,5 +488,9 @@ async def serve_over_http(
     gateway = ConnectGateway(table, method_interceptors(interceptors, response_metadata), services)
     app = ConnectApplication(gateway, read_max_bytes=settings.server.max_message_bytes)
     return await HttpListener.start(
-        app, settings.http_address, settings.http, share_port=share_port
+        app,
+        settings.http_address,
+        settings.http,
+        own_names=own_host_names(settings),
+        share_port=share_port,
     )
