@@ -208,3 +208,22 @@ def test_the_authentication_off_warning_names_the_http_listener(
     with caplog.at_level(logging.WARNING):
         assert choose_auth_mode(settings) == "none"
     assert "0.0.0.0:50051 and of the HTTP listener 0.0.0.0:8080" in caplog.text
+
+
+async def test_an_http2_request_names_its_host_by_authority_and_is_checked_alike(
+    every_interface: AgioApp,
+) -> None:
+    assert every_interface.http is not None
+    port = every_interface.http.port
+    async with httpx2.AsyncClient(
+        http1=False, http2=True, base_url=f"http://127.0.0.1:{port}"
+    ) as http:
+        refused = await http.post(
+            LIST_AGENTS, content=b"{}", headers=CONNECT_JSON | {"host": f"{REBINDING_PAGE}:{port}"}
+        )
+        served = await http.post(
+            LIST_AGENTS, content=b"{}", headers=CONNECT_JSON | {"host": f"localhost:{port}"}
+        )
+    assert refused.http_version == served.http_version == "HTTP/2"
+    refused_for_host(refused, REBINDING_PAGE)
+    assert served.status_code == 200
