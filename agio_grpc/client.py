@@ -231,8 +231,15 @@ def _ip_family(address: str) -> str | None:
 
 def open_channel(target: str | Sequence[str], tls: TlsConfig | bool = False) -> grpc.aio.Channel:
     """A channel to `target` (see `channel_target`) balancing calls round robin over its
-    addresses: plaintext, or TLS (`True`: with gRPC's default roots)."""
-    options = [("grpc.service_config", ROUND_ROBIN)]
+    addresses: plaintext, or TLS (`True`: with gRPC's default roots). Each channel has
+    connections of its own: two channels to one address are two connections."""
+    options: list[tuple[str, str | int]] = [
+        ("grpc.service_config", ROUND_ROBIN),
+        # gRPC shares one connection per address among every channel of the process
+        # (its global subchannel pool): several clients of `serve --workers N` would all
+        # land on the worker that took the first connection.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
     if tls is False:
         return grpc.aio.insecure_channel(channel_target(target), options)
     config = TlsConfig() if tls is True else tls
@@ -244,7 +251,8 @@ class AgioClient:
 
     `target`: one server's `host:port`, a gRPC target (`dns:///agio.internal:50051`), or
     several servers' addresses (a list, or one comma-separated string); the channel
-    spreads calls over them round robin (`open_channel`).
+    spreads calls over them round robin (`open_channel`). Each client has connections of
+    its own, so several clients of one `serve --workers N` address spread over its workers.
 
     `tls`: False for plaintext, True for TLS with gRPC's default roots, or a TlsConfig.
     `token`: sent as `authorization: Bearer TOKEN` with every call the client makes (the

@@ -390,8 +390,11 @@ class JwtAuthConfig(_Strict):
     tenant_claim: str = Field("tenant", min_length=1)
     """The claim naming the caller's tenant; a token without it is in the tenant of its
     `sub`."""
-    algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"], min_length=1)
-    """The signature algorithms accepted (public-key ones only)."""
+    algorithms: list[str] | None = Field(None, min_length=1)
+    """The signature algorithms accepted (public-key ones only), of those the key fits: a
+    token signed with another is refused. Unset: every algorithm of the key's type (an RSA
+    key: RS256, RS384, RS512, PS256, PS384, PS512; an EC key: the ES* of its curve; an
+    Ed25519 or Ed448 key: EdDSA; a key of the set: the algorithm it is published for)."""
     leeway_s: float = Field(30.0, ge=0, le=600)
     """Clock difference allowed when checking `exp`, `nbf` and `iat`."""
     jwks_cache_s: float = Field(300.0, gt=0)
@@ -409,8 +412,8 @@ class JwtAuthConfig(_Strict):
 
     @field_validator("algorithms")
     @classmethod
-    def _public_key_algorithms(cls, value: list[str]) -> list[str]:
-        refused = [name for name in value if name not in JWT_ALGORITHMS]
+    def _public_key_algorithms(cls, value: list[str] | None) -> list[str] | None:
+        refused = [name for name in value or () if name not in JWT_ALGORITHMS]
         if refused:
             raise ValueError(
                 f"{', '.join(map(repr, refused))} not accepted: use public-key algorithms "
@@ -477,6 +480,22 @@ class QuotasConfig(_Strict):
     ROLLBACK), over all its sessions; `server.max_queued_runs` bounds each session's."""
 
 
+def check_host_pattern(value: str) -> str:
+    """An `http.allowed_hosts` entry, lowercased: a host name, `*.` and a domain, or `*`."""
+    pattern = value.strip().lower()
+    if pattern.endswith(".") and pattern != "*.":  # a fully qualified name's root
+        pattern = pattern[:-1]
+    name = pattern.removeprefix("*.")
+    if pattern != "*" and (
+        not name or any(not part or not part.replace("-", "").isalnum() for part in name.split("."))
+    ):
+        raise ValueError(
+            f"{value!r} is not a host name: give a name without scheme or port "
+            "(agio.example.com), *.example.com for the names under a domain, or *"
+        )
+    return pattern
+
+
 class HttpConfig(_Strict):
     """The HTTP listener (`http_address`): the same services over Connect and gRPC-Web, for
     browsers and HTTP clients (docs/browsers.md)."""
@@ -485,10 +504,25 @@ class HttpConfig(_Strict):
     """Origins of the web pages that may call (`https://app.example.com`; `*`: any page).
     Empty: only pages of the listener's own origin; clients that are not browsers send no
     origin and are not concerned."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host names, besides the listener's own, that a request's `Host` may name: the names
+    clients reach it by (`agio.example.com`; `*.example.com`: any name under it; `*`: any
+    name). The listener's own: any IP address, its bound host, the hosts of
+    `listen_address` and `server.member_advertise_address`, the machine's name when it
+    listens on every interface, and `localhost` when it listens on loopback or every
+    interface. A request naming another host is refused 403 `HOST_NOT_ALLOWED` before any
+    handler: a page whose name was made to resolve to this server (DNS rebinding) names
+    its own name, and would pass for the listener's own origin."""
     keep_alive_s: int = Field(5, ge=1)
     """How long an idle HTTP/1.1 connection is kept open."""
     console: bool = True
     """Serve the run console at `/` (docs/browsers.md)."""
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_patterns(cls, value: list[str]) -> list[str]:
+        return [check_host_pattern(entry) for entry in value]
+
     trace_url_template: str = ""
     """The console's link to a step's trace, `{trace_id}` replaced: e.g.
     `http://127.0.0.1:16686/trace/{trace_id}` (Jaeger). "": no link."""

@@ -200,7 +200,11 @@ def choose_auth_mode(settings: Settings) -> AuthMode:
         log.warning(
             "authentication is off (AGIO_AUTH=none): every caller of %s is served, "
             "in the default tenant",
-            address,
+            " and of the HTTP listener ".join(
+                listener
+                for listener in (settings.listen_address, settings.http_address)
+                if listener
+            ),
         )
     return mode
 

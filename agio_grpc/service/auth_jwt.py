@@ -4,8 +4,12 @@ A token's signature is checked with the provider's public key: from its JSON Web
 (`auth.jwt.jwks_url`, the key named by the token's `kid`) or from one PEM file
 (`auth.jwt.public_key_file`, read at start). Then `iss` and `aud` must be the configured
 ones, `exp` must be ahead (all three required), `nbf` and `iat` behind, each within
-`leeway_s`. Only public-key algorithms are accepted (config.JWT_ALGORITHMS); a JWK is used
-with the algorithm it was made for only. The tenant is the `tenant_claim` claim, else `sub`.
+`leeway_s`. Only public-key algorithms are accepted (config.JWT_ALGORITHMS), and of those
+only the ones the key fits (`key_algorithms`: an RSA key verifies RS* and PS*, an EC key the
+ES* of its curve, a JWK the algorithm it was made for), narrowed by `auth.jwt.algorithms`
+when set. A token naming any other algorithm (`none`, HS256 with the public key as its
+secret, ES256 against an RSA key) is refused before PyJWT sees it: PyJWT raises some of
+those refusals outside `PyJWTError`. The tenant is the `tenant_claim` claim, else `sub`.
 
 The key set is fetched with aiohttp (never a blocking fetch on the event loop), kept
 `jwks_cache_s` (then fetched again in the background while the keys held serve), and fetched
@@ -35,9 +39,10 @@ from typing import Any, Protocol
 
 import aiohttp
 import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from agio_grpc.config import AuthMode, JwtAuthConfig
+from agio_grpc.config import JWT_ALGORITHMS, AuthMode, JwtAuthConfig
 from agio_grpc.domain import is_tenant_name
 from agio_grpc.service.errors import (
     CREDENTIALS_EXPIRED,
@@ -55,6 +60,9 @@ MAX_JWKS_BYTES = 1024 * 1024
 MAX_REMEMBERED_TOKENS = 10_000
 """Verified tokens kept at most (the oldest go first)."""
 REQUIRED_CLAIMS = ["exp", "iss", "aud"]
+RSA_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
+EC_ALGORITHMS = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+"""The algorithm of each curve (RFC 7518 3.4: ES256 is P-256 only, and so on)."""
 
 # What was wrong, in our words: PyJWT's messages may quote the token's contents.
 _REFUSALS: list[tuple[type[jwt.PyJWTError], str]] = [
@@ -67,6 +75,29 @@ _REFUSALS: list[tuple[type[jwt.PyJWTError], str]] = [
     (jwt.InvalidAlgorithmError, "signature algorithm not accepted"),
     (jwt.InvalidKeyError, "signature algorithm not accepted"),
 ]
+ALGORITHM_REFUSED = "signature algorithm not accepted for this key"
+
+
+def key_algorithms(key: Any) -> frozenset[str]:
+    """The public-key algorithms that verify with `key`, by its type; none for a key of
+    a type no accepted algorithm fits (DSA, an EC curve without a JWS algorithm)."""
+    if isinstance(key, jwt.PyJWK):
+        return frozenset({key.algorithm_name}) & JWT_ALGORITHMS
+    if isinstance(key, rsa.RSAPublicKey):
+        return RSA_ALGORITHMS
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        algorithm = EC_ALGORITHMS.get(key.curve.name)
+        return frozenset({algorithm} if algorithm else ())
+    if isinstance(key, ed25519.Ed25519PublicKey | ed448.Ed448PublicKey):
+        return frozenset({"EdDSA"})
+    return frozenset()
+
+
+def accepted_algorithms(key: Any, configured: list[str] | None) -> frozenset[str]:
+    """What a token verified with `key` may be signed with: the key's algorithms, of those
+    `auth.jwt.algorithms` names when it is set."""
+    fitting = key_algorithms(key)
+    return fitting if configured is None else fitting & frozenset(configured)
 
 
 class SigningKeys(Protocol):
@@ -129,11 +160,16 @@ class JwtVerifier:
         key = await self._keys.key_for(kid if isinstance(kid, str) else None)
         if key is None:
             raise self._invalid("signed with a key the issuer does not publish (kid)")
+        algorithm = header.get("alg")
+        if not isinstance(algorithm, str) or algorithm not in accepted_algorithms(
+            key, self._config.algorithms
+        ):
+            raise self._invalid(ALGORITHM_REFUSED)
         try:
             claims = jwt.decode(
                 token,
                 key,
-                algorithms=self._config.algorithms,
+                algorithms=[algorithm],
                 audience=self._config.audience,
                 issuer=self._config.issuer,
                 leeway=self._config.leeway_s,
@@ -172,7 +208,7 @@ def _refusal(error: jwt.PyJWTError) -> str:
 def signing_keys(config: JwtAuthConfig) -> SigningKeys:
     """The key source `config` names (the PEM file is read now: StartupError if it cannot)."""
     if config.public_key_file is not None:
-        return PemKey.read(config.public_key_file)
+        return PemKey.read(config.public_key_file, config.algorithms)
     assert config.jwks_url is not None  # the configuration requires one of the two
     return JwksKeys(
         config.jwks_url,
@@ -189,9 +225,11 @@ class PemKey:
         self._key = key
 
     @classmethod
-    def read(cls, path: Path) -> PemKey:
+    def read(cls, path: Path, algorithms: list[str] | None = None) -> PemKey:
+        """The key of a PEM file, which must fit one of `algorithms` (None: any accepted
+        one); StartupError when it cannot be read or fits none."""
         try:
-            return cls(load_pem_public_key(path.read_bytes()))
+            key = load_pem_public_key(path.read_bytes())
         except (OSError, ValueError, TypeError) as error:
             raise StartupError(
                 f"cannot read the JWT public key {path}: {one_line(error)}",
@@ -199,6 +237,16 @@ class PemKey:
                 "name a readable PEM file holding the issuer's public key "
                 "(-----BEGIN PUBLIC KEY-----), or use auth.jwt.jwks_url",
             ) from error
+        if not accepted_algorithms(key, algorithms):
+            fitting = ", ".join(sorted(key_algorithms(key))) or "none"
+            raise StartupError(
+                f"the JWT public key {path} ({type(key).__name__}) verifies none of the "
+                f"algorithms accepted (it fits: {fitting})",
+                "AGIO_AUTH__JWT__ALGORITHMS",
+                "leave auth.jwt.algorithms unset (the key's own are accepted) or name the "
+                "key's; the key must be RSA, EC on P-256, P-384 or P-521, Ed25519 or Ed448",
+            )
+        return cls(key)
 
     async def key_for(self, kid: str | None) -> Any | None:
         return self._key

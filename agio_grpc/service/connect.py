@@ -14,7 +14,9 @@ timeouts, envelopes, compression, the error body); this module only:
   JSON with json_format, an unparsable body standing in as `Undecodable`, so that both end
   as INVALID_ARGUMENT `MALFORMED_REQUEST` after authentication, exactly as on gRPC;
 - relays what a streaming handler writes, and turns the status a handler aborts with into a
-  ConnectError carrying the same `google.rpc` details (ErrorInfo, BadRequest, ...).
+  ConnectError carrying the same `google.rpc` details (ErrorInfo, BadRequest, ...);
+- serves bidirectional streams written as async generators over a request iterator (server
+  reflection's), which need HTTP/2.
 
 It never imports a servicer: it serves whatever handlers it is given, and never answers a
 call itself except when the handler chain fails in a way no status describes (INTERNAL,
@@ -324,7 +326,7 @@ class ConnectGateway:
         found: dict[str, ServedEndpoint] = {}
         for service in self._services:
             for method in service.methods:
-                if method.client_streaming:
+                if method.client_streaming and not method.server_streaming:
                     raise ValueError(f"{method.full_name}: client streaming is not served")
                 path = f"/{service.full_name}/{method.name}"
                 info: MethodInfo[Any, Any] = MethodInfo(
@@ -334,10 +336,18 @@ class ConnectGateway:
                     output=message_factory.GetMessageClass(method.output_type),
                     idempotency_level=IdempotencyLevel.UNKNOWN,
                     stream_type=(
-                        StreamType.SERVER_STREAM if method.server_streaming else StreamType.UNARY
+                        StreamType.BIDI_STREAM
+                        if method.client_streaming
+                        else StreamType.SERVER_STREAM
+                        if method.server_streaming
+                        else StreamType.UNARY
                     ),
                 )
-                if method.server_streaming:
+                if method.client_streaming:
+                    found[path] = Endpoint.bidi_stream(
+                        info, functools.partial(self._bidi, path, info.input)
+                    )
+                elif method.server_streaming:
                     found[path] = Endpoint.server_stream(
                         info, functools.partial(self._stream, path, info.input)
                     )
@@ -410,6 +420,26 @@ class ConnectGateway:
             await asyncio.wait([task])
             if not task.cancelled():
                 task.exception()
+
+    async def _bidi(
+        self,
+        path: str,
+        message_class: type[Message],
+        wires: AsyncIterator[WireRequest],
+        context: RequestContext[Any, Any],
+    ) -> AsyncIterator[Message]:
+        """A bidirectional stream whose handler is an async generator over its requests (as
+        server reflection's is): each response goes out as it is made."""
+        call = ConnectCall(context, call_metadata(context.request_headers))
+        try:
+            handler = await self._resolve(path, call.invocation_metadata())
+            requests = (_decode(path, handler, wire, message_class) async for wire in wires)
+            async for message in handler.stream_stream(requests, call):
+                yield message
+        except BaseException as error:
+            raise _connect_error(error, call) from None
+        finally:
+            call.close()
 
 
 async def _write_all(

@@ -164,6 +164,19 @@ def authentication_unavailable(mode: str) -> ServiceError:
     )
 
 
+def host_not_allowed(host: str) -> ServiceError:
+    """PERMISSION_DENIED for a request naming a host the listener does not answer for (a
+    page whose name was made to resolve to this server: DNS rebinding). The host is the
+    request's own (at most 253 characters of it), never a secret."""
+    return ServiceError(
+        grpc.StatusCode.PERMISSION_DENIED,
+        "HOST_NOT_ALLOWED",
+        f"host {host[:253]!r} is not served here: name this server by one of its own names, "
+        "or add the name to http.allowed_hosts",
+        metadata={"host": host[:253]},
+    )
+
+
 def not_found(kind: str, key: str) -> ServiceError:
     """NOT_FOUND for a session, step, run or agent."""
     return ServiceError(

@@ -7,8 +7,9 @@ services, extensions and fields but not a service's methods: `agio.v1.AgentServi
 NOT_FOUND (grpc/grpc#34743). The pool handed to it here adds that one lookup and is otherwise
 the default pool, which holds every descriptor the generated code registered.
 
-Only `grpc.reflection.v1alpha` is served: grpcio-reflection has no v1 servicer. grpcurl asks v1
-first and falls back to v1alpha on UNIMPLEMENTED; ghz works with v1alpha.
+Only `grpc.reflection.v1alpha` is served: grpcio-reflection has no v1 servicer. grpcurl and
+`buf curl` ask v1 first and fall back to v1alpha on UNIMPLEMENTED; ghz works with v1alpha.
+The HTTP listener serves the same servicer over Connect and gRPC (HTTP/2), for `buf curl`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import grpc
 from google.protobuf import descriptor_pool
-from google.protobuf.descriptor import FileDescriptor
-from grpc_reflection.v1alpha import reflection
+from google.protobuf.descriptor import FileDescriptor, ServiceDescriptor
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+
+REFLECTION_SERVICE: ServiceDescriptor = reflection_pb2.DESCRIPTOR.services_by_name[
+    "ServerReflection"
+]
 
 
 class MethodResolvingPool:
@@ -44,11 +48,12 @@ class MethodResolvingPool:
         return getattr(self._pool, name)
 
 
-def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> None:
-    """Serve `grpc.reflection.v1alpha.ServerReflection` on `server`; it lists `service_names`
-    and itself, and describes every symbol of the default descriptor pool."""
-    reflection.enable_server_reflection(
+def enable_reflection(server: Any, service_names: Iterable[str]) -> None:
+    """Serve `grpc.reflection.v1alpha.ServerReflection` on `server` (a grpc.aio server, or
+    the HTTP listener's handler table: what the generated `add_*_to_server` take); it lists
+    `service_names` and itself, and describes every symbol of the default descriptor pool."""
+    servicer = reflection.aio.ReflectionServicer(
         (*service_names, reflection.SERVICE_NAME),
-        server,
         pool=MethodResolvingPool(descriptor_pool.Default()),
     )
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)

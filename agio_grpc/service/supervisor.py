@@ -4,8 +4,9 @@ The supervisor checks the listen address (a port in use fails at once, in one li
 the port when it is 0, and holds it: a socket bound with SO_REUSEPORT but never listening,
 so its workers can bind the port beside it (grpc's `grpc.so_reuseport`) and no other
 server can take it while the supervisor lives; the kernel spreads new connections over the
-listening workers. Without OPENAI_BASE_URL it runs the built-in fake model itself and
-gives its URL to every worker, so all of them answer alike.
+listening workers. It binds with SO_REUSEADDR too, so that the connections of a server just
+stopped, left in TIME_WAIT, do not refuse a restart. Without OPENAI_BASE_URL it runs the
+built-in fake model itself and gives its URL to every worker, so all of them answer alike.
 
 Workers are fresh interpreters (`agio-grpc serve --worker I`, spawned, never forked), with
 the supervisor's environment plus the chosen address. The first starts alone (it migrates
@@ -271,7 +272,13 @@ def reserve_port(address: str) -> tuple[list[socket.socket], str]:
         sock = socket.socket(family, kind, protocol)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            # The connections a stopped server left in TIME_WAIT must not refuse the bind
+            # for a minute, as they do not refuse a lone server's (gRPC binds with it).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((socket_address[0], port, *socket_address[2:]))
+            # Off once bound: a bound socket with it on would let any server that sets it
+            # bind and listen on the port while no worker listens (between restarts).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
         except OSError as error:
             sock.close()
             if not held:

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import jwt
@@ -66,11 +66,15 @@ class SigningKey:
         return jwt.encode(payload, self.private, algorithm="RS256", headers=headers)
 
 
+class PublishedKey(Protocol):
+    def jwk(self) -> dict[str, Any]: ...
+
+
 class JwksServer:
     """The issuer's key set over HTTP; `keys` may change while it serves."""
 
     def __init__(self) -> None:
-        self.keys: list[SigningKey] = []
+        self.keys: list[PublishedKey] = []
         self.fetches = 0
         self.url = ""
         self._runner: web.AppRunner | None = None

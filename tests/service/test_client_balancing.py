@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from agio_grpc.client import AddressError, AgioClient, channel_target
+from agio_grpc.handlers import AgioMethodInterceptor, Behavior, rewrap_handler
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
 from tests.service.conftest import make_settings
@@ -30,6 +33,25 @@ class CallCounter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler_call_details.method.startswith("/agio.v1."):
             self.calls += 1
         return await continuation(handler_call_details)
+
+
+class PeerRecorder(AgioMethodInterceptor):
+    """The peer (client address and port: its connection) of each `agio.v1` call."""
+
+    def __init__(self) -> None:
+        self.peers: list[str] = []
+
+    def rewrap(
+        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        def wrap(behavior: Behavior) -> Behavior:
+            async def recorded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                self.peers.append(context.peer())
+                return await behavior(request, context)
+
+            return recorded
+
+        return rewrap_handler(handler, wrap)
 
 
 @pytest.mark.parametrize(
@@ -81,3 +103,27 @@ async def test_one_client_spreads_its_calls_over_two_servers(
     finally:
         for app in apps:
             await app.stop(grace=0)
+
+
+async def test_two_clients_of_one_address_have_a_connection_each(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """What lets clients of one `serve --workers N` address spread over its workers (each
+    connection goes to one worker): gRPC would otherwise share one connection per address
+    among every channel of the process."""
+    recorder = PeerRecorder()
+    app = await AgioApp.start(
+        make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url),
+        interceptors=[recorder],
+    )
+    try:
+        async with contextlib.AsyncExitStack() as clients:
+            for _ in range(3):
+                client = await clients.enter_async_context(AgioClient(app.address))
+                await client.list_agents()
+                await client.list_agents()
+    finally:
+        await app.stop(grace=0)
+    first, second, third = recorder.peers[::2]
+    assert recorder.peers[1::2] == [first, second, third]  # a client keeps its connection
+    assert len({first, second, third}) == 3

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import re
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from agio_grpc.client import open_channel
+from agio_grpc.client import AgioClient, open_channel
 from agio_grpc.config import MAX_WORKERS, Settings, available_cores
+from agio_grpc.service.supervisor import reserve_port
 from agio_grpc.service.worker import WORKER_HEADER
 from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
-from tests.service.test_serve import read_until, spawn_serve
+from tests.service.test_serve import LISTENING, read_until, spawn_serve
 
 SUPERVISOR_LISTENING = re.compile(r"agio-grpc listening on (\S+) with 2 workers \(pids ([\d, ]+)\)")
 RESTARTED = re.compile(r"worker \d+ restarted \(pid (\d+)\)")
@@ -150,6 +154,141 @@ async def test_two_workers_share_a_port_and_a_killed_one_is_replaced(
     assert all(gone(pid) for pid in started | {replacement})
 
 
+def left_in_time_wait() -> int:
+    """A port whose lone server (no SO_REUSEPORT) closed a connection first and stopped:
+    the port's side of the connection waits out TIME_WAIT, as after a server stopped with
+    clients connected."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port: int = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()
+        client.close()
+    return port
+
+
+def test_the_supervisor_holds_a_port_its_last_server_left_in_time_wait() -> None:
+    port = left_in_time_wait()
+    held, address = reserve_port(f"127.0.0.1:{port}")
+    try:
+        assert address == f"127.0.0.1:{port}"
+        # Held all the same: no server of its own may take the port (a lone server binds
+        # with SO_REUSEADDR)...
+        with socket.socket() as intruder:
+            intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError, match="in use") as refused:
+                intruder.bind(("127.0.0.1", port))
+            assert refused.value.errno == errno.EADDRINUSE
+        # ...and its workers bind it beside the supervisor (SO_REUSEPORT).
+        with socket.socket() as worker:
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            worker.bind(("127.0.0.1", port))
+            worker.listen()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.slow  # two real servers, one after the other
+async def test_workers_restart_at_once_on_the_port_a_server_left_with_clients_connected(
+    tmp_path: Path,
+) -> None:
+    database = {"AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"}
+    first = await spawn_serve(tmp_path, database | {"AGIO_SERVER__GRACE_PERIOD_S": "1"})
+    assert first.stderr is not None
+    try:
+        head, _ = await read_until(first.stderr, LISTENING)
+        found = LISTENING.search(head)
+        assert found is not None
+        address = found.group(1)
+        async with AgioClient(address) as client:
+            await client.list_agents()
+        # Clients still connected when the server exits, which do not hang up first (a gRPC
+        # client may close its idle connection on the server's GOAWAY): the server's side
+        # of each connection closes first, and waits out TIME_WAIT on the port once the
+        # client closes too (having read all: unread bytes would make its close a reset).
+        host, _, port = address.rpartition(":")
+        connected = [socket.create_connection((host, int(port)), timeout=60) for _ in range(4)]
+        try:
+            first.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(60):
+                await first.stderr.read()
+                assert await first.wait() == 0
+            for connection in connected:
+                while connection.recv(65536):  # the server's frames, then its FIN
+                    pass
+        finally:
+            for connection in connected:
+                connection.close()
+    finally:
+        if first.returncode is None:
+            first.kill()
+            await first.wait()
+
+    second = await spawn_serve(
+        tmp_path,
+        database | {"AGIO_LISTEN_ADDRESS": address, "AGIO_SERVER__WORKERS": "2"},
+    )
+    assert second.stderr is not None
+    try:
+        head, restarted_on = await read_until(second.stderr, SUPERVISOR_LISTENING)
+        assert restarted_on == address, head
+        async with AgioClient(address) as client:
+            assert [agent.name for agent in await client.list_agents()] == ["assistant"]
+        second.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
+            await second.stderr.read()
+            assert await second.wait() == 0
+    finally:
+        if second.returncode is None:
+            second.kill()
+            await second.wait()
+
+
+MAX_CLIENTS = 64
+"""Clients opened at most before both workers answered: the kernel spreads connections
+over the workers at random, so 64 connections all on one worker happen once in 2**63."""
+
+
+@pytest.mark.slow  # three real processes
+async def test_clients_of_one_address_spread_over_the_workers(tmp_path: Path) -> None:
+    """Each client held open, as a service holds its clients: each has its own connection,
+    and the connections go to both workers."""
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_SERVER__WORKERS": "2",
+            "AGIO_SERVER__GRACE_PERIOD_S": "1",
+        },
+    )
+    assert process.stderr is not None
+    try:
+        head, _ = await read_until(process.stderr, SUPERVISOR_LISTENING)
+        found = SUPERVISOR_LISTENING.search(head)
+        assert found is not None
+        address, started = found.group(1), {int(p) for p in found.group(2).split(", ")}
+        answered: list[int] = []
+        async with contextlib.AsyncExitStack() as clients:
+            while set(answered) != started and len(answered) < MAX_CLIENTS:
+                client = await clients.enter_async_context(AgioClient(address))
+                call = client.agents.ListAgents(agent_service_pb2.ListAgentsRequest(), timeout=30)
+                await call
+                answered.append(int(dict(await call.initial_metadata())[WORKER_HEADER]))
+        assert set(answered) == started, f"{len(answered)} clients, all on one worker"
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
+            await process.stderr.read()
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 @pytest.mark.slow  # a real supervisor and worker process
 async def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_one_line(
     tmp_path: Path,
@@ -172,8 +311,6 @@ async def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_one_line
 
 @pytest.mark.slow  # a real `agio-grpc serve` process
 async def test_workers_refuse_a_port_in_use_before_spawning(tmp_path: Path) -> None:
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
