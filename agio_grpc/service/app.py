@@ -455,7 +455,7 @@ async def _serve_over_http(
     """The HTTP listener beside the started gRPC server (None without `http_address`); the
     gRPC server is stopped when the listener cannot start.
 
-    uvicorn and connectrpc take about a quarter of a second to import: only a service
+    hypercorn and connectrpc take about a quarter of a second to import: only a service
     configured with an HTTP listener imports them."""
     if not settings.http_address:
         return None
