@@ -73,8 +73,19 @@ class ServerBusyError(EngineError):
 
 
 class CompactionFailedError(EngineError):
-    """CompactSession's summary call failed; `retryable` says whether trying later may work."""
+    """CompactSession's summary call failed; `retryable` says whether trying later may work,
+    `status_code` and `error_code` are the model error's (the provider's HTTP status and
+    code), when it had them."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status_code: int | None = None,
+        error_code: str | None = None,
+    ) -> None:
         super().__init__(f"the summary call failed: {message}")
         self.retryable = retryable
+        self.status_code = status_code
+        self.error_code = error_code

@@ -100,7 +100,12 @@ class SessionCompactor:
             try:
                 summary = await compacting.summarize(self._model, trace, step, sequence)
             except ModelError as error:
-                raise CompactionFailedError(error.message, retryable=error.retryable) from None
+                raise CompactionFailedError(
+                    error.message,
+                    retryable=error.retryable,
+                    status_code=error.status_code,
+                    error_code=error.error_code,
+                ) from None
             stored = await self._store.append_to_idle_session(
                 summary.step, after=mark_of(history), tenant=tenant
             )

@@ -314,7 +314,12 @@ def from_engine_error(error: EngineError) -> ServiceError:
         code = (
             grpc.StatusCode.UNAVAILABLE if error.retryable else grpc.StatusCode.FAILED_PRECONDITION
         )
-        return ServiceError(code, "COMPACTION_FAILED", str(error))
+        provider: dict[str, str] = {}
+        if error.status_code is not None:
+            provider["statusCode"] = str(error.status_code)
+        if error.error_code is not None:
+            provider["errorCode"] = error.error_code
+        return ServiceError(code, "COMPACTION_FAILED", str(error), metadata=provider)
     if isinstance(error, ServerBusyError):
         return ServiceError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -281,7 +281,8 @@ class OtelRunTracer:
         )
         if signal.reason.is_error:
             span.set_attribute(error_attributes.ERROR_TYPE, signal.reason.value)
-            # The stop message is the engine's own wording, never message content.
+            # The stop message is the engine's own wording or, for a model error, the provider's
+            # account of the failure, redacted of credentials where the adapter read it.
             span.set_status(Status(StatusCode.ERROR, signal.message))
         self.instruments.runs_ended.add(
             1, agent | {agio.STOP_REASON: signal.reason.value, agio.RUN_STATUS: run.status.value}
@@ -345,6 +346,8 @@ class OtelRunTracer:
                 else error.error_code or type(error).__name__
             )
             description = "the model call failed" + (" (retryable)" if error.retryable else "")
+            if error.error_code is not None:
+                span.set_attribute(agio.MODEL_ERROR_CODE, error.error_code)
             self.instruments.operation_duration.record(
                 time.perf_counter() - call.started,
                 self._metric_attributes(call, _CHAT) | {error_attributes.ERROR_TYPE: error_type},

@@ -3,7 +3,9 @@
 `ModelDriver` is the protocol the loop depends on: one call streams one `ModelReply` for a
 `ModelRequest`, reporting `ModelEvent`s (deltas, retries, restarts) as they happen, or raises
 `ModelError`. Every adapter speaks these types and raises only `ModelError`; its retries
-follow `retries.py` (the policy, the kinds of a failed attempt, the retry loop).
+follow `retries.py` (the policy, the kinds of a failed attempt, the retry loop), and the
+provider's text it puts in a `ModelError`, `ModelRetry` or `ModelRestart` is first redacted
+of credentials by `redaction.py`, so nothing past the adapter holds one.
 
 The adapters live beside this module, one per provider API: `openai_chat.py` for any
 OpenAI-compatible Chat Completions endpoint. A second provider is a new module here, and
@@ -101,6 +103,7 @@ ModelListener = Callable[[ModelEvent], None]
 class ModelError(Exception):
     """The model call failed for good; `retryable` says whether trying later may work.
 
+    `message` may quote the provider, its credentials redacted (`redaction.py`);
     `status_code` is the HTTP status of the last attempt's answer when it was an error status;
     `error_code` the `code` (else `type`) of an error object the model sent inside its stream;
     `retries` the retries and restarts made before giving up.

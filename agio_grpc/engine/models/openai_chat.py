@@ -8,7 +8,10 @@ are read and checked by `openai_chunks.py` from the SSE lines `sse.py` reads. He
   retried while nothing streamed; a cut stream, a dropped connection or a stream that ends
   without `finish_reason` after the first delta restarts the call; a stream that ends without
   `finish_reason` is never a success;
-- other 4xx (400, 401, 403, 404, 422) fail at once with the provider's message, not retryable.
+- other 4xx (400, 401, 403, 404, 422) fail at once with the provider's message, not retryable;
+- the text of every failed attempt (an error answer's body, an in-band error, a transport
+  error) is redacted of credentials (`redaction.py`, the configured key among them) in
+  `_attempt`, before it becomes a `ModelError`, `ModelRetry` or `ModelRestart`.
 
 The request is the one the `openai` client would send: the client resolves the endpoint,
 the API key (as a bearer token), the organisation and project (`OPENAI_ORG_ID`,
@@ -37,6 +40,7 @@ import asyncio
 import email.utils
 import io
 import json
+import logging
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -52,7 +56,9 @@ from aiohttp.payload import TOO_LARGE_BYTES_BODY as _RAW_BODY_BYTES
 
 from agio_grpc.engine.models import ModelError, ModelListener, ModelReply, ModelRequest
 from agio_grpc.engine.models.openai_chunks import ReplyBuilder, chunk_of, error_code, error_message
+from agio_grpc.engine.models.redaction import Redactor
 from agio_grpc.engine.models.retries import (
+    AttemptFailure,
     FinalFailure,
     RetryPolicy,
     TransientFailure,
@@ -61,6 +67,8 @@ from agio_grpc.engine.models.retries import (
     is_transient,
 )
 from agio_grpc.engine.models.sse import IdleWatchdog, body_lines, finish_body, sse_data
+
+log = logging.getLogger(__name__)
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _BODY_END_WAIT_S = 1.0
@@ -98,6 +106,7 @@ class OpenAIModelDriver:
         self._idle_timeout_s = timeout_s
         # Well inside the watchdog, so a finished reply is never failed by it.
         self._body_end_wait_s = min(_BODY_END_WAIT_S, timeout_s / 2)
+        self._redactor = Redactor(self._client.api_key)
         self.retry = retry or RetryPolicy()
         self.provider = provider_name(base_url)
 
@@ -126,14 +135,31 @@ class OpenAIModelDriver:
 
     async def complete(self, request: ModelRequest, on_event: ModelListener) -> ModelReply:
         started = time.perf_counter()
-        reply = await complete_with_retries(
-            lambda: self._attempt(request, on_event, started), self.retry, on_event
-        )
+        try:
+            reply = await complete_with_retries(
+                lambda: self._attempt(request, on_event, started), self.retry, on_event
+            )
+        except ModelError as error:
+            log.warning("model call failed: %s", _failure_summary(error))
+            raise
         reply.metrics.duration_ms = _ms_since(started)
         reply.metrics.provider = self.provider
         return reply
 
     async def _attempt(
+        self, request: ModelRequest, on_event: ModelListener, started: float
+    ) -> ModelReply:
+        """One attempt; a failure leaves with its text redacted (`redaction.py`): every word
+        of the provider's the engine keeps or shows passes here first."""
+        try:
+            return await self._stream(request, on_event, started)
+        except AttemptFailure as failure:
+            redacted = failure.redacted(self._redactor.redact)
+        # Raised outside the handler, so the failure with the provider's raw text is not kept
+        # as its `__context__` (nor is the transport error with its own).
+        raise redacted
+
+    async def _stream(
         self, request: ModelRequest, on_event: ModelListener, started: float
     ) -> ModelReply:
         reply = ReplyBuilder(model_name=request.model)
@@ -224,6 +250,19 @@ async def _read_up_to(body: aiohttp.StreamReader, limit: int) -> bytes:
         parts.append(part)
         size += len(part)
     return b"".join(parts)
+
+
+def _failure_summary(error: ModelError) -> str:
+    """A failed call as its log line tells it: the HTTP status, the provider's error code,
+    whether it may pass, the retries; never the provider's message, which may quote the
+    request's content (log lines carry none, docs/observability.md)."""
+    parts = [] if error.status_code is None else [f"HTTP {error.status_code}"]
+    if error.error_code is not None:
+        parts.append(f"code {error.error_code}")
+    parts.append("retryable" if error.retryable else "not retryable")
+    if error.retries:
+        parts.append(f"after {error.retries} {'retry' if error.retries == 1 else 'retries'}")
+    return ", ".join(parts)
 
 
 def _describe_transport_error(error: BaseException) -> str:

@@ -21,6 +21,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Self
 
 from agio_grpc.engine.models import (
     ModelError,
@@ -98,6 +99,15 @@ class AttemptFailure(Exception):  # noqa: N818 - internal control flow
         self.status_code = status_code
         self.error_code = error_code
         self.retry_after_s = retry_after_s
+
+    def redacted(self, redact: Callable[[str], str]) -> Self:
+        """This failure with its message and error code passed through `redact`."""
+        return type(self)(
+            redact(self.message),
+            status_code=self.status_code,
+            error_code=None if self.error_code is None else redact(self.error_code),
+            retry_after_s=self.retry_after_s,
+        )
 
     def error(self, *, retryable: bool, retries: int, after: str = "") -> ModelError:
         """The call's `ModelError`, its message prefixed with `after` (what was tried)."""
