@@ -178,9 +178,8 @@ async def _run_start(
 
 
 async def _write_throughput(store: SqlStore, writers: int, duration_s: float) -> float:
-    one = [Step("", "run_b", Role.USER, content="hi")]
     sessions = [
-        await stored_session(store, lambda id: [dataclasses.replace(one[0], session_id=id)])
+        await stored_session(store, lambda id: [Step(id, "run_b", Role.USER, content="hi")])
         for _ in range(writers)
     ]
     stored = 0
