@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -633,8 +635,57 @@ class Settings(BaseSettings):
         if path:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"AGIO_CONFIG names {path!r}, which is not a file")
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            sources.append(_YamlFileSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+
+class ConfigFileError(ValueError):
+    """The config file cannot be read as a YAML mapping; the message names the file (and
+    the line and column of a YAML error) in one line."""
+
+
+class _YamlFileSource(YamlConfigSettingsSource):
+    """The YAML config file, whose reading errors are ConfigFileError, not a parser's
+    traceback."""
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        where = f"the config file {file_path} (AGIO_CONFIG)"
+        try:
+            text = file_path.read_bytes().decode("utf-8")
+        except OSError as error:
+            raise ConfigFileError(f"cannot read {where}: {error.strerror}") from None
+        except UnicodeDecodeError as error:
+            raise ConfigFileError(
+                f"{where} is not UTF-8 text: byte {error.start} is {error.object[error.start]:#04x}"
+            ) from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigFileError(f"{where} is not valid YAML: {_yaml_problem(error)}") from None
+        if loaded is None:
+            return {}  # an empty file: nothing set
+        if not isinstance(loaded, dict):
+            raise ConfigFileError(
+                f"{where} must be a YAML mapping of settings (`agents:`, `server:`, ...), "
+                f"not {_YAML_KINDS.get(type(loaded), 'a single value')}"
+            )
+        return loaded
+
+
+_YAML_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number"}
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What the YAML parser found wrong, and where (lines and columns from 1)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(str(error).split())
+    problem = error.problem or error.context or "malformed"
+    mark = error.problem_mark or error.context_mark
+    text = f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+    context = error.context_mark
+    if error.context and error.problem and context is not None and context is not mark:
+        text += f" ({error.context} at line {context.line + 1}, column {context.column + 1})"
+    return text
 
 
 class _EnvSource(EnvSettingsSource):
