@@ -7,11 +7,13 @@ tool modules, hooks and server tuning. Never imports grpc or the engine.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -686,6 +688,35 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     if error.context and error.problem and context is not None and context is not mark:
         text += f" ({error.context} at line {context.line + 1}, column {context.column + 1})"
     return text
+
+
+def model_key_warning(settings: Settings) -> str | None:
+    """The start-up warning for a model endpoint set without OPENAI_API_KEY, whose calls
+    would carry a placeholder key (a provider answers 401 "Incorrect API key"). None with a
+    key, the built-in fake model, or an endpoint on this machine (Ollama, vLLM, llama.cpp
+    there usually take no key)."""
+    url = settings.openai_base_url
+    if url is None or settings.openai_api_key is not None:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if _is_loopback(host):
+        return None
+    shown = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    return (
+        f"OPENAI_BASE_URL is set ({shown}) but OPENAI_API_KEY is not: model calls carry the "
+        "placeholder key `unused`, which a provider refuses (401 Incorrect API key); set "
+        "OPENAI_API_KEY"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _EnvSource(EnvSettingsSource):

@@ -17,6 +17,8 @@ from pydantic import ValidationError
 if TYPE_CHECKING:
     from agio_grpc.config import Settings
 
+log = logging.getLogger(__name__)
+
 
 def _configure_logging(level: str) -> None:
     """Log lines to stderr, each with the trace and span id current when it was written, and
@@ -73,6 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         main = _server(settings, args.worker, args.supervisor_fd)
     _configure_logging("DEBUG" if debug else settings.log_level)
+    if args.worker is None:  # said once, by the supervisor, not by each of its workers
+        _warn_about(settings)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(main)
@@ -86,6 +90,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _explain(error, debug, lines)
         return 1
     return 0
+
+
+def _warn_about(settings: Settings) -> None:
+    """Settings that start a server which will not work as meant."""
+    from agio_grpc.config import model_key_warning
+
+    warning = model_key_warning(settings)
+    if warning:
+        log.warning("%s", warning)
 
 
 async def _serve_until_stopped(serving: Awaitable[None]) -> int:

@@ -87,6 +87,35 @@ async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> Non
     # Model calls are not logged one line each at INFO (the HTTP client would).
     assert "HTTP Request" not in log + rest
     assert "stopped" in rest
+    assert "OPENAI_API_KEY" not in log  # the built-in fake model needs no key
+
+
+@pytest.mark.slow  # a real `agio-grpc serve` process
+async def test_serve_warns_at_start_of_a_model_url_without_openai_api_key(tmp_path: Path) -> None:
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "OPENAI_BASE_URL": "http://192.0.2.1:8000/v1",  # TEST-NET-1: never called here
+        },
+    )
+    assert process.stderr is not None
+    try:
+        log, _ = await read_until(process.stderr, LISTENING)
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    [warning] = [line for line in log.splitlines() if "OPENAI_API_KEY" in line]
+    assert " WARNING " in warning
+    assert warning.endswith(
+        "OPENAI_BASE_URL is set (http://192.0.2.1:8000) but OPENAI_API_KEY is not: model calls "
+        "carry the placeholder key `unused`, which a provider refuses (401 Incorrect API key); "
+        "set OPENAI_API_KEY"
+    )
 
 
 @pytest.mark.slow  # a real `agio-grpc serve` process

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from agio_grpc.cli import main
 from agio_grpc.cli.serve import configuration_lines
-from agio_grpc.config import ServerConfig, Settings
+from agio_grpc.config import ServerConfig, Settings, model_key_warning
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.startup import StartupError, check_bindable
 from tests.service.conftest import make_settings
@@ -159,6 +159,29 @@ def test_an_empty_config_file_sets_nothing(tmp_path: Path, monkeypatch: pytest.M
     config.write_text("# nothing yet\n")
     monkeypatch.setenv("AGIO_CONFIG", str(config))
     assert Settings().agents[0].name == "assistant"
+
+
+@pytest.mark.parametrize(
+    ("url", "key", "warned"),
+    [
+        ("https://api.openai.com/v1", None, True),
+        ("https://user:secret@llm.example.com:8443/v1", None, True),
+        ("https://api.openai.com/v1", "sk-test", False),
+        (None, None, False),  # the built-in fake model
+        ("http://127.0.0.1:11434/v1", None, False),  # Ollama on this machine
+        ("http://localhost:8000/v1", None, False),
+        ("http://[::1]:8000/v1", None, False),
+    ],
+)
+def test_a_model_url_without_a_key_is_warned_about_unless_it_is_on_this_machine(
+    url: str | None, key: str | None, warned: bool
+) -> None:
+    warning = model_key_warning(Settings(openai_base_url=url, openai_api_key=key))
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert "set OPENAI_API_KEY" in warning
+        assert "secret" not in warning
+        assert "user" not in warning
 
 
 async def serve_output(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
