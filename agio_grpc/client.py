@@ -459,7 +459,8 @@ class AgioClient:
         """`watch_run` that survives a server restart: when the stream breaks with
         UNAVAILABLE it watches again from the last seq it yielded, up to `reconnects` times in
         a row (waiting `backoff_s`, doubled each time, at most 5 s). Ends after the run's
-        terminal event."""
+        terminal event; with `after_seq` at that event's seq the server's stream is empty
+        (status OK), and this ends at once, yielding nothing."""
         cursor, failures = after_seq, 0
         while True:
             try:
