@@ -320,12 +320,13 @@ class ServerConfig(_Strict):
     wildcard such as `0.0.0.0`, this host's name with the bound port)."""
     max_running_runs: int = Field(512, ge=0)
     """How many runs this server runs at once (0: no limit). A run asked for beyond it
-    waits for one to end, in arrival order, for at most half the time to its caller's
-    deadline (`admission_wait_s` without one), then is refused with
+    waits for one to end, in arrival order, for at most the shorter of half the time to its
+    caller's deadline and `admission_wait_s`, then is refused with
     RESOURCE_EXHAUSTED `SERVER_BUSY` (retry later or elsewhere). Without a limit, a burst
     past the server's capacity slows every run alike until none meets its deadline."""
     admission_wait_s: float = Field(30.0, ge=0)
-    """How long a run asked for without a deadline waits for a free slot."""
+    """The longest a run waits for a free slot, with a deadline (if half the time to it is
+    longer) or without one."""
     max_queued_runs: int = Field(10, ge=0)
     """How many runs may wait in one session's queue (BUSY_POLICY_ENQUEUE, INTERRUPT,
     ROLLBACK); one more is refused with RESOURCE_EXHAUSTED `QUEUE_FULL`."""
