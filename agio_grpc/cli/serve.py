@@ -73,7 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.worker is None and settings.server.workers > 1:
         main = _supervisor(settings, debug)
     else:
-        main = _server(settings, args.worker, args.supervisor_fd)
+        debugging = debug or settings.log_level == "DEBUG"
+        main = _server(settings, args.worker, args.supervisor_fd, debugging)
     _configure_logging("DEBUG" if debug else settings.log_level)
     if args.worker is None:  # said once, by the supervisor, not by each of its workers
         _warn_about(settings)
@@ -107,15 +108,16 @@ async def _serve_until_stopped(serving: Awaitable[None]) -> int:
 
 
 def _server(
-    settings: Settings, worker_index: int | None, supervisor_fd: int | None
+    settings: Settings, worker_index: int | None, supervisor_fd: int | None, debugging: bool
 ) -> Coroutine[None, None, int]:
-    """One server: alone, or one worker of a supervisor."""
+    """One server: alone, or one worker of a supervisor (naming itself in its responses
+    when `debugging`)."""
     from agio_grpc.service.app import serve
     from agio_grpc.service.worker import WorkerRole
 
     worker = None
     if worker_index is not None and supervisor_fd is not None:
-        worker = WorkerRole(worker_index, supervisor_fd)
+        worker = WorkerRole(worker_index, supervisor_fd, debug=debugging)
     return _serve_until_stopped(serve(settings, worker))
 
 
