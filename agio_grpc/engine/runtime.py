@@ -426,6 +426,10 @@ class Runtime:
             self._histories.decide(self.store, run.session_id, end) if waits else end(None)
         )
 
+    def history_cache_bytes(self) -> int:
+        """The estimated memory of the histories kept between runs (a metric reads it)."""
+        return self._histories.size
+
     def runs_here(self, run_id: str) -> bool:
         """Whether a segment of the run is live in this process (`watch` follows it)."""
         return self._segments.channel(run_id) is not None

@@ -275,6 +275,7 @@ class AgioApp:
                     admission_wait_s=settings.server.admission_wait_s,
                 ),
             )
+            tracer.instruments.history_cache_bytes.observe(runtime.history_cache_bytes)
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
             members = MemberListener(runtime, sql_store, member_token)
             bind, advertise = (
