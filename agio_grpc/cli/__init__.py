@@ -269,7 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
             "follow a run to its end (replayed, then live; reconnects after a restart)",
         )
         watch.add_argument("run_id", metavar="RUN")
-        watch.add_argument("--after", type=int, default=0, help="only the events after this seq")
+        watch.add_argument(
+            "--after",
+            type=_at_least(0),
+            default=0,
+            metavar="SEQ",
+            help="only the events after this seq (the terminal event's: none, it ends at once)",
+        )
 
     steps = command(top, "steps", commands.steps, "print a session's steps")
     steps.add_argument("session_id", metavar="SESSION")

@@ -149,6 +149,10 @@ async def test_a_watch_after_the_terminal_event_ends_at_once_with_nothing_more(c
     [line] = for_people.err.splitlines()
     assert "COMPLETED (ended " in line
 
+    negative = await cli("watch", run_id, "--after", "-1")
+    assert negative.code == 2
+    assert "argument --after: must be at least 0, got -1" in negative.err
+
 
 async def test_a_watched_run_that_waits_says_how_to_answer_each_call(
     cli: Cli, client: AgioClient, fake_model: FakeModelServer
