@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from agio_grpc.cli.client_tools import pending_calls, read_outputs
 from agio_grpc.cli.hints import error_line
-from agio_grpc.cli.render import HumanPrinter, JsonPrinter, Printer, waiting_hint
+from agio_grpc.cli.render import HumanPrinter, JsonPrinter, Printer
 from agio_grpc.client import AddressError, AgioClient, AgioError, TlsConfig, TlsFileError
 from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2, session_service_pb2
 
@@ -100,9 +100,9 @@ async def follow_to_end(
         if run.status != resources_pb2.RUN_STATUS_REQUIRES_ACTION:
             return 0
         calls = pending_calls(run)
-        outputs = read_outputs(calls) if calls else None
+        outputs = await read_outputs(calls) if calls else None
         if outputs is None:
-            print(waiting_hint(run), file=sys.stderr)
+            out.waiting(run)
             return 0
         events = client.submit_tool_outputs(run.id, outputs)
 
@@ -142,7 +142,7 @@ async def watch(client: AgioClient, args: argparse.Namespace, out: Printer) -> i
     if last is not None and last.WhichOneof("event") == "run_completed":
         run = last.run_completed.run
         if run.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION:
-            print(waiting_hint(run), file=sys.stderr)
+            out.waiting(run)
     return _exit_code(last)
 
 

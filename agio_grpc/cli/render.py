@@ -33,6 +33,7 @@ class Printer(Protocol):
 
     def event(self, event: events_pb2.StepEvent) -> None: ...
     def watching(self, run: resources_pb2.Run) -> None: ...
+    def waiting(self, run: resources_pb2.Run) -> None: ...
     def interrupted(self, cancels_run: bool) -> None: ...
     def started(self, run: resources_pb2.Run) -> None: ...
     def run(self, run: resources_pb2.Run) -> None: ...
@@ -67,6 +68,12 @@ class LastRun:
     def __init__(self) -> None:
         self.run_id = ""
         self.ended: resources_pb2.Run | None = None
+        self.told_waiting = False  # how to answer the waiting run was said
+
+    def waiting(self, run: resources_pb2.Run) -> str:
+        """How to answer the waiting `run`, said once."""
+        self.told_waiting = True
+        return waiting_hint(run)
 
     def watch(self, run: resources_pb2.Run) -> None:
         self.run_id = run.id
@@ -86,7 +93,9 @@ class LastRun:
             return "interrupted"
         if ended is not None:
             waiting = ended.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION
-            return f"interrupted: {waiting_hint(ended)}" if waiting else "interrupted"
+            if waiting and not self.told_waiting:
+                return f"interrupted: {waiting_hint(ended)}"
+            return "interrupted"
         if cancels_run:
             return (
                 f"interrupted: run {run_id} is cancelled (a run stops when its caller leaves; "
@@ -124,6 +133,9 @@ class JsonPrinter:
 
     def watching(self, run: resources_pb2.Run) -> None:
         self._last.watch(run)  # nothing printed: the stream is StepEvents only
+
+    def waiting(self, run: resources_pb2.Run) -> None:
+        print(self._last.waiting(run), file=sys.stderr)
 
     def interrupted(self, cancels_run: bool) -> None:
         print(f"agio-grpc: {self._last.interruption(cancels_run)}", file=sys.stderr)
@@ -271,6 +283,9 @@ class HumanPrinter:
         if self._open_line:
             print()
             self._open_line = False
+
+    def waiting(self, run: resources_pb2.Run) -> None:
+        print(self._last.waiting(run), file=sys.stderr)
 
     def interrupted(self, cancels_run: bool) -> None:
         self._end_line()

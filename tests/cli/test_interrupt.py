@@ -8,6 +8,9 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
+
+from google.protobuf import json_format
 
 from agio_grpc.client import AgioClient
 from agio_grpc.service.app import AgioApp
@@ -15,10 +18,10 @@ from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import resources_pb2
 
 
-async def interrupted(address: str, *args: str) -> tuple[str, int, str]:
-    """Run `agio-grpc ARGS --address ADDRESS`, wait for its first line on stderr (the run's
-    `session S  run R  STATUS`), press Ctrl-C: that first line, the exit code and the rest
-    of stderr."""
+async def interrupted(address: str, *args: str, until: str = "") -> tuple[str, int, str]:
+    """Run `agio-grpc ARGS --address ADDRESS` (its stdin open, empty), wait for the first
+    line on stderr (the run's `session S  run R  STATUS`) and the first with `until` in it,
+    press Ctrl-C: that first line, the exit code and the rest of stderr."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGIO_")}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -28,16 +31,21 @@ async def interrupted(address: str, *args: str) -> tuple[str, int, str]:
         "--address",
         address,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
     assert process.stderr is not None
     try:
         async with asyncio.timeout(60):
-            first = (await process.stderr.readline()).decode()
+            first = line = (await process.stderr.readline()).decode()
+            seen = ""
+            while until not in line:
+                line = (await process.stderr.readline()).decode()
+                assert line, f"stderr ended before {until!r}"
+                seen += line
             process.send_signal(signal.SIGINT)
-            rest = (await process.stderr.read()).decode()
+            rest = seen + (await process.stderr.read()).decode()
             code = await process.wait()
     finally:
         if process.returncode is None:
@@ -89,3 +97,19 @@ async def test_ctrl_c_in_watch_leaves_the_run_running_and_says_so(
         assert (await client.get_run(running.id)).status == resources_pb2.RUN_STATUS_RUNNING
     finally:
         await client.cancel_run(running.id)
+
+
+async def test_ctrl_c_while_outputs_are_awaited_leaves_the_run_waiting_and_says_how_to_answer(
+    app: AgioApp, client: AgioClient
+) -> None:
+    weather = str(Path(__file__).parents[2] / "examples" / "weather.json")
+    first, code, rest = await interrupted(
+        app.address, "chat", "--client-tool", weather, "Use the weather tool", until="[REQUIRES_"
+    )
+    run_id = first.split()[3]
+    assert code == 130
+    assert rest.splitlines()[-1].startswith("agio-grpc: interrupted")
+    run = await client.get_run(run_id)
+    assert run.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION
+    [call] = json_format.MessageToDict(run.stop_signal.context)["tool_calls"]
+    assert rest.count(f"agio-grpc submit {run_id} {call['id']}=OUTPUT") == 1
