@@ -97,8 +97,10 @@ class AgioError(Exception):
 def tls_failure(code: grpc.StatusCode, message: str, tls: bool | None) -> TlsFailure | None:
     """The TlsFailure a failed connection's status says, if any. `tls`: whether the channel
     speaks TLS (None: unknown, a channel the caller made)."""
-    # Only failures to connect: a connection that broke later says nothing about TLS.
-    if code is not grpc.StatusCode.UNAVAILABLE or "all backends failing" not in message:
+    # Only failures to connect (gRPC's round robin and pick-first say so each its way): a
+    # connection that broke later says nothing about TLS.
+    connecting = "all backends failing" in message or "failed to connect to all" in message
+    if code is not grpc.StatusCode.UNAVAILABLE or not connecting:
         return None
     if "CERTIFICATE_VERIFY_FAILED" in message:
         return TlsFailure.UNTRUSTED_CERTIFICATE

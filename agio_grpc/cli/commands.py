@@ -193,7 +193,8 @@ async def _runs_of_newest_sessions(client: AgioClient, limit: int) -> list[resou
         page = await client.list_sessions_page(min(limit, MAX_PAGE_SIZE), token)
         for session in page.sessions:
             # A session's newest `limit` runs: no older one of it can be among the shown.
-            runs.extend((await client.list_runs_page(session.id, limit)).runs)
+            page_size = min(limit, MAX_PAGE_SIZE)
+            runs.extend((await client.list_runs_page(session.id, page_size)).runs)
             if len(runs) >= limit:
                 break
         token = page.next_page_token

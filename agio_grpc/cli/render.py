@@ -83,6 +83,8 @@ class LastRun:
         self.run_id = event.run_id
         kind = event.WhichOneof("event")
         self.ended = getattr(event, kind).run if kind in ("run_completed", "run_failed") else None
+        if self.ended is None:
+            self.told_waiting = False  # going on: a wait to come is a new one
 
     def interruption(self, cancels_run: bool) -> str:
         """What Ctrl-C left behind, for stderr. `cancels_run`: the command's stream was the
