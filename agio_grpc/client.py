@@ -19,6 +19,7 @@ Over TLS, with a token (mutual TLS: the client's certificate and key as well):
 from __future__ import annotations
 
 import asyncio
+import enum
 import ipaddress
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -45,6 +46,31 @@ StepEvent = events_pb2.StepEvent
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
+class TlsFailure(enum.Enum):
+    """Why the client could not connect, when it failed in or around the TLS handshake
+    (read from gRPC's message: no call reached the server)."""
+
+    SERVER_WANTS_TLS = "the server may speak TLS"
+    """A plaintext client whose connection the server closed at once."""
+    UNTRUSTED_CERTIFICATE = "the server's certificate is not signed by a CA the client trusts"
+    SERVER_WITHOUT_TLS = "the server speaks plaintext"
+    """A TLS client that got no TLS answer."""
+    HANDSHAKE_REFUSED = "the server refused the TLS handshake"
+    """A TLS client whose connection the server closed in the handshake: most often a mutual
+    TLS server and a client without a certificate its CA signed."""
+
+
+TLS_HINTS = {
+    TlsFailure.SERVER_WANTS_TLS: "connect with tls=TlsConfig(ca_file=...) naming the CA that "
+    "signed its certificate (tls=True for a public CA)",
+    TlsFailure.UNTRUSTED_CERTIFICATE: "name the CA that signed it in TlsConfig(ca_file=...)",
+    TlsFailure.SERVER_WITHOUT_TLS: "connect without tls",
+    TlsFailure.HANDSHAKE_REFUSED: "with mutual TLS it wants a client certificate a CA it "
+    "accepts signed: TlsConfig(cert_file=..., key_file=...), and ca_file for the server's CA",
+}
+"""What to change in the client for each TlsFailure (the CLI says it with its options)."""
+
+
 @dataclass(slots=True)
 class AgioError(Exception):
     """A call that failed, with its status and the server's stable `reason`."""
@@ -56,15 +82,45 @@ class AgioError(Exception):
     """The ErrorInfo domain (`agio-grpc` for errors raised by the service)."""
     metadata: dict[str, str] = field(default_factory=dict)
     field_violations: list[tuple[str, str]] = field(default_factory=list)
+    tls_failure: TlsFailure | None = None
+    """Set when the connection failed in the TLS handshake (or, plaintext, looks as if the
+    server wanted one): `__str__` then says what to change."""
 
     def __str__(self) -> str:
         reason = f" [{self.reason}]" if self.reason else ""
-        return f"{self.code.name}{reason}: {self.message}"
+        text = f"{self.code.name}{reason}: {self.message}"
+        if self.tls_failure is not None:
+            text += f" ({self.tls_failure.value}: {TLS_HINTS[self.tls_failure]})"
+        return text
 
 
-def decode_error(error: grpc.aio.AioRpcError) -> AgioError:
-    """The AgioError for a failed call, with ErrorInfo and BadRequest details when sent."""
-    decoded = AgioError(code=error.code(), message=error.details() or "")
+def tls_failure(code: grpc.StatusCode, message: str, tls: bool | None) -> TlsFailure | None:
+    """The TlsFailure a failed connection's status says, if any. `tls`: whether the channel
+    speaks TLS (None: unknown, a channel the caller made)."""
+    # Only failures to connect (gRPC's round robin and pick-first say so each its way): a
+    # connection that broke later says nothing about TLS.
+    connecting = "all backends failing" in message or "failed to connect to all" in message
+    if code is not grpc.StatusCode.UNAVAILABLE or not connecting:
+        return None
+    if "CERTIFICATE_VERIFY_FAILED" in message:
+        return TlsFailure.UNTRUSTED_CERTIFICATE
+    if "WRONG_VERSION_NUMBER" in message:
+        return TlsFailure.SERVER_WITHOUT_TLS
+    if "Socket closed" in message or "handshake failed" in message.lower():
+        if tls is None:
+            return None
+        return TlsFailure.HANDSHAKE_REFUSED if tls else TlsFailure.SERVER_WANTS_TLS
+    return None
+
+
+def decode_error(error: grpc.aio.AioRpcError, *, tls: bool | None = None) -> AgioError:
+    """The AgioError for a failed call, with ErrorInfo and BadRequest details when sent, and
+    the TlsFailure of a connection that failed in its handshake (`tls`: whether the channel
+    speaks TLS; None: unknown)."""
+    message = error.details() or ""
+    decoded = AgioError(
+        code=error.code(), message=message, tls_failure=tls_failure(error.code(), message, tls)
+    )
     for key, value in error.trailing_metadata() or ():
         if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
             continue
@@ -270,6 +326,7 @@ class AgioClient:
         tls: TlsConfig | bool = False,
     ) -> None:
         self._channel = channel or open_channel(target, tls)
+        self._tls = None if channel else tls is not False
         credential = (("authorization", f"Bearer {token}"),) if token else ()
         self._metadata = credential + tuple(metadata)
         self.agents = agent_service_pb2_grpc.AgentServiceStub(self._channel)
@@ -298,7 +355,7 @@ class AgioClient:
         try:
             return await method(request, metadata=self._call_metadata(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
-            raise decode_error(error) from None
+            raise decode_error(error, tls=self._tls) from None
 
     async def _stream(
         self, method: Any, request: Any, timeout: float | None = None
@@ -308,7 +365,7 @@ class AgioClient:
             async for event in call:
                 yield event
         except grpc.aio.AioRpcError as error:
-            raise decode_error(error) from None
+            raise decode_error(error, tls=self._tls) from None
         finally:
             call.cancel()
 
@@ -412,7 +469,8 @@ class AgioClient:
         """`watch_run` that survives a server restart: when the stream breaks with
         UNAVAILABLE it watches again from the last seq it yielded, up to `reconnects` times in
         a row (waiting `backoff_s`, doubled each time, at most 5 s). Ends after the run's
-        terminal event."""
+        terminal event; with `after_seq` at that event's seq the server's stream is empty
+        (status OK), and this ends at once, yielding nothing."""
         cursor, failures = after_seq, 0
         while True:
             try:

@@ -7,11 +7,15 @@ tool modules, hooks and server tuning. Never imports grpc or the engine.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -321,12 +325,13 @@ class ServerConfig(_Strict):
     wildcard such as `0.0.0.0`, this host's name with the bound port)."""
     max_running_runs: int = Field(512, ge=0)
     """How many runs this server runs at once (0: no limit). A run asked for beyond it
-    waits for one to end, in arrival order, for at most half the time to its caller's
-    deadline (`admission_wait_s` without one), then is refused with
+    waits for one to end, in arrival order, for at most the shorter of half the time to its
+    caller's deadline and `admission_wait_s`, then is refused with
     RESOURCE_EXHAUSTED `SERVER_BUSY` (retry later or elsewhere). Without a limit, a burst
     past the server's capacity slows every run alike until none meets its deadline."""
     admission_wait_s: float = Field(30.0, ge=0)
-    """How long a run asked for without a deadline waits for a free slot."""
+    """The longest a run waits for a free slot, with a deadline (if half the time to it is
+    longer) or without one."""
     max_queued_runs: int = Field(10, ge=0)
     """How many runs may wait in one session's queue (BUSY_POLICY_ENQUEUE, INTERRUPT,
     ROLLBACK); one more is refused with RESOURCE_EXHAUSTED `QUEUE_FULL`."""
@@ -672,8 +677,86 @@ class Settings(BaseSettings):
         if path:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"AGIO_CONFIG names {path!r}, which is not a file")
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            sources.append(_YamlFileSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+
+class ConfigFileError(ValueError):
+    """The config file cannot be read as a YAML mapping; the message names the file (and
+    the line and column of a YAML error) in one line."""
+
+
+class _YamlFileSource(YamlConfigSettingsSource):
+    """The YAML config file, whose reading errors are ConfigFileError, not a parser's
+    traceback."""
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        where = f"the config file {file_path} (AGIO_CONFIG)"
+        try:
+            text = file_path.read_bytes().decode("utf-8")
+        except OSError as error:
+            raise ConfigFileError(f"cannot read {where}: {error.strerror}") from None
+        except UnicodeDecodeError as error:
+            raise ConfigFileError(
+                f"{where} is not UTF-8 text: byte {error.start} is {error.object[error.start]:#04x}"
+            ) from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigFileError(f"{where} is not valid YAML: {_yaml_problem(error)}") from None
+        if loaded is None:
+            return {}  # an empty file: nothing set
+        if not isinstance(loaded, dict):
+            raise ConfigFileError(
+                f"{where} must be a YAML mapping of settings (`agents:`, `server:`, ...), "
+                f"not {_YAML_KINDS.get(type(loaded), 'a single value')}"
+            )
+        return loaded
+
+
+_YAML_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number"}
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What the YAML parser found wrong, and where (lines and columns from 1)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(str(error).split())
+    problem = error.problem or error.context or "malformed"
+    mark = error.problem_mark or error.context_mark
+    text = f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+    context = error.context_mark
+    if error.context and error.problem and context is not None and context is not mark:
+        text += f" ({error.context} at line {context.line + 1}, column {context.column + 1})"
+    return text
+
+
+def model_key_warning(settings: Settings) -> str | None:
+    """The start-up warning for a model endpoint set without OPENAI_API_KEY, whose calls
+    would carry a placeholder key (a provider answers 401 "Incorrect API key"). None with a
+    key, the built-in fake model, or an endpoint on this machine (Ollama, vLLM, llama.cpp
+    there usually take no key)."""
+    url = settings.openai_base_url
+    if url is None or settings.openai_api_key is not None:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if _is_loopback(host):
+        return None
+    shown = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    return (
+        f"OPENAI_BASE_URL is set ({shown}) but OPENAI_API_KEY is not: model calls carry the "
+        "placeholder key `unused`, which a provider refuses (401 Incorrect API key); set "
+        "OPENAI_API_KEY"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _EnvSource(EnvSettingsSource):

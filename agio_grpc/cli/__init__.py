@@ -4,13 +4,14 @@
     fake-model [--port N]                  run the built-in fake OpenAI-compatible model
     chat MESSAGE [--session S] [--agent A] [--client-tool FILE.json]... [--background]
                  [--on-busy reject|enqueue|interrupt|rollback]
-    retry SESSION --from N                 delete steps from #N on and regenerate
+    retry SESSION --from N                 delete steps from #N on (2..last+1) and regenerate
     submit RUN CALL_ID=OUTPUT|CALL_ID=@FILE...   answer a run's client tool calls
-    fork SESSION [--at N]                  copy steps up to #N into a new session
+    fork SESSION [--at N]                  a new session with steps #1..#N (#N kept; 0: all)
     sessions list [--limit N] [--page-token T] | show SESSION | delete SESSION
     sessions compact SESSION [--keep N] [--agent A]   summarize older steps now
     runs list [--session S] [--limit N] [--page-token T] | show RUN
          | cancel RUN [--reason TEXT] | watch RUN [--after SEQ]
+                                           (a session is named by --session, a run by its id)
     watch RUN [--after SEQ]                `runs watch`
     steps SESSION                          a session's steps (`sessions show` without the session)
     agents [-v]                            the agents and their tools
@@ -25,7 +26,8 @@ them: `--token` (default: AGIO_TOKEN), sent as `authorization: Bearer`; TLS with
 `--ca-file` (AGIO_CA_FILE), or `--tls` for gRPC's default roots; mutual TLS adds
 `--cert-file` and `--key-file` (AGIO_CERT_FILE, AGIO_KEY_FILE). Exit codes: 0 done, 1 the
 run failed or the server refused the call (one line on stderr: `agio-grpc: CODE [REASON]:
-...`), 2 a usage error.
+...`), 2 a usage error, 130 Ctrl-C (which cancels the run of `chat`, `retry` and `submit`,
+and leaves a watched one running: stderr says which).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from agio_grpc.cli import commands
 from agio_grpc.cli.client_tools import tool_definition_file, tool_output_argument
@@ -51,17 +54,33 @@ for. The outputs are submitted and the continued run printed, until the run ends
 stdin ends first the run is left waiting: answer it later with `agio-grpc submit`.
 """
 
+_CTRL_C = """\
+Ctrl-C cancels the run, as a run stops when its caller leaves (stderr says so; exit code
+130). `chat --background` starts a run that goes on without the command.
+"""
+
 _CLIENT_TOOL_FILE = """\
 A --client-tool file holds one JSON object: {"name": ..., "description": ...,
 "parameters": {JSON schema of the arguments}} (or "parameters_json": the schema as text).
 """
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (`why` says why, if not plain)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _at_least(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "chat",
         commands.chat,
         "stream one run in the terminal",
-        _TOOL_OUTPUTS_FROM_STDIN + "\n" + _CLIENT_TOOL_FILE,
+        _TOOL_OUTPUTS_FROM_STDIN + "\n" + _CLIENT_TOOL_FILE + "\n" + _CTRL_C,
     )
     chat.add_argument("message")
     chat.add_argument("--session", default="", help="continue this session")
@@ -159,17 +178,25 @@ def build_parser() -> argparse.ArgumentParser:
         "retry",
         commands.retry,
         "delete a session's steps from #N on and regenerate; stream it like chat",
-        _TOOL_OUTPUTS_FROM_STDIN,
+        _TOOL_OUTPUTS_FROM_STDIN + "\n" + _CTRL_C,
     )
     retry.add_argument("session_id", metavar="SESSION")
-    retry.add_argument("--from", dest="sequence", type=_positive, required=True, metavar="N")
+    retry.add_argument(
+        "--from",
+        dest="sequence",
+        type=_at_least(2, " (step #1, the first message, stays to regenerate from)"),
+        required=True,
+        metavar="N",
+        help="the first step deleted: 2..the last step's number + 1 (which deletes nothing "
+        "and regenerates after the last step)",
+    )
 
     submit = command(
         top,
         "submit",
         commands.submit,
         "answer a waiting run's client tool calls; stream it like chat",
-        _TOOL_OUTPUTS_FROM_STDIN,
+        _TOOL_OUTPUTS_FROM_STDIN + "\n" + _CTRL_C,
     )
     submit.add_argument("run_id", metavar="RUN")
     submit.add_argument(
@@ -182,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     fork = command(top, "fork", commands.fork, "copy a session's steps into a new one")
     fork.add_argument("session_id", metavar="SESSION")
-    fork.add_argument("--at", type=int, default=0, metavar="N", help="last step copied (0: all)")
+    fork.add_argument(
+        "--at",
+        type=_at_least(0),
+        default=0,
+        metavar="N",
+        help="the new session holds steps #1..#N, step #N kept (default 0: all of them)",
+    )
 
     sessions = top.add_parser(
         "sessions", help="list, show, compact or delete sessions"
@@ -213,7 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     runs = top.add_parser("runs", help="list, show, cancel or watch runs").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
-    listed = command(runs, "list", commands.list_runs, "runs, newest first")
+    listed = command(
+        runs,
+        "list",
+        commands.list_runs,
+        "runs, newest first: a session's, or without --session those of the newest sessions",
+    )
     listed.add_argument(
         "--session", default="", help="this session's runs (default: the newest sessions')"
     )
@@ -231,7 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
             "follow a run to its end (replayed, then live; reconnects after a restart)",
         )
         watch.add_argument("run_id", metavar="RUN")
-        watch.add_argument("--after", type=int, default=0, help="only the events after this seq")
+        watch.add_argument(
+            "--after",
+            type=_at_least(0),
+            default=0,
+            metavar="SEQ",
+            help="only the events after this seq (the terminal event's: none, it ends at once)",
+        )
 
     steps = command(top, "steps", commands.steps, "print a session's steps")
     steps.add_argument("session_id", metavar="SESSION")

@@ -10,8 +10,11 @@ JSON text under `parameters_json`). Argument parsers here raise
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +102,7 @@ def pending_calls(run: resources_pb2.Run) -> list[PendingCall]:
     ]
 
 
-def read_outputs(calls: list[PendingCall]) -> list[agent_service_pb2.ToolOutput] | None:
+async def read_outputs(calls: list[PendingCall]) -> list[agent_service_pb2.ToolOutput] | None:
     """One line of stdin per call, in order: its output. On a terminal each call is shown
     with a prompt (on stderr). None when stdin ends first."""
     interactive = sys.stdin.isatty()
@@ -108,9 +111,38 @@ def read_outputs(calls: list[PendingCall]) -> list[agent_service_pb2.ToolOutput]
         if interactive:
             print(f"  ? {call.name}({call.arguments})  [{call.id}]", file=sys.stderr)
             print("  output> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
+        line = await read_line()
         if not line:
             return None
         output = line.removesuffix("\n").removesuffix("\r")
         outputs.append(agent_service_pb2.ToolOutput(tool_call_id=call.id, output=output))
     return outputs
+
+
+async def read_line() -> str:
+    """A line of stdin ("" at its end), read on a thread of its own: a read that blocks the
+    event loop would hold Ctrl-C up until the line came (asyncio only cancels the command's
+    task, and the read would go on). The thread is a daemon, so a read still waiting does not
+    keep the process alive after Ctrl-C."""
+    loop = asyncio.get_running_loop()
+    line: asyncio.Future[str] = loop.create_future()
+
+    def settle(text: str, error: Exception | None) -> None:
+        if line.done():
+            return  # the command was cancelled meanwhile
+        if error is not None:
+            line.set_exception(error)
+        else:
+            line.set_result(text)
+
+    def read() -> None:
+        text, failure = "", None
+        try:
+            text = sys.stdin.readline()
+        except Exception as error:  # e.g. input that is not text: the command says so
+            failure = error
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, text, failure)
+
+    threading.Thread(target=read, name="agio-grpc stdin", daemon=True).start()
+    return await line

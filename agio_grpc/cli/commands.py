@@ -1,6 +1,7 @@
 """The client commands: each one call (or a few) on an AgioClient, its result handed to a
 Printer. Returns the exit code: 0, or 1 for a run that failed; a server error is raised as
-AgioError and reported by `run_client`."""
+AgioError, and arguments the server would refuse as UsageError, both reported by
+`run_client`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from agio_grpc.cli.client_tools import pending_calls, read_outputs
+from agio_grpc.cli.hints import error_line
 from agio_grpc.cli.render import HumanPrinter, JsonPrinter, Printer
 from agio_grpc.client import AddressError, AgioClient, AgioError, TlsConfig, TlsFileError
 from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2, session_service_pb2
@@ -29,6 +31,11 @@ BUSY_POLICIES = {
 }
 
 
+class UsageError(ValueError):
+    """Arguments the server would refuse, found before anything was asked of it: exit
+    code 2, as argparse's own."""
+
+
 def client_tls(args: argparse.Namespace) -> TlsConfig | bool:
     """TLS as the options ask: a TlsConfig when a file is given, True for `--tls` alone."""
     files = (args.ca_file, args.cert_file, args.key_file)
@@ -39,7 +46,8 @@ def client_tls(args: argparse.Namespace) -> TlsConfig | bool:
 
 def run_client(command: Command, args: argparse.Namespace) -> int:
     """Run one client command; a server error is one line on stderr and exit code 1, a
-    TLS file that cannot be used exit code 2."""
+    TLS file that cannot be used or arguments the server would refuse exit code 2. Ctrl-C
+    says what became of the run (exit code 130)."""
     out: Printer = JsonPrinter() if args.json else HumanPrinter()
 
     async def connected() -> int:
@@ -50,12 +58,15 @@ def run_client(command: Command, args: argparse.Namespace) -> int:
     try:
         return asyncio.run(connected())
     except AgioError as error:
-        print(f"agio-grpc: {' '.join(str(error).split())}", file=sys.stderr)
+        print(f"agio-grpc: {error_line(error)}", file=sys.stderr)
         return 1
-    except (TlsFileError, AddressError) as error:
+    except (TlsFileError, AddressError, UsageError) as error:
         print(f"agio-grpc: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # The stream was cancelled on the way out, and with it a run of chat, retry or
+        # submit (DisconnectPolicy CANCEL); a watch leaves its run be.
+        out.interrupted(cancels_run=command is not watch)
         return 130
 
 
@@ -89,10 +100,9 @@ async def follow_to_end(
         if run.status != resources_pb2.RUN_STATUS_REQUIRES_ACTION:
             return 0
         calls = pending_calls(run)
-        outputs = read_outputs(calls) if calls else None
+        outputs = await read_outputs(calls) if calls else None
         if outputs is None:
-            answer = f"agio-grpc submit {run.id} CALL_ID=OUTPUT..."
-            print(f"run {run.id} waits for its client tool outputs: {answer}", file=sys.stderr)
+            out.waiting(run)
             return 0
         events = client.submit_tool_outputs(run.id, outputs)
 
@@ -111,6 +121,13 @@ async def chat(client: AgioClient, args: argparse.Namespace, out: Printer) -> in
 
 
 async def retry(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    last = (await client.get_session(args.session_id)).step_count
+    if args.sequence > last + 1:
+        raise UsageError(
+            f"retry: --from {args.sequence} is past the end of session {args.session_id}: "
+            f"it has {last} steps, so --from is 2..{last + 1} "
+            f"({last + 1}: regenerate after the last step)"
+        )
     return await follow_to_end(client, client.retry(args.session_id, args.sequence), out)
 
 
@@ -120,7 +137,13 @@ async def submit(client: AgioClient, args: argparse.Namespace, out: Printer) -> 
 
 
 async def watch(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
-    return _exit_code(await _print_stream(client.follow_run(args.run_id, args.after), out))
+    out.watching(await client.get_run(args.run_id))
+    last = await _print_stream(client.follow_run(args.run_id, args.after), out)
+    if last is not None and last.WhichOneof("event") == "run_completed":
+        run = last.run_completed.run
+        if run.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION:
+            out.waiting(run)
+    return _exit_code(last)
 
 
 async def show_run(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
@@ -162,18 +185,22 @@ async def list_runs(client: AgioClient, args: argparse.Namespace, out: Printer) 
 
 
 async def _runs_of_newest_sessions(client: AgioClient, limit: int) -> list[resources_pb2.Run]:
-    """Up to `limit` runs: each session's, newest first, the newest sessions first."""
+    """Up to `limit` runs of the newest sessions (ListRuns lists one session's), newest
+    first whatever their session."""
     runs: list[resources_pb2.Run] = []
     token = ""
     while len(runs) < limit:
         page = await client.list_sessions_page(min(limit, MAX_PAGE_SIZE), token)
         for session in page.sessions:
-            runs.extend(await client.list_runs(session.id))
+            # A session's newest `limit` runs: no older one of it can be among the shown.
+            page_size = min(limit, MAX_PAGE_SIZE)
+            runs.extend((await client.list_runs_page(session.id, page_size)).runs)
             if len(runs) >= limit:
                 break
         token = page.next_page_token
         if not token:
             break
+    runs.sort(key=lambda run: run.create_time.ToNanoseconds(), reverse=True)
     return runs[:limit]
 
 

@@ -1,9 +1,11 @@
 """How the client commands print what the server returned: for people, or as JSON.
 
 `HumanPrinter` writes names, never enum numbers: streamed text and results on stdout,
-progress and stop reasons on stderr. `JsonPrinter` writes the RPC's response message as
-proto3 JSON (field names as in the .proto, enums by name), one document per line: a stream
-is JSON Lines, one `StepEvent` a line. Printers never call the server.
+progress and stop reasons on stderr. A run reads the same live and replayed (`watch` of an
+ended run, whose journal has no deltas): each assistant step's text comes from its deltas
+when they were streamed, else from its `step_completed`. `JsonPrinter` writes the RPC's
+response message as proto3 JSON (field names as in the .proto, enums by name), one document
+per line: a stream is JSON Lines, one `StepEvent` a line. Printers never call the server.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from agio_grpc.cli.client_tools import pending_calls
 from agio_grpc.v1 import (
     agent_service_pb2,
     events_pb2,
@@ -29,6 +32,9 @@ class Printer(Protocol):
     """What a command prints, whatever the format."""
 
     def event(self, event: events_pb2.StepEvent) -> None: ...
+    def watching(self, run: resources_pb2.Run) -> None: ...
+    def waiting(self, run: resources_pb2.Run) -> None: ...
+    def interrupted(self, cancels_run: bool) -> None: ...
     def started(self, run: resources_pb2.Run) -> None: ...
     def run(self, run: resources_pb2.Run) -> None: ...
     def cancelled(self, run: resources_pb2.Run) -> None: ...
@@ -55,14 +61,86 @@ def to_dict(message: Message) -> dict[str, Any]:
     )
 
 
+class LastRun:
+    """The run a printer printed events of last, and its end once that was printed (a
+    `submit` continues a run that ended waiting: its next event starts it again)."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.ended: resources_pb2.Run | None = None
+        self.told_waiting = False  # how to answer the waiting run was said
+
+    def waiting(self, run: resources_pb2.Run) -> str:
+        """How to answer the waiting `run`, said once."""
+        self.told_waiting = True
+        return waiting_hint(run)
+
+    def watch(self, run: resources_pb2.Run) -> None:
+        self.run_id = run.id
+        self.ended = run if run.HasField("end_time") else None
+
+    def see(self, event: events_pb2.StepEvent) -> None:
+        self.run_id = event.run_id
+        kind = event.WhichOneof("event")
+        self.ended = getattr(event, kind).run if kind in ("run_completed", "run_failed") else None
+        if self.ended is None:
+            self.told_waiting = False  # going on: a wait to come is a new one
+
+    def interruption(self, cancels_run: bool) -> str:
+        """What Ctrl-C left behind, for stderr. `cancels_run`: the command's stream was the
+        run's own (chat, retry, submit), whose end cancels the run on the server; else a
+        watch, whose end leaves it running."""
+        run_id, ended = self.run_id, self.ended
+        if not run_id:
+            return "interrupted"
+        if ended is not None:
+            waiting = ended.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION
+            if waiting and not self.told_waiting:
+                return f"interrupted: {waiting_hint(ended)}"
+            return "interrupted"
+        if cancels_run:
+            return (
+                f"interrupted: run {run_id} is cancelled (a run stops when its caller leaves; "
+                "`chat --background` starts one that goes on without it)"
+            )
+        return (
+            f"stopped watching run {run_id}, which goes on "
+            f"(`agio-grpc runs cancel {run_id}` stops it)"
+        )
+
+
+def submit_command(run: resources_pb2.Run) -> str:
+    """The command that answers a waiting run, with each pending call's id."""
+    answers = " ".join(f"{call.id}=OUTPUT" for call in pending_calls(run))
+    return f"agio-grpc submit {run.id} {answers or 'CALL_ID=OUTPUT...'}"
+
+
+def waiting_hint(run: resources_pb2.Run) -> str:
+    return f"run {run.id} waits for its client tool outputs: {submit_command(run)}"
+
+
 class JsonPrinter:
-    """One JSON document per line on stdout."""
+    """One JSON document per line on stdout (what is said about an interruption goes to
+    stderr)."""
+
+    def __init__(self) -> None:
+        self._last = LastRun()
 
     def _write(self, document: Mapping[str, Any]) -> None:
         print(json.dumps(document, ensure_ascii=False), flush=True)
 
     def event(self, event: events_pb2.StepEvent) -> None:
+        self._last.see(event)
         self._write(to_dict(event))
+
+    def watching(self, run: resources_pb2.Run) -> None:
+        self._last.watch(run)  # nothing printed: the stream is StepEvents only
+
+    def waiting(self, run: resources_pb2.Run) -> None:
+        print(self._last.waiting(run), file=sys.stderr)
+
+    def interrupted(self, cancels_run: bool) -> None:
+        print(f"agio-grpc: {self._last.interruption(cancels_run)}", file=sys.stderr)
 
     def started(self, run: resources_pb2.Run) -> None:
         self._write(to_dict(agent_service_pb2.StartRunResponse(run=run)))
@@ -152,24 +230,35 @@ class HumanPrinter:
 
     def __init__(self) -> None:
         self._open_line = False  # streamed text waiting for its newline
+        self._streamed: set[str] = set()  # steps whose text came as deltas
+        self._headed = ""  # the run whose first line is printed
+        self._last = LastRun()
+
+    def _head(self, run: resources_pb2.Run, status: str) -> None:
+        print(f"session {run.session_id}  run {run.id}  {status}", file=sys.stderr)
+        self._headed = run.id
+
+    def watching(self, run: resources_pb2.Run) -> None:
+        """The first line of a watch: the run as it is now, not as it started."""
+        self._last.watch(run)
+        status = status_name(run)
+        if run.HasField("end_time"):
+            status += f" (ended {_time(run.end_time)}; replayed)"
+        self._head(run, status)
 
     def event(self, event: events_pb2.StepEvent) -> None:
+        self._last.see(event)
         kind = event.WhichOneof("event")
         if kind == "run_started":
-            status = status_name(event.run_started.run)
-            print(f"session {event.session_id}  run {event.run_id}  {status}", file=sys.stderr)
+            if event.run_id != self._headed:
+                self._head(event.run_started.run, status_name(event.run_started.run))
         elif kind == "step_delta" and event.step_delta.content:
             self._open_line = True
+            self._streamed.add(event.step_delta.step_id)
             print(event.step_delta.content, end="", flush=True)
         elif kind == "step_completed":
             self._end_line()
-            step = event.step_completed.step
-            if step.role == resources_pb2.ROLE_ASSISTANT:
-                for call in step.tool_calls:
-                    print(f"  -> {call.name}({call.arguments})")
-            elif step.role == resources_pb2.ROLE_TOOL:
-                flag = " (error)" if step.is_error else ""
-                print(f"  <- {step.name}{flag}: {step.content}")
+            self._completed(event.step_completed.step)
         elif kind == "error":
             print(f"  ! {event.error.reason}: {event.error.message}", file=sys.stderr)
         elif kind in ("run_completed", "run_failed"):
@@ -182,13 +271,30 @@ class HumanPrinter:
                 file=sys.stderr,
             )
 
+    def _completed(self, step: resources_pb2.Step) -> None:
+        if step.role == resources_pb2.ROLE_ASSISTANT:
+            if step.content and step.id not in self._streamed:
+                print(step.content)  # replayed: no deltas came before it
+            for call in step.tool_calls:
+                print(f"  -> {call.name}({call.arguments})")
+        elif step.role == resources_pb2.ROLE_TOOL:
+            flag = " (error)" if step.is_error else ""
+            print(f"  <- {step.name}{flag}: {step.content}")
+
     def _end_line(self) -> None:
         if self._open_line:
             print()
             self._open_line = False
 
+    def waiting(self, run: resources_pb2.Run) -> None:
+        print(self._last.waiting(run), file=sys.stderr)
+
+    def interrupted(self, cancels_run: bool) -> None:
+        self._end_line()
+        print(f"agio-grpc: {self._last.interruption(cancels_run)}", file=sys.stderr)
+
     def started(self, run: resources_pb2.Run) -> None:
-        print(f"session {run.session_id}  run {run.id}  {status_name(run)}", file=sys.stderr)
+        self._head(run, status_name(run))
         print(run.id)  # the last line of stdout: for `agio-grpc watch`
 
     def run(self, run: resources_pb2.Run) -> None:
@@ -212,6 +318,10 @@ class HumanPrinter:
         }
         for key, value in fields.items():
             print(f"{key:<8} {value}")
+        if run.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION:
+            for call in pending_calls(run):
+                print(f"{'call':<8} {call.id}  {call.name}({call.arguments})")
+            print(f"{'answer':<8} {submit_command(run)}")
 
     def cancelled(self, run: resources_pb2.Run) -> None:
         print(f"{run.id}  {status_name(run)}{_colon(run.stop_signal.message)}")

@@ -17,6 +17,8 @@ from pydantic import ValidationError
 if TYPE_CHECKING:
     from agio_grpc.config import Settings
 
+log = logging.getLogger(__name__)
+
 
 def _configure_logging(level: str) -> None:
     """Log lines to stderr, each with the trace and span id current when it was written, and
@@ -71,8 +73,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.worker is None and settings.server.workers > 1:
         main = _supervisor(settings, debug)
     else:
-        main = _server(settings, args.worker, args.supervisor_fd)
+        debugging = debug or settings.log_level == "DEBUG"
+        main = _server(settings, args.worker, args.supervisor_fd, debugging)
     _configure_logging("DEBUG" if debug else settings.log_level)
+    if args.worker is None:  # said once, by the supervisor, not by each of its workers
+        _warn_about(settings)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(main)
@@ -88,21 +93,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_about(settings: Settings) -> None:
+    """Settings that start a server which will not work as meant."""
+    from agio_grpc.config import model_key_warning
+
+    warning = model_key_warning(settings)
+    if warning:
+        log.warning("%s", warning)
+
+
 async def _serve_until_stopped(serving: Awaitable[None]) -> int:
     await serving
     return 0
 
 
 def _server(
-    settings: Settings, worker_index: int | None, supervisor_fd: int | None
+    settings: Settings, worker_index: int | None, supervisor_fd: int | None, debugging: bool
 ) -> Coroutine[None, None, int]:
-    """One server: alone, or one worker of a supervisor."""
+    """One server: alone, or one worker of a supervisor (naming itself in its responses
+    when `debugging`)."""
     from agio_grpc.service.app import serve
     from agio_grpc.service.worker import WorkerRole
 
     worker = None
     if worker_index is not None and supervisor_fd is not None:
-        worker = WorkerRole(worker_index, supervisor_fd)
+        worker = WorkerRole(worker_index, supervisor_fd, debug=debugging)
     return _serve_until_stopped(serve(settings, worker))
 
 

@@ -4,8 +4,8 @@ A process that takes every run it is asked for shares its event loop and its sto
 all of them: past its capacity every run slows down together, until none ends before its
 caller's deadline (2,000 simultaneous runs on SQLite: 48 finished in 12 s, the rest ran
 out of time with nothing to say why). With slots, a run starts only when one is free; the
-others wait in arrival order, each for at most half the time to its caller's deadline (or
-`wait_s` without one), and are then refused with `ServerBusyError` (RESOURCE_EXHAUSTED).
+others wait in arrival order, each for at most the shorter of half the time to its caller's
+deadline and `wait_s`, and are then refused with `ServerBusyError` (RESOURCE_EXHAUSTED).
 A run that started ends in its own stop signal (TIMEOUT included), in time.
 
 Each live segment holds one slot, given back when its task ends. A slot is handed straight

@@ -22,6 +22,8 @@ class RuntimeOptions:
     """How many runs one session's queue may hold (BUSY_POLICY_ENQUEUE and the rest)."""
     max_running_runs: int | None = None
     """How many run segments run here at once (None: no limit); more wait for a slot, for at
-    most half the time to their caller's deadline or `admission_wait_s` (engine/admission.py)."""
+    most the shorter of half the time to their caller's deadline and `admission_wait_s`
+    (engine/admission.py)."""
     admission_wait_s: float = 30.0
-    """How long a run without a deadline waits for a slot before ServerBusyError."""
+    """The longest a run waits for a slot before ServerBusyError, with a deadline or
+    without."""

@@ -383,6 +383,10 @@ class Runtime:
         """
         return await self._stops.stop(run_id, signal, tenant=tenant)
 
+    def history_cache_bytes(self) -> int:
+        """The estimated memory of the histories kept between runs (a metric reads it)."""
+        return self._histories.size
+
     def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[FollowedEvent]:
         """The run's events after `after_seq` up to its next terminal event: live for a run
         segment this process runs, live from the member running it (relayed as it streamed

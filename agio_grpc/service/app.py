@@ -271,6 +271,7 @@ class AgioApp:
                     admission_wait_s=settings.server.admission_wait_s,
                 ),
             )
+            tracer.instruments.history_cache_bytes.observe(runtime.history_cache_bytes)
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
             members = MemberListener(runtime, roles.leases, member_token)
             # Stopped after the runs end: a member following one here gets its terminal event.

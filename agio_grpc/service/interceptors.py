@@ -106,8 +106,8 @@ async def abort_call(
 
 class ErrorInterceptor(AgioMethodInterceptor):
     """Admits each request and maps every exception escaping a handler to one status with
-    an ErrorInfo; with `response_metadata` (a worker's `x-agio-worker`), every response
-    starts with it."""
+    an ErrorInfo; with `response_metadata` (a debugging worker's `x-agio-worker`), every
+    response starts with it."""
 
     def __init__(self, response_metadata: Metadata = ()) -> None:
         self._response_metadata = response_metadata

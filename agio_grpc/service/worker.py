@@ -4,8 +4,9 @@ A worker is a full server, as a lone `serve` is, with four differences: it share
 listen port with its siblings (SO_REUSEPORT; the supervisor checked the port and holds it),
 its instance id is the server's plus `/worker-<index>` (stable across its restarts, so a
 restarted worker ends the runs its predecessor left at once, and distinct from its live
-siblings'), every `agio.v1` response carries its process id in the initial metadata
-`x-agio-worker`, and it talks to the supervisor over one end of a socket pair: it writes
+siblings'), with debugging on every `agio.v1` response carries its process id in the
+initial metadata `x-agio-worker`, and it talks to the supervisor over one end of a socket
+pair: it writes
 `ready` once it listens, and drains when the supervisor's end closes (the supervisor is
 gone, even by SIGKILL: no worker outlives it).
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 WORKER_HEADER = "x-agio-worker"
-"""Initial metadata of every `agio.v1` response of a worker: its process id."""
+"""Initial metadata of every `agio.v1` response of a worker debugging: its process id."""
 
 READY = b"ready\n"
 """What a worker writes to the supervisor once it listens."""
@@ -37,12 +38,15 @@ class WorkerRole:
     """1..N: the worker's slot, kept by its replacement."""
     supervisor_fd: int
     """The worker's end of its socket pair with the supervisor."""
+    debug: bool = False
+    """Debugging is on (`serve --debug`, or `log_level: DEBUG`): every response says which
+    worker process answered. Off, no caller learns a process id."""
 
     def instance_id(self, server_instance_id: str) -> str:
         return f"{server_instance_id}/worker-{self.index}"
 
     def response_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((WORKER_HEADER, str(os.getpid())),)
+        return ((WORKER_HEADER, str(os.getpid())),) if self.debug else ()
 
     def name(self) -> str:
         """How the worker's log lines name it."""

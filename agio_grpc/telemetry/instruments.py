@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from opentelemetry.metrics import Counter, Histogram, MeterProvider, UpDownCounter
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Counter,
+    Histogram,
+    MeterProvider,
+    ObservableGauge,
+    Observation,
+    UpDownCounter,
+)
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
 from agio_grpc.telemetry import attributes as agio
@@ -19,6 +28,20 @@ DURATION_BUCKETS = (
 TOKEN_BUCKETS = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
 )  # fmt: skip
+
+
+@dataclass(slots=True)
+class Observed:
+    """A value an observable instrument reads at each collection, from a source given once
+    the thing it measures exists (nothing is reported before)."""
+
+    read: Callable[[], int] | None = None
+
+    def observe(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def observations(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self.read is None else [Observation(self.read())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +60,23 @@ class Instruments:
     forks: Counter
     compactions: Counter
     compaction_tokens: Histogram
+    history_cache_usage: ObservableGauge
+    history_cache_bytes: Observed = field(default_factory=Observed)
+    """Where `history_cache_usage` reads the cache's size: the runtime's, once it exists
+    (`history_cache_bytes.observe(runtime.history_cache_bytes)`)."""
 
     @classmethod
     def create(cls, provider: MeterProvider) -> Instruments:
         meter = provider.get_meter(INSTRUMENTATION_NAME)
+        cache_bytes = Observed()
         return cls(
+            history_cache_bytes=cache_bytes,
+            history_cache_usage=meter.create_observable_gauge(
+                agio.METRIC_HISTORY_CACHE_USAGE,
+                callbacks=[cache_bytes.observations],
+                unit="By",
+                description="Estimated memory of the session histories kept between runs",
+            ),
             token_usage=meter.create_histogram(
                 gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
                 unit="{token}",

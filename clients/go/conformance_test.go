@@ -249,6 +249,60 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("the resumed stream ended with %v", rest[len(rest)-1])
 		}
 	})
+
+	t.Run("follow_after_end", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		run, err := client.StartRun(ctx, &agiov1.RunRequest{Input: "What is 12 * 7?"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var terminalSeq int64
+		for event, err := range client.FollowRun(ctx, run.GetId(), 0, 3) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			terminalSeq = event.GetSeq()
+		}
+		after := 0
+		for _, err := range client.FollowRun(ctx, run.GetId(), terminalSeq, 3) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			after++
+		}
+		if terminalSeq == 0 || after != 0 {
+			t.Fatalf("%d events after the terminal event's seq %d", after, terminalSeq)
+		}
+	})
+
+	t.Run("tls_hint", func(t *testing.T) {
+		// The other transport: TLS to a plaintext server, plaintext to a TLS one.
+		var opts []grpc.DialOption
+		want := agio.ConnectionClosed
+		if os.Getenv("AGIO_CA_FILE") == "" {
+			creds, err := agio.TLSConfig{}.Credentials()
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts, want = append(opts, grpc.WithTransportCredentials(creds)), agio.ServerWithoutTLS
+		}
+		wrong, err := agio.Dial(address, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wrong.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		_, err = wrong.Health(ctx)
+		var decoded *agio.Error
+		if !errors.As(err, &decoded) || decoded.Code != codes.Unavailable || decoded.TLSFailure != want {
+			t.Fatalf("want Unavailable with %v, got %v", want, err)
+		}
+		if !strings.Contains(err.Error(), "AGIO_CA_FILE") {
+			t.Fatalf("the error does not name AGIO_CA_FILE: %v", err)
+		}
+	})
 }
 
 func dial(t *testing.T, address string) *agio.Client {

@@ -29,7 +29,9 @@ func (c *Client) StartRun(ctx context.Context, req *agiov1.RunRequest, opts ...g
 
 // FollowRun iterates over a run's events after afterSeq to its terminal event, replayed then
 // live. When the stream breaks with UNAVAILABLE (a server restarting) it watches again from
-// the last seq it yielded, up to reconnects times in a row, backing off from 200 ms.
+// the last seq it yielded, up to reconnects times in a row, backing off from 200 ms. With
+// afterSeq at the terminal event's seq the server's stream is empty (status OK): the
+// iteration ends at once, with no event.
 func (c *Client) FollowRun(ctx context.Context, runID string, afterSeq int64, reconnects int) iter.Seq2[*agiov1.StepEvent, error] {
 	return func(yield func(*agiov1.StepEvent, error) bool) {
 		cursor, failures := afterSeq, 0

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agio_grpc.client import AgioClient
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.cli.conftest import Cli
@@ -117,7 +118,10 @@ async def test_chat_json_leaves_the_run_waiting_when_stdin_ends_then_submit_answ
     run = json_lines(waiting.out)[-1]["run_completed"]["run"]
     assert run["status"] == "RUN_STATUS_REQUIRES_ACTION"
     assert run["stop_signal"]["context"]["tool_calls"][0]["id"] == "call_paris"
-    assert f"agio-grpc submit {run['id']}" in waiting.err
+    assert waiting.err.splitlines()[-1] == (
+        f"run {run['id']} waits for its client tool outputs: "
+        f"agio-grpc submit {run['id']} call_paris=OUTPUT"
+    )
 
     answer = tmp_path / "answer.txt"
     answer.write_text("rain")
@@ -196,10 +200,44 @@ async def test_retry_regenerates_from_a_step_and_streams_like_chat(cli: Cli) -> 
     assert [step["sequence"] for step in steps] == [2, 3, 4]
     assert events[-1]["run_completed"]["run"]["stop_signal"]["reason"] == "STOP_REASON_COMPLETED"
 
-    refused = await cli("retry", session_id, "--from", "1")
-    assert refused.code == 1
-    assert refused.err.startswith("agio-grpc: INVALID_ARGUMENT")
     assert (await cli("retry", session_id)).code == 2  # --from is required
+
+
+@pytest.mark.parametrize(
+    ("sequence", "complaint"),
+    [
+        ("1", "argument --from: must be at least 2 (step #1, the first message, stays"),
+        ("0", "argument --from: must be at least 2"),
+        ("six", "argument --from: must be an integer, got 'six'"),
+        (
+            "6",
+            "retry: --from 6 is past the end of session {session}: it has 4 steps, so "
+            "--from is 2..5 (5: regenerate after the last step)",
+        ),
+    ],
+)
+async def test_retry_from_outside_2_to_the_last_step_plus_1_is_a_usage_error(
+    cli: Cli, client: AgioClient, sequence: str, complaint: str
+) -> None:
+    done = await client.run_to_end("What is 12 * 7?")
+    result = await cli("retry", done.session_id, "--from", sequence)
+    assert result.code == 2
+    assert complaint.format(session=done.session_id) in result.err
+    assert result.out == ""
+    steps = await client.list_steps(done.session_id)
+    assert [step.sequence for step in steps] == [1, 2, 3, 4]  # nothing was retried
+
+
+async def test_retry_from_one_past_the_last_step_regenerates_after_it(
+    cli: Cli, client: AgioClient, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(Turn.error(400))  # a refusal, not retried: the user step stays alone
+    failed = await client.run_to_end("What is 12 * 7?")
+    assert len(await client.list_steps(failed.session_id)) == 1
+
+    result = await cli("retry", failed.session_id, "--from", "2")
+    assert result.code == 0, result.err
+    assert "The result is 84." in result.out
 
 
 async def test_agents_for_people_and_as_json(cli: Cli) -> None:

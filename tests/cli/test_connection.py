@@ -71,13 +71,56 @@ async def test_chat_over_mutual_tls_with_files_and_token_from_the_environment(
     assert TOKEN not in help_text.out
 
 
-async def test_a_client_without_its_certificate_is_refused_in_one_line(
+async def test_a_client_without_its_certificate_is_refused_in_one_line_naming_the_options(
     mtls_cli: Cli, pki: Pki
 ) -> None:
     result = await mtls_cli("agents", "--ca-file", str(pki.ca_file))
     assert result.code == 1
     [line] = result.err.splitlines()
     assert line.startswith("agio-grpc: UNAVAILABLE: ")
+    assert line.endswith(
+        "(the server refused the TLS handshake: with mutual TLS it wants a client "
+        "certificate a CA it accepts signed: --cert-file and --key-file (AGIO_CERT_FILE, "
+        "AGIO_KEY_FILE); and --ca-file (AGIO_CA_FILE) for the server's CA)"
+    )
+
+
+async def test_a_plaintext_client_of_a_tls_server_is_told_to_give_the_ca_file(
+    mtls_cli: Cli,
+) -> None:
+    result = await mtls_cli("agents")
+    assert result.code == 1
+    [line] = result.err.splitlines()
+    assert line.startswith("agio-grpc: UNAVAILABLE: ")
+    assert line.endswith(
+        "(the server may speak TLS: give the CA that signed its certificate with --ca-file "
+        "or AGIO_CA_FILE (--tls for a public CA))"
+    )
+
+
+async def test_a_client_that_does_not_trust_the_servers_ca_is_told_to_give_it(
+    mtls_cli: Cli, tmp_path: Path
+) -> None:
+    stranger = Pki.create(tmp_path / "other", "another CA")
+    result = await mtls_cli("agents", "--ca-file", str(stranger.ca_file))
+    assert result.code == 1
+    [line] = result.err.splitlines()
+    assert "CERTIFICATE_VERIFY_FAILED" in line
+    assert line.endswith(
+        "(the server's certificate is not signed by a CA the client trusts: give the CA that "
+        "signed it with --ca-file or AGIO_CA_FILE)"
+    )
+
+
+async def test_a_tls_client_of_a_plaintext_server_is_told_to_leave_tls_out(
+    cli: Cli, pki: Pki
+) -> None:
+    result = await cli("agents", "--ca-file", str(pki.ca_file))
+    assert result.code == 1
+    [line] = result.err.splitlines()
+    assert line.endswith(
+        "(the server speaks plaintext: leave out --tls, --ca-file and AGIO_CA_FILE)"
+    )
 
 
 async def test_tls_files_that_cannot_be_used_are_a_usage_error(mtls_cli: Cli, pki: Pki) -> None:

@@ -98,6 +98,22 @@ async def test_fork_prints_the_new_session_last(cli: Cli, client: AgioClient) ->
     assert as_json["step_count"] == 4
 
 
+async def test_fork_help_says_step_n_is_kept_and_it_is(cli: Cli, client: AgioClient) -> None:
+    help_text = await cli("fork", "--help", address=False)
+    assert "the new session holds steps #1..#N, step #N kept" in " ".join(help_text.out.split())
+
+    session_id = await new_session(client)
+    kept = (await client.list_steps(session_id))[:3]
+    fork_id = (await cli("fork", session_id, "--at", "3")).last_line
+    copied = await client.list_steps(fork_id)
+    assert [(step.sequence, step.content) for step in copied] == [
+        (step.sequence, step.content) for step in kept
+    ]
+    negative = await cli("fork", session_id, "--at", "-1")
+    assert negative.code == 2
+    assert "argument --at: must be at least 0, got -1" in negative.err
+
+
 async def test_sessions_compact_summarizes_older_steps(cli: Cli, client: AgioClient) -> None:
     session_id = await new_session(client)
     await client.run_to_end("And 3 + 4?", session_id=session_id)

@@ -16,7 +16,11 @@ CANCELLED and GetRun says RUN_STATUS_CANCELLED); `not_found` (a Run on an unknow
 fails NOT_FOUND with ErrorInfo reason SESSION_NOT_FOUND, domain agio-grpc); `list_steps`
 (ListSteps paged two at a time to the end: gapless sequences 1..step_count);
 `background_resume` (StartRun, WatchRun read for two events and dropped, then resumed from
-that cursor to the terminal event, stop reason COMPLETED).
+that cursor to the terminal event, stop reason COMPLETED); `follow_after_end` (the follow
+helper from the cursor of a run's terminal event ends at once, with no event: the server's
+stream is empty, status OK); `tls_hint` (a client whose TLS does not fit the server fails
+UNAVAILABLE saying what to change: over plaintext a TLS client is told the server speaks
+plaintext, over TLS a plaintext client is told to give the CA file).
 
 Over TLS, the clients take what the CLIs read: AGIO_CA_FILE (and for mutual TLS
 AGIO_CERT_FILE and AGIO_KEY_FILE), and the credential AGIO_TOKEN; scripts/conformance.py
@@ -37,7 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
-from agio_grpc.client import AgioClient, AgioError, TlsConfig
+from agio_grpc.client import TLS_HINTS, AgioClient, AgioError, TlsConfig, TlsFailure
 from agio_grpc.v1 import events_pb2, resources_pb2
 
 CALL_TIMEOUT = 10.0
@@ -178,6 +182,29 @@ class Scenario:
         reason = resources_pb2.StopReason.Name(rest[-1].run_completed.run.stop_signal.reason)
         expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
 
+    async def follow_after_end(self) -> None:
+        async with self.connect(self.address) as client:
+            run = await asyncio.wait_for(client.start_run("What is 12 * 7?"), CALL_TIMEOUT)
+            events = [event async for event in client.follow_run(run.id, reconnects=3)]
+            expect(bool(events), "no events")
+            terminal_seq = events[-1].seq
+            after = [event async for event in client.follow_run(run.id, terminal_seq)]
+        expect(after == [], f"{len(after)} events after the terminal event's seq {terminal_seq}")
+
+    async def tls_hint(self) -> None:
+        # The other transport: TLS to a plaintext server, plaintext to a TLS one.
+        wrong: TlsConfig | bool = self.tls is False
+        expected = TlsFailure.SERVER_WITHOUT_TLS if wrong else TlsFailure.SERVER_WANTS_TLS
+        async with AgioClient(self.address, tls=wrong, token=self.token) as client:
+            try:
+                await asyncio.wait_for(client.health(), CALL_TIMEOUT)
+            except AgioError as error:
+                expect(error.code == grpc.StatusCode.UNAVAILABLE, f"code {error.code.name}")
+                expect(error.tls_failure is expected, f"{error.tls_failure}: {error}")
+                expect(TLS_HINTS[expected] in str(error), f"no hint in {error}")
+                return
+        raise CheckFailedError("a client with the wrong TLS got in")
+
 
 async def run_checks(scenario: Scenario) -> int:
     checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -188,6 +215,8 @@ async def run_checks(scenario: Scenario) -> int:
         ("not_found", scenario.not_found),
         ("list_steps", scenario.list_steps),
         ("background_resume", scenario.background_resume),
+        ("follow_after_end", scenario.follow_after_end),
+        ("tls_hint", scenario.tls_hint),
     ]
     failed = 0
     for name, check in checks:

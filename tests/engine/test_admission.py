@@ -63,6 +63,18 @@ async def test_a_waiter_without_a_deadline_waits_wait_s() -> None:
     assert (slots.taken, await slots.take(None) is not None) == (0, True)
 
 
+async def test_a_waiter_with_a_far_deadline_waits_wait_s_at_most() -> None:
+    """The shorter of half the time to the deadline and wait_s: here wait_s."""
+    slots = RunSlots(1, wait_s=0.05)
+    held = await slots.take(None)
+    far = asyncio.get_running_loop().time() + 600  # half of it: 300 s
+    async with asyncio.timeout(30):
+        with pytest.raises(ServerBusyError):
+            await slots.take(deadline_at=far)
+    held.give()
+    assert slots.taken == 0
+
+
 async def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
     slots = RunSlots(1, wait_s=60)
     held = await slots.take(None)

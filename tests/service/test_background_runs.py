@@ -3,13 +3,14 @@ gRPC client sees them (statuses with their ErrorInfo, a queued run's stream)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from typing import cast
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, cast
 
 import grpc
 import pytest
 
 from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1 import agent_service_pb2 as pb
 from agio_grpc.v1.events_pb2 import StepEvent
@@ -37,6 +38,37 @@ async def test_a_background_run_completes_with_no_client(
     assert done.status == RunStatus.RUN_STATUS_COMPLETED
     steps = await client.list_steps(run.session_id)
     assert [step.content for step in steps] == ["Work on it.", "Done in the background."]
+
+
+class CountedWatches(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Counts the WatchRun calls made through the channel."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        if client_call_details.method == b"/agio.v1.AgentService/WatchRun":
+            self.calls += 1
+        return await continuation(client_call_details, request)
+
+
+async def test_following_from_the_terminal_events_seq_ends_at_once_with_one_watch(
+    app: AgioApp, client: AgioClient
+) -> None:
+    run = await client.start_run("What is 12 * 7?")
+    terminal_seq = [event.seq async for event in client.follow_run(run.id)][-1]
+
+    watches = CountedWatches()
+    channel = grpc.aio.insecure_channel(app.address, interceptors=[watches])
+    async with AgioClient(app.address, channel=channel) as counted:
+        rest = [event async for event in counted.follow_run(run.id, terminal_seq)]
+    assert rest == []  # an empty OK stream: the run ended, nothing is after its end
+    assert watches.calls == 1
 
 
 async def test_a_background_run_is_followed_and_cancelled(

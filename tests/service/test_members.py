@@ -207,6 +207,7 @@ async def test_the_workers_of_one_port_follow_and_cancel_each_other_s_runs(
             "OPENAI_BASE_URL": fake_model.base_url,
             "OPENAI_API_KEY": "test-key",
             "AGIO_SERVER__WORKERS": "2",
+            "AGIO_LOG_LEVEL": "DEBUG",  # each response names its worker (x-agio-worker)
         },
     )
     assert process.stderr is not None

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.client import AgioClient, AgioError, open_channel
+from agio_grpc.testing import FakeModelServer, Turn
 
 LISTENING = re.compile(r"agio-grpc listening on (\S+)")
 
@@ -87,6 +89,35 @@ async def test_serve_starts_answers_and_drains_on_sigterm(tmp_path: Path) -> Non
     # Model calls are not logged one line each at INFO (the HTTP client would).
     assert "HTTP Request" not in log + rest
     assert "stopped" in rest
+    assert "OPENAI_API_KEY" not in log  # the built-in fake model needs no key
+
+
+@pytest.mark.slow  # a real `agio-grpc serve` process
+async def test_serve_warns_at_start_of_a_model_url_without_openai_api_key(tmp_path: Path) -> None:
+    process = await spawn_serve(
+        tmp_path,
+        {
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "OPENAI_BASE_URL": "http://192.0.2.1:8000/v1",  # TEST-NET-1: never called here
+        },
+    )
+    assert process.stderr is not None
+    try:
+        log, _ = await read_until(process.stderr, LISTENING)
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    [warning] = [line for line in log.splitlines() if "OPENAI_API_KEY" in line]
+    assert " WARNING " in warning
+    assert warning.endswith(
+        "OPENAI_BASE_URL is set (http://192.0.2.1:8000) but OPENAI_API_KEY is not: model calls "
+        "carry the placeholder key `unused`, which a provider refuses (401 Incorrect API key); "
+        "set OPENAI_API_KEY"
+    )
 
 
 @pytest.mark.slow  # a real `agio-grpc serve` process
@@ -145,3 +176,35 @@ async def test_health_turns_not_serving_while_draining(tmp_path: Path) -> None:
         with pytest.raises(AgioError) as caught:
             await client.health()
         assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_while_draining_only_an_open_health_watch_sees_not_serving(
+    tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    """What docs/deploy.md says of SIGTERM: a new health Check is refused, not answered
+    NOT_SERVING; a Watch opened before sees NOT_SERVING."""
+    from agio_grpc.service.app import AgioApp
+    from tests.service.conftest import make_settings
+
+    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", fake_model.base_url)
+    app = await AgioApp.start(settings)
+    fake_model.enqueue(Turn.hanging())  # a run still going when the drain starts
+    async with AgioClient(app.address) as client, open_channel(app.address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        run = client.run("Take your time")
+        assert (await anext(run)).WhichOneof("event") == "run_started"
+
+        stopping = asyncio.create_task(app.stop(grace=1.0))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        # The run is interrupted within the grace period: by then the server refuses calls.
+        ends = [event.WhichOneof("event") async for event in run]
+        assert ends[-1] == "run_completed"
+        with pytest.raises(AgioError) as refused:
+            await client.health()
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        async with AgioClient(app.address) as newcomer:
+            with pytest.raises(AgioError) as refused:
+                await newcomer.health()
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        await stopping

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from agio_grpc.cli import main
 from agio_grpc.cli.serve import configuration_lines
-from agio_grpc.config import ServerConfig, Settings
+from agio_grpc.config import ServerConfig, Settings, model_key_warning
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.startup import StartupError, check_bindable
 from tests.service.conftest import make_settings
@@ -109,6 +110,78 @@ def test_each_invalid_setting_is_one_line_naming_its_variable() -> None:
     assert lines[1].startswith(
         "invalid configuration: server.max_running_runs [AGIO_SERVER__MAX_RUNNING_RUNS]: "
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        (
+            "agents:\n  - name: a\n    model: [x\n",
+            "is not valid YAML: expected ',' or ']', but got '<stream end>' at line 4, "
+            "column 1 (while parsing a flow sequence at line 3, column 12)",
+        ),
+        (
+            "server:\n\tworkers: 2\n",
+            "is not valid YAML: found character '\\t' that cannot start any token at line 2, "
+            "column 1",
+        ),
+        (
+            "- name: a\n",
+            "must be a YAML mapping of settings (`agents:`, `server:`, ...), not a list",
+        ),
+        ("agents: \xff\n", "is not UTF-8 text: byte 8 is 0xff"),
+    ],
+    ids=["unclosed-list", "tab", "not-a-mapping", "not-utf-8"],
+)
+def test_a_config_file_that_is_not_yaml_settings_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    complaint: str,
+) -> None:
+    config = tmp_path / "agio.yaml"
+    config.write_bytes(text.encode("latin-1"))
+    monkeypatch.setenv("AGIO_CONFIG", str(config))
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"agio-grpc: invalid configuration: the config file {config} (AGIO_CONFIG) {complaint}"
+    ]
+
+    assert main(["serve", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.splitlines()[-1].endswith(complaint)
+
+
+def test_an_empty_config_file_sets_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "agio.yaml"
+    config.write_text("# nothing yet\n")
+    monkeypatch.setenv("AGIO_CONFIG", str(config))
+    assert Settings().agents[0].name == "assistant"
+
+
+@pytest.mark.parametrize(
+    ("url", "key", "warned"),
+    [
+        ("https://api.openai.com/v1", None, True),
+        ("https://user:secret@llm.example.com:8443/v1", None, True),
+        ("https://api.openai.com/v1", "sk-test", False),
+        (None, None, False),  # the built-in fake model
+        ("http://127.0.0.1:11434/v1", None, False),  # Ollama on this machine
+        ("http://localhost:8000/v1", None, False),
+        ("http://[::1]:8000/v1", None, False),
+    ],
+)
+def test_a_model_url_without_a_key_is_warned_about_unless_it_is_on_this_machine(
+    url: str | None, key: str | None, warned: bool
+) -> None:
+    warning = model_key_warning(Settings(openai_base_url=url, openai_api_key=key))
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert "set OPENAI_API_KEY" in warning
+        assert "secret" not in warning
+        assert "user" not in warning
 
 
 async def serve_output(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, str]:

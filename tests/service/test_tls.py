@@ -7,6 +7,7 @@ import asyncio
 import logging
 import re
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import ValidationError
 
 from agio_grpc.cli.serve import configuration_lines
-from agio_grpc.client import AgioClient, AgioError, TlsConfig
+from agio_grpc.client import TLS_HINTS, AgioClient, AgioError, TlsConfig, TlsFailure
 from agio_grpc.config import Settings
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.testing.certificates import CertificateAuthority
 from agio_grpc.v1 import events_pb2, resources_pb2
-from tests.service.auth_helpers import WHOAMI, auth_settings
+from tests.service.auth_helpers import WHOAMI, auth_settings, serving
 from tests.service.conftest import make_settings
 from tests.service.pki import Pki, served_certificate
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
@@ -66,12 +67,17 @@ async def mtls_app(tmp_path: Path, fake_model: FakeModelServer, pki: Pki) -> Asy
         await app.stop(grace=0)
 
 
-async def refused(address: str, **client: Any) -> grpc.StatusCode:
-    """The status a health check ends with, for a client that must not get in."""
+async def refusal(address: str, **client: Any) -> AgioError:
+    """The error a health check ends with, for a client that must not get in."""
     async with AgioClient(address, **client) as outsider:
         with pytest.raises(AgioError) as failed:
             await outsider.health()
-    return failed.value.code
+    return failed.value
+
+
+async def refused(address: str, **client: Any) -> grpc.StatusCode:
+    """The status a health check ends with, for a client that must not get in."""
+    return (await refusal(address, **client)).code
 
 
 def stop_reason(event: events_pb2.StepEvent) -> str:
@@ -116,6 +122,36 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate_of_its_ca(
     async with AgioClient(mtls_app.address, tls=pki.client_tls(with_certificate=True)) as client:
         result = await client.run_to_end(QUESTION)
     assert "84" in result.text
+
+
+async def test_each_tls_mistake_of_a_client_says_what_to_change(
+    mtls_app: AgioApp, pki: Pki, tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    stranger = Pki.create(tmp_path / "other", "another CA")
+    plaintext = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'plain.db'}", fake_model.base_url)
+    async with serving(plaintext) as plaintext_app:
+        mistakes = {
+            TlsFailure.SERVER_WANTS_TLS: (mtls_app.address, {}),
+            TlsFailure.UNTRUSTED_CERTIFICATE: (mtls_app.address, {"tls": stranger.client_tls()}),
+            TlsFailure.HANDSHAKE_REFUSED: (mtls_app.address, {"tls": pki.client_tls()}),
+            TlsFailure.SERVER_WITHOUT_TLS: (plaintext_app.address, {"tls": pki.client_tls()}),
+        }
+        for failure, (address, client) in mistakes.items():
+            error = await refusal(address, **client)
+            assert error.code is grpc.StatusCode.UNAVAILABLE
+            assert error.tls_failure is failure, error
+            assert str(error).endswith(f"({failure.value}: {TLS_HINTS[failure]})")
+    assert "TlsConfig(ca_file=...)" in str(await refusal(mtls_app.address))
+
+
+async def test_an_address_nobody_listens_on_is_no_tls_failure(pki: Pki) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    for tls in (False, pki.client_tls()):
+        error = await refusal(address, tls=tls)
+        assert error.code is grpc.StatusCode.UNAVAILABLE
+        assert error.tls_failure is None
 
 
 # -- rotation ------------------------------------------------------------------------------

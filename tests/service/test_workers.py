@@ -68,6 +68,34 @@ def test_the_workers_option_is_checked_like_the_setting() -> None:
             parser.parse_args(["serve", "--workers", wrong])
 
 
+@pytest.mark.parametrize("debug", [False, True])
+async def test_a_worker_names_its_process_in_responses_only_when_debugging(
+    tmp_path: Path, debug: bool
+) -> None:
+    from agio_grpc.service.app import AgioApp
+    from agio_grpc.service.worker import WorkerRole
+    from tests.service.conftest import make_settings
+
+    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", "http://127.0.0.1:9/v1")
+    supervisor_end, worker_end = socket.socketpair()
+    with supervisor_end, worker_end:
+        role = WorkerRole(1, worker_end.fileno(), debug=debug)
+        app = await AgioApp.start(settings, worker=role)
+        try:
+            async with open_channel(app.address) as channel:
+                call = agent_service_pb2_grpc.AgentServiceStub(channel).ListAgents(
+                    agent_service_pb2.ListAgentsRequest(), timeout=30
+                )
+                await call
+                headers = dict(await call.initial_metadata())
+        finally:
+            await app.stop(grace=0)
+    if debug:
+        assert headers[WORKER_HEADER] == str(os.getpid())
+    else:
+        assert WORKER_HEADER not in headers
+
+
 async def serving_pid(address: str) -> int:
     """The worker that answers ListAgents on a fresh channel (a new connection)."""
     async with open_channel(address) as channel:
@@ -111,6 +139,7 @@ async def test_two_workers_share_a_port_and_a_killed_one_is_replaced(
             "AGIO_DATABASE_URL": store_url,
             "AGIO_SERVER__WORKERS": "2",
             "AGIO_SERVER__GRACE_PERIOD_S": "2",
+            "AGIO_LOG_LEVEL": "DEBUG",  # each response names its worker (x-agio-worker)
         },
     )
     assert process.stderr is not None

@@ -34,6 +34,7 @@ import { Health, HealthCheckResponse_ServingStatus } from "./gen/grpc/health/v1/
 import { bearerToken } from "./auth.js";
 import { addresses, dnsTarget, resolvedRoundRobin, roundRobin } from "./balancing.js";
 import { AgioError, decodeError } from "./errors.js";
+import { withTlsFailure } from "./tls_failure.js";
 import { traceContextInterceptor } from "./tracing.js";
 
 /** How the client reaches the server over TLS. */
@@ -116,6 +117,12 @@ function secureSessionOptions(tls: TlsConfig): SecureClientSessionOptions {
 }
 
 
+/** Whether the gRPC transport to `target` speaks TLS (`baseUrl` decides it the same way). */
+function speaksTls(target: string | readonly string[], options: AgioClientOptions): boolean {
+  const https = addresses(target).every((address) => address.startsWith("https://"));
+  return Boolean(options.tls) || https;
+}
+
 function isTransport(target: string | readonly string[] | Transport): target is Transport {
   return typeof target === "object" && "unary" in target && "stream" in target;
 }
@@ -151,6 +158,8 @@ export class AgioClient {
   private readonly health: Client<typeof Health>;
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
+  /** Whether the gRPC transport speaks TLS; undefined for a transport the caller made. */
+  private readonly tls: boolean | undefined;
 
   /**
    * `target` is `host:port` (plaintext unless `options.tls`, as the Go and Python clients
@@ -163,6 +172,7 @@ export class AgioClient {
    */
   constructor(target: string | readonly string[] | Transport, options: AgioClientOptions = {}) {
     const transport = isTransport(target) ? target : grpcTransport(target, options);
+    this.tls = isTransport(target) ? undefined : speaksTls(target, options);
     this.agents = createClient(AgentService, transport);
     this.sessions = createClient(SessionService, transport);
     this.health = createClient(Health, transport);
@@ -220,7 +230,9 @@ export class AgioClient {
   /**
    * A run's events after `afterSeq` to its terminal event, replayed then live. When the stream
    * breaks with UNAVAILABLE (a server restarting) it watches again from the last seq it
-   * yielded, up to `reconnects` times in a row, backing off from 200 ms.
+   * yielded, up to `reconnects` times in a row, backing off from 200 ms. With `afterSeq` at the
+   * terminal event's seq the server's stream is empty (status OK): this ends at once, yielding
+   * nothing.
    */
   async *followRun(
     runId: string,
@@ -401,7 +413,7 @@ export class AgioClient {
     try {
       yield* start(call);
     } catch (error) {
-      throw decodeError(error);
+      throw this.decode(error);
     }
   }
 
@@ -424,7 +436,13 @@ export class AgioClient {
     try {
       return await call();
     } catch (error) {
-      throw decodeError(error);
+      throw this.decode(error);
     }
+  }
+
+  /** The AgioError of a failed call; an AgioTlsError when its connection failed in TLS. */
+  private decode(error: unknown): AgioError {
+    const decoded = decodeError(error);
+    return this.tls === undefined ? decoded : withTlsFailure(decoded, this.tls);
   }
 }

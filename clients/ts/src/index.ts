@@ -2,6 +2,7 @@
 export { AgioClient, terminalRun } from "./client.js";
 export type { AgioClientOptions, CallOptions, RunResult, TlsConfig } from "./client.js";
 export { AgioError, ERROR_DOMAIN, decodeError } from "./errors.js";
+export { AgioTlsError, TLS_HINTS, TlsFailure } from "./tls_failure.js";
 export { traceContextInterceptor } from "./tracing.js";
 export { webTransport } from "./web.js";
 export type { WebTransportOptions } from "./web.js";

@@ -16,7 +16,9 @@ import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import {
   AgioClient,
   AgioError,
+  AgioTlsError,
   ERROR_DOMAIN,
+  TlsFailure,
   RunStatus,
   StopReason,
   terminalRun,
@@ -66,11 +68,15 @@ function connectionFromEnv(): AgioClientOptions {
 class Scenario {
   private readonly client: AgioClient;
   private readonly slow: AgioClient;
+  private readonly address: string;
+  private readonly options: AgioClientOptions;
   private readonly traceId = randomBytes(16).toString("hex");
   private toolRun: Run | undefined;
 
   constructor(address: string, slowAddress: string, protocol: Protocol) {
     const options = { ...connectionFromEnv(), timeoutMs: CALL_TIMEOUT_MS };
+    this.address = address;
+    this.options = options;
     const client = (target: string) =>
       protocol === "grpc"
         ? new AgioClient(target, options)
@@ -197,6 +203,32 @@ class Scenario {
     );
   }
 
+  async followAfterEnd(): Promise<void> {
+    const run = await this.client.startRun({ input: "What is 12 * 7?" });
+    expect(run !== undefined, "StartRun returned no run");
+    let terminalSeq = 0n;
+    for await (const event of this.client.followRun(run.id, 0n, 3)) terminalSeq = event.seq;
+    let after = 0;
+    for await (const _ of this.client.followRun(run.id, terminalSeq, 3)) after++;
+    expect(terminalSeq > 0n && after === 0, `${after} events after terminal seq ${terminalSeq}`);
+  }
+
+  /** The other transport: TLS to a plaintext server, plaintext to a TLS one (gRPC only). */
+  async tlsHint(): Promise<void> {
+    const plaintext = this.options.tls === false;
+    const wrong = new AgioClient(this.address, { ...this.options, tls: plaintext });
+    const expected = plaintext ? TlsFailure.ServerWithoutTls : TlsFailure.ServerWantsTls;
+    try {
+      await wrong.checkHealth();
+    } catch (error) {
+      expect(error instanceof AgioTlsError, `no TLS failure in ${String(error)}`);
+      expect(error.tlsFailure === expected, `${error.tlsFailure}: ${error.message}`);
+      expect(error.message.includes("AGIO_CA_FILE"), `no AGIO_CA_FILE in ${error.message}`);
+      return;
+    }
+    throw new CheckFailedError("a client with the wrong TLS got in");
+  }
+
   async listSteps(): Promise<void> {
     expect(this.toolRun !== undefined, "no session to list (run_with_tool failed)");
     const sequences: bigint[] = [];
@@ -239,7 +271,12 @@ async function main(): Promise<number> {
     ["not_found", () => scenario.notFound()],
     ["list_steps", () => scenario.listSteps()],
     ["background_resume", () => scenario.backgroundResume()],
+    ["follow_after_end", () => scenario.followAfterEnd()],
   ];
+  if (protocol === "grpc") {
+    // The web transport's TLS is the browser's (or fetch's) business.
+    checks.push(["tls_hint", () => scenario.tlsHint()]);
+  }
   let failed = 0;
   for (const [name, check] of checks) {
     try {
