@@ -86,6 +86,10 @@ class RunTrace(SpanIds, Protocol):
         traced by `model_call`): what set it off, the prompt estimates before and after."""
         ...
 
+    def output_invalid(self, errors: tuple[str, ...], repairs: int) -> None:
+        """A final answer failed its output schema (`repairs` asked for before it)."""
+        ...
+
     def end(self, run: Run) -> None:
         """The segment ended with `run.stop_signal`. Idempotent; no call after it."""
         ...
@@ -141,6 +145,9 @@ class _NoRunTrace(_NoSpan):
         pass
 
     def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
+        pass
+
+    def output_invalid(self, errors: tuple[str, ...], repairs: int) -> None:
         pass
 
     def end(self, run: Run) -> None:

@@ -37,6 +37,7 @@ class Instruments:
     forks: Counter
     compactions: Counter
     compaction_tokens: Histogram
+    output_invalid: Counter
 
     @classmethod
     def create(cls, provider: MeterProvider) -> Instruments:
@@ -106,5 +107,10 @@ class Instruments:
                 unit="{token}",
                 description="Estimated prompt tokens before and after a compaction",
                 explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+            ),
+            output_invalid=meter.create_counter(
+                agio.METRIC_OUTPUT_INVALID,
+                unit="{answer}",
+                description="Final answers that failed their run's output schema",
             ),
         )

@@ -115,6 +115,8 @@ class OtelRunTrace:
             attributes[gen_ai.GEN_AI_REQUEST_TEMPERATURE] = request.temperature
         if request.max_tokens is not None:
             attributes[gen_ai.GEN_AI_REQUEST_MAX_TOKENS] = request.max_tokens
+        if request.output_type == "json":
+            attributes[gen_ai.GEN_AI_OUTPUT_TYPE] = gen_ai.GenAiOutputTypeValues.JSON.value
         if self.tracer.capture_content:
             attributes.update(_input_messages(request))
         span = self.tracer.tracer.start_span(
@@ -172,6 +174,13 @@ class OtelRunTrace:
                     agio.COMPACTION_TOKENS_BEFORE: tokens_before,
                     agio.COMPACTION_TOKENS_AFTER: tokens_after,
                 },
+            )
+
+    def output_invalid(self, errors: tuple[str, ...], repairs: int) -> None:
+        self.tracer.instruments.output_invalid.add(1, {gen_ai.GEN_AI_AGENT_NAME: self.agent})
+        if self.span.is_recording():
+            self.span.add_event(
+                "output_invalid", {agio.OUTPUT_ERRORS: list(errors), agio.OUTPUT_REPAIRS: repairs}
             )
 
     def end(self, run: Run) -> None:
