@@ -427,7 +427,7 @@ class RunLoop:
         if checked.valid:
             self.run_row.output_json = checked.output_json
             return StopSignal(StopReason.COMPLETED, "", "model")
-        self.trace.output_invalid(checked.errors, attempts.repairs)
+        self.trace.output_invalid(checked, attempts.repairs)
         if attempts.may_repair() and not self._limits_reached():
             return None
         return attempts.invalid_signal(answer)

@@ -307,6 +307,10 @@ class CheckedAnswer:
 
     output_json: str = ""
     errors: tuple[str, ...] = ()
+    """What is wrong, for the model and the caller: the messages quote the answer."""
+    failed_checks: tuple[str, ...] = ()
+    """The same errors without the answer's content (`$.city: type`, `not JSON`), for
+    telemetry, which must not carry content unless asked to."""
 
     @property
     def valid(self) -> bool:
@@ -321,18 +325,22 @@ def check_answer(spec: OutputSpec, text: str) -> CheckedAnswer:
     fenced = _FENCE.match(text)
     body = fenced.group(1) if fenced else text
     if _nesting_over(body, 2 * MAX_SCHEMA_DEPTH + 64):
-        return CheckedAnswer(errors=("the answer nests too deeply to be read",))
+        return CheckedAnswer(
+            errors=("the answer nests too deeply to be read",), failed_checks=("too deep",)
+        )
     try:
         value = json.loads(body)
     except ValueError as error:
-        return CheckedAnswer(errors=(f"the answer is not JSON: {error}",))
+        return CheckedAnswer(
+            errors=(f"the answer is not JSON: {error}",), failed_checks=("not JSON",)
+        )
     validator = _validator_class(spec.schema)(spec.schema)
     found = sorted(validator.iter_errors(value), key=lambda error: list(map(str, error.path)))
     if found:
+        kept = found[:MAX_REPORTED_ERRORS]
         return CheckedAnswer(
-            errors=tuple(
-                _describe(error.json_path, error.message) for error in found[:MAX_REPORTED_ERRORS]
-            )
+            errors=tuple(_describe(error.json_path, error.message) for error in kept),
+            failed_checks=tuple(f"{error.json_path}: {error.validator}" for error in kept),
         )
     return CheckedAnswer(output_json=json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 

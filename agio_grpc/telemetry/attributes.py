@@ -65,6 +65,7 @@ METRIC_COMPACTION_TOKENS: Final = "agio.context.compaction.tokens"
 METRIC_OUTPUT_INVALID: Final = "agio.output.validation_failures"
 """Final answers that failed their run's output schema, by agent."""
 OUTPUT_ERRORS: Final = "agio.output.errors"
-"""On an `output_invalid` span event: the validation errors (the first few)."""
+"""On an `output_invalid` span event: the failed checks (`$.city: type`, `not JSON`), or
+with content capture on, the validation errors' messages (which quote the answer)."""
 OUTPUT_REPAIRS: Final = "agio.output.repairs"
 """On an `output_invalid` span event: the repair calls asked for before this answer."""

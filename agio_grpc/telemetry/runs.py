@@ -34,6 +34,7 @@ from agio_grpc.domain import Role, Run, ToolCall
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.control import StopRequested
 from agio_grpc.engine.models import ModelError, ModelReply, ModelRequest
+from agio_grpc.engine.output import CheckedAnswer
 from agio_grpc.engine.tools import ToolOrigin, ToolResult
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import INSTRUMENTATION_NAME, Instruments
@@ -176,9 +177,11 @@ class OtelRunTrace:
                 },
             )
 
-    def output_invalid(self, errors: tuple[str, ...], repairs: int) -> None:
+    def output_invalid(self, checked: CheckedAnswer, repairs: int) -> None:
         self.tracer.instruments.output_invalid.add(1, {gen_ai.GEN_AI_AGENT_NAME: self.agent})
         if self.span.is_recording():
+            # The errors' messages quote the answer: content, kept out unless captured.
+            errors = checked.errors if self.tracer.capture_content else checked.failed_checks
             self.span.add_event(
                 "output_invalid", {agio.OUTPUT_ERRORS: list(errors), agio.OUTPUT_REPAIRS: repairs}
             )

@@ -48,7 +48,7 @@ async def test_a_repaired_answer_is_traced_as_json_output_with_one_invalid_event
     (agent_span,) = [span for span in spans if span.name.startswith("invoke_agent")]
     (invalid,) = [event for event in agent_span.events if event.name == "output_invalid"]
     assert dict(invalid.attributes or {}) == {
-        "agio.output.errors": ("at $.n: 'seven' is not of type 'integer'",),
+        "agio.output.errors": ("$.n: type",),  # no content: capture is off
         "agio.output.repairs": 0,
     }
     assert failures_counted(traced) == {"assistant": 1}
