@@ -16,7 +16,9 @@ CANCELLED and GetRun says RUN_STATUS_CANCELLED); `not_found` (a Run on an unknow
 fails NOT_FOUND with ErrorInfo reason SESSION_NOT_FOUND, domain agio-grpc); `list_steps`
 (ListSteps paged two at a time to the end: gapless sequences 1..step_count);
 `background_resume` (StartRun, WatchRun read for two events and dropped, then resumed from
-that cursor to the terminal event, stop reason COMPLETED).
+that cursor to the terminal event, stop reason COMPLETED); `structured_output` (a Run with an
+output schema: its `calculate` call, then stop reason COMPLETED and the run's output
+`{"answer": 0}`, through each client's helper).
 
 Over TLS, the clients take what the CLIs read: AGIO_CA_FILE (and for mutual TLS
 AGIO_CERT_FILE and AGIO_KEY_FILE), and the credential AGIO_TOKEN; scripts/conformance.py
@@ -43,6 +45,14 @@ from agio_grpc.v1 import events_pb2, resources_pb2
 CALL_TIMEOUT = 10.0
 RUN_TIMEOUT = 30.0
 PAGE_SIZE = 2
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+"""The `structured_output` check's schema: the built-in fake model answers a requested schema
+with the smallest instance it accepts, `{"answer": 0}`, after its `calculate` call."""
 
 
 class CheckFailedError(AssertionError):
@@ -179,6 +189,18 @@ class Scenario:
         expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
 
 
+    async def structured_output(self) -> None:
+        async with self.connect(self.address) as client:
+            result = await asyncio.wait_for(
+                client.run_to_end("What is 12 * 7?", output_schema=ANSWER_SCHEMA), RUN_TIMEOUT
+            )
+        reason = resources_pb2.StopReason.Name(result.stop_signal.reason)
+        expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
+        calls = [call.name for step in result.steps for call in step.tool_calls]
+        expect(calls == ["calculate"], f"tool calls {calls}")
+        expect(result.output == {"answer": 0}, f"output {result.output!r}")
+
+
 async def run_checks(scenario: Scenario) -> int:
     checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
         ("health", scenario.health),
@@ -188,6 +210,7 @@ async def run_checks(scenario: Scenario) -> int:
         ("not_found", scenario.not_found),
         ("list_steps", scenario.list_steps),
         ("background_resume", scenario.background_resume),
+        ("structured_output", scenario.structured_output),
     ]
     failed = 0
     for name, check in checks:

@@ -30,6 +30,13 @@ const PROTOCOLS = ["grpc", "connect", "grpc-web"] as const;
 type Protocol = (typeof PROTOCOLS)[number];
 const RUN_TIMEOUT_MS = 30_000;
 const PAGE_SIZE = 2;
+/** The built-in fake model answers it with its smallest instance, after its calculate call. */
+const ANSWER_SCHEMA = {
+  type: "object",
+  properties: { answer: { type: "integer" } },
+  required: ["answer"],
+  additionalProperties: false,
+};
 
 class CheckFailedError extends Error {
   override readonly name = "CheckFailedError";
@@ -197,6 +204,18 @@ class Scenario {
     );
   }
 
+  async structuredOutput(): Promise<void> {
+    const result = await this.client.runForOutput({ input: "What is 12 * 7?" }, ANSWER_SCHEMA);
+    const reason = result.run.stopSignal?.reason;
+    expect(reason === StopReason.COMPLETED, `stop reason ${reason}`);
+    const calls = result.steps.flatMap((step) => step.toolCalls.map((call) => call.name));
+    expect(calls.join(",") === "calculate", `tool calls ${calls.join(",")}`);
+    expect(
+      JSON.stringify(result.output) === JSON.stringify({ answer: 0 }),
+      `output ${JSON.stringify(result.output)}`,
+    );
+  }
+
   async listSteps(): Promise<void> {
     expect(this.toolRun !== undefined, "no session to list (run_with_tool failed)");
     const sequences: bigint[] = [];
@@ -239,6 +258,7 @@ async function main(): Promise<number> {
     ["not_found", () => scenario.notFound()],
     ["list_steps", () => scenario.listSteps()],
     ["background_resume", () => scenario.backgroundResume()],
+    ["structured_output", () => scenario.structuredOutput()],
   ];
   let failed = 0;
   for (const [name, check] of checks) {
