@@ -188,7 +188,6 @@ class Scenario:
         reason = resources_pb2.StopReason.Name(rest[-1].run_completed.run.stop_signal.reason)
         expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
 
-
     async def structured_output(self) -> None:
         async with self.connect(self.address) as client:
             result = await asyncio.wait_for(
