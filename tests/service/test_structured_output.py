@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ValidationError
 
 from agio_grpc.cli.serve import configuration_lines
-from agio_grpc.client import AgioClient, AgioError
+from agio_grpc.client import AgioClient, AgioError, collect
 from agio_grpc.config import AgentConfig, Settings
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
@@ -169,3 +169,32 @@ async def test_serve_with_a_bad_agent_schema_exits_2_with_one_line(tmp_path: Pat
     (line,) = stderr.splitlines()
     assert "output_schema" in line
     assert "cannot read missing.json" in line
+
+
+async def test_fork_compaction_and_retry_keep_working_on_a_session_of_structured_runs(
+    backend_client: AgioClient, fake_model: FakeModelServer
+) -> None:
+    client = backend_client
+    fake_model.enqueue(Turn.json(PARIS), Turn.json({"city": "Lyon", "population": 500_000}))
+    first = await client.run_to_end("Which city?", output_schema=CITY_SCHEMA)
+    await client.run_to_end(
+        "And the second?", session_id=first.session_id, output_schema=CITY_SCHEMA
+    )
+
+    compacted = await client.compact_session(first.session_id, keep_recent_steps=2)
+    summary_request = fake_model.requests[-1]
+    assert compacted.summary.content.startswith("Summary:")
+    assert "response_format" not in summary_request, "a summary is text, whatever the runs"
+
+    fork = await client.fork_session(first.session_id)
+    fake_model.enqueue(Turn.json({"city": "Nice", "population": 340_000}))
+    forked = await client.run_to_end(
+        "And the third?", session_id=fork.id, output_schema=CITY_SCHEMA
+    )
+    assert forked.output == {"city": "Nice", "population": 340_000}
+
+    fake_model.enqueue(Turn.json({"city": "Lille", "population": 230_000}))
+    last_answer = forked.steps[-1].sequence
+    retried = await collect(client.retry(fork.id, last_answer))
+    assert retried.output == {"city": "Lille", "population": 230_000}, "the same schema"
+    assert fake_model.requests[-1]["response_format"]["json_schema"]["schema"] == CITY_SCHEMA
