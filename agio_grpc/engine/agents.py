@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 
 from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run, ToolCall
 from agio_grpc.engine.errors import AgentNotFoundError, InvalidInputError
-from agio_grpc.engine.output import OutputSpec
+from agio_grpc.engine.output import FINAL_OUTPUT_TOOL, OutputSpec
 from agio_grpc.engine.tools import ToolRegistry
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -290,6 +290,15 @@ def resolve_settings(
             )
         tools = list(dict.fromkeys(overrides.tools))
     _check_client_tools(client_tools, server_tools=set(tools))
+    output = _output_of(agent, output_schema)
+    if output is not None and output.mode == "tool":
+        clashing = {FINAL_OUTPUT_TOOL} & {*tools, *(tool.name for tool in client_tools)}
+        if clashing:
+            raise InvalidInputError(
+                "client_tools",
+                f"{FINAL_OUTPUT_TOOL!r} is the tool that takes the answer of agent "
+                f"{agent.name!r} (output_mode tool): no other tool may have its name",
+            )
     limits = replace(
         agent.limits,
         max_steps=overrides.max_steps or agent.limits.max_steps,
@@ -310,7 +319,7 @@ def resolve_settings(
         client_tools=list(client_tools),
         stop_on_error_tools=[name for name in agent.stop_on_error_tools if name in tools],
         compaction=agent.compaction,
-        output=_output_of(agent, output_schema),
+        output=output,
     )
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from agio_grpc.domain import Role, RunStatus, StopReason
-from agio_grpc.engine import RunCompleted, RunFailed, RunOverrides
+from agio_grpc.engine import ClientTool, RunCompleted, RunFailed, RunOverrides
+from agio_grpc.engine.errors import InvalidInputError
 from agio_grpc.engine.events import StepDelta
 from agio_grpc.engine.output import FINAL_OUTPUT_TOOL
 from agio_grpc.testing import ToolCallSpec, Turn
@@ -42,6 +43,8 @@ async def test_a_valid_answer_is_the_run_output_the_stored_run_and_the_terminal_
     assert terminal_run_output(outcome) == PARIS
     stored = await harness.store.get_run(outcome.run_id)
     assert json.loads(stored.output_json) == PARIS
+    replayed = [event async for event in harness.follow(outcome.run_id)]
+    assert terminal_run_output(Outcome(replayed)) == PARIS, "the journal keeps it too"
     (assistant,) = outcome.steps_of(Role.ASSISTANT)
     assert json.loads(assistant.content) == PARIS, "the final step keeps the raw JSON"
     (request,) = harness.model.requests
@@ -256,3 +259,12 @@ async def test_a_text_agent_has_no_output_and_asks_for_no_format(harness: Harnes
     assert outcome.reason is StopReason.COMPLETED
     assert outcome.run.output_json == ""
     assert "response_format" not in harness.model.requests[0]
+
+
+async def test_a_client_tool_named_final_output_is_refused_in_tool_mode(harness: Harness) -> None:
+    clash = ClientTool(FINAL_OUTPUT_TOOL, "mine", '{"type": "object"}')
+
+    with pytest.raises(InvalidInputError, match="final_output"):
+        await harness.run("Which city?", agent="structured_tool", client_tools=[clash])
+
+    assert harness.model.requests == []
