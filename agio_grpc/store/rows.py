@@ -323,7 +323,7 @@ RUN_MUTABLE_COLUMNS: Final = (
     "metadata",
     "options",
     "last_event_seq",
-    "output",
+    "output_json",
 )
 
 
@@ -344,7 +344,7 @@ def run_mutable_values(run: Run) -> dict[str, Any]:
         "metadata": json.dumps(run.metadata),
         "options": _json(run.options),
         "last_event_seq": run.last_event_seq,
-        "output": run.output_json,
+        "output_json": run.output_json,
     }
 
 
@@ -378,7 +378,7 @@ def run_from_row(row: Row[Any]) -> Run:
         tenant=row.tenant,
         caller_instance=row.caller_instance,
         caller_deadline=row.caller_deadline,
-        output_json=row.output,
+        output_json=row.output_json,
     )
 
 

@@ -1,6 +1,6 @@
 """Runs' structured output: the valid final answer of a run with an output schema.
 
-`output` is the answer as compact JSON text, "" for a run without one (every run made
+`output_json` is the answer as compact JSON text, "" for a run without one (every run made
 before this revision). The schema itself travels with the run's settings (`options`), so a
 retry or a continuation of the run validates against the same one.
 
@@ -24,9 +24,9 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("output", sa.Text(), nullable=False, server_default=""))
+        batch.add_column(sa.Column("output_json", sa.Text(), nullable=False, server_default=""))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
-        batch.drop_column("output")
+        batch.drop_column("output_json")
