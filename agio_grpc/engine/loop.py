@@ -26,6 +26,11 @@ running its tool calls (they get error results). A tool's own stop (ToolStop: TO
 an error result of a tool configured `on_error: stop`, or a result over the step limit:
 TOOL_ERROR) likewise ends the run only once every call of the step has its result stored.
 
+Structured output (engine/output.py): in a run with an output schema, a reply without tool
+calls is the final answer and is validated; an invalid one is answered with a repair user
+step (its errors) and the loop goes on, up to the agent's `output_retries` and while no limit
+forbids another call; else the run stops OUTPUT_INVALID. A valid one is the run's output.
+
 Tracing goes through `segment.trace` (engine/tracing.py): one child per model call and per
 tool call, whose ids the produced step keeps; `_finish` ends the segment's trace just before
 the terminal event, so a client that saw the end can find the whole trace.
