@@ -10,6 +10,11 @@ the caller's trace, and the client's credential (`token`) if it has one.
         result = await client.run_to_end("What is 12 * 7?")
         print(result.text, result.stop_signal.reason)
 
+A run whose answer must be JSON of a schema (a pydantic model, or a JSON Schema mapping):
+
+        result = await client.run_to_end("Paris?", output_schema=City)
+        city = result.output  # a City, or None when the run ended without a valid answer
+
 Over TLS, with a token (mutual TLS: the client's certificate and key as well):
 
     tls = TlsConfig(ca_file="ca.pem", cert_file="client.pem", key_file="client.key")
@@ -29,8 +34,10 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import BaseModel
 
 from agio_grpc.telemetry.propagation import trace_metadata
 from agio_grpc.v1 import (
@@ -147,6 +154,10 @@ class RunResult:
     text: str
     steps: list[resources_pb2.Step]
     events: int
+    output: Any = None
+    """A run with an output schema that completed: its answer (`Run.output`) as Python
+    values (JSON numbers without a fraction as `int`), or an instance of the pydantic model
+    given as `output_schema`; None otherwise."""
 
     @property
     def stop_signal(self) -> resources_pb2.StopSignal:
@@ -172,6 +183,43 @@ def _tool_definitions(
     ]
 
 
+OutputSchema = Mapping[str, Any] | str | type[BaseModel]
+"""A run's output schema: a JSON Schema (a mapping, or JSON text) or a pydantic model class
+(its `model_json_schema()`)."""
+
+
+def output_schema_json(schema: OutputSchema | None) -> str:
+    """`RunRequest.output_schema_json` for `schema` ("" for none)."""
+    if schema is None:
+        return ""
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, type):
+        return json.dumps(schema.model_json_schema())
+    return json.dumps(dict(schema))
+
+
+def output_value(run: resources_pb2.Run) -> Any:
+    """The run's output as Python values (None when it has none); a JSON number without a
+    fraction is an `int`, as it was in the answer (`google.protobuf.Value` holds doubles)."""
+    if not run.HasField("output"):
+        return None
+    return _whole_numbers(json_format.MessageToDict(run.output))
+
+
+_EXACT_INTEGERS = 2**53
+
+
+def _whole_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_INTEGERS:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _whole_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(item) for item in value]
+    return value
+
+
 def _run_request(
     input: str,
     *,
@@ -185,6 +233,7 @@ def _run_request(
     on_disconnect: agent_service_pb2.DisconnectPolicy = (
         agent_service_pb2.DISCONNECT_POLICY_UNSPECIFIED
     ),
+    output_schema: OutputSchema | None = None,
 ) -> agent_service_pb2.RunRequest:
     return agent_service_pb2.RunRequest(
         session_id=session_id,
@@ -196,6 +245,7 @@ def _run_request(
         metadata=dict(metadata or {}),
         on_busy=on_busy,
         on_disconnect=on_disconnect,
+        output_schema_json=output_schema_json(output_schema),
     )
 
 
@@ -385,6 +435,7 @@ class AgioClient:
         on_disconnect: agent_service_pb2.DisconnectPolicy = (
             agent_service_pb2.DISCONNECT_POLICY_CANCEL
         ),
+        output_schema: OutputSchema | None = None,
         timeout: float | None = None,
     ) -> AsyncIterator[events_pb2.StepEvent]:
         """Start a run and stream its events; the last one is run_completed or run_failed.
@@ -392,7 +443,8 @@ class AgioClient:
         Leaving the iteration early cancels the call, which cancels the run on the server
         (unless `on_disconnect` is DISCONNECT_POLICY_CONTINUE). `on_busy` says what to do
         when the session has a running, queued or waiting run (REJECT, ENQUEUE, INTERRUPT,
-        ROLLBACK).
+        ROLLBACK). `output_schema` (a JSON Schema, or a pydantic model class) is what the
+        final answer must be: the terminal event's run carries it as `output`.
         """
         request = _run_request(
             input,
@@ -404,6 +456,7 @@ class AgioClient:
             metadata=metadata,
             on_busy=on_busy,
             on_disconnect=on_disconnect,
+            output_schema=output_schema,
         )
         return self._stream(self.agents.Run, request, timeout)
 
@@ -418,6 +471,7 @@ class AgioClient:
         request_id: str = "",
         metadata: Mapping[str, str] | None = None,
         on_busy: agent_service_pb2.BusyPolicy = agent_service_pb2.BUSY_POLICY_REJECT,
+        output_schema: OutputSchema | None = None,
         timeout: float | None = None,
     ) -> resources_pb2.Run:
         """Start a run in the background and return it at once (RUNNING, or QUEUED behind a
@@ -431,6 +485,7 @@ class AgioClient:
             request_id=request_id,
             metadata=metadata,
             on_busy=on_busy,
+            output_schema=output_schema,
         )
         response = await self._unary(self.agents.StartRun, request, timeout)
         run: resources_pb2.Run = response.run
@@ -486,9 +541,18 @@ class AgioClient:
             await asyncio.sleep(min(backoff_s * 2**failures, 5.0))
             failures += 1
 
-    async def run_to_end(self, input: str, **kwargs: Any) -> RunResult:
-        """Run and collect: the final run, the last assistant text and the stored steps."""
-        return await collect(self.run(input, **kwargs))
+    async def run_to_end(
+        self, input: str, *, output_schema: OutputSchema | None = None, **kwargs: Any
+    ) -> RunResult:
+        """Run and collect: the final run, the last assistant text and the stored steps.
+
+        With `output_schema`, the result's `output` is the run's answer: Python values, or
+        an instance of the pydantic model given (checked by it once more). A run that ended
+        without one (OUTPUT_INVALID, a limit) has None: its stop signal says why."""
+        result = await collect(self.run(input, output_schema=output_schema, **kwargs))
+        if isinstance(output_schema, type) and result.output is not None:
+            result.output = output_schema.model_validate(result.output)
+        return result
 
     async def cancel_run(self, run_id: str, reason: str = "") -> resources_pb2.Run:
         response = await self._unary(
@@ -674,5 +738,7 @@ async def collect(events: AsyncIterator[events_pb2.StepEvent]) -> RunResult:
                 ),
                 "",
             )
-            return RunResult(run=run, text=text, steps=steps, events=count)
+            return RunResult(
+                run=run, text=text, steps=steps, events=count, output=output_value(run)
+            )
     raise AgioError(grpc.StatusCode.UNKNOWN, "the run stream ended without a terminal event")

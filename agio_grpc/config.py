@@ -145,6 +145,36 @@ class AgentConfig(_Strict):
     """The model's context window in tokens; unset: from the model's family (gpt-4o 128,000,
     claude 200,000, ...; engine/compaction.py), else 128,000."""
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    output_schema: dict[str, Any] | Path | None = None
+    """A JSON Schema the final answer of the agent's runs must satisfy (docs/structured-output.md):
+    the schema itself, or the path of a JSON file holding it. A run's `output_schema_json`
+    replaces it."""
+    output_mode: Literal["json_schema", "json_object", "tool"] = "json_schema"
+    """How the model is asked for the schema: `response_format: json_schema` (strict), or
+    `json_object` with the schema in a system message, or `tool` (a `final_output` tool whose
+    parameters are the schema), for servers that do not know the first."""
+    output_retries: int = Field(1, ge=0, le=10)
+    """Repair calls after an answer that is not valid against the schema, before the run
+    stops with OUTPUT_INVALID."""
+
+    @field_validator("output_schema")
+    @classmethod
+    def _output_schema_is_usable(
+        cls, value: dict[str, Any] | Path | None
+    ) -> dict[str, Any] | Path | None:
+        if value is None:
+            return None
+        # Imported here: the engine is more than reading the configuration needs.
+        from agio_grpc.engine.output import OutputSchemaError, checked_schema, schema_from_text
+
+        try:
+            if isinstance(value, Path):
+                return schema_from_text(value.read_text(encoding="utf-8"))
+            return checked_schema(value)
+        except OSError as error:
+            raise ValueError(f"cannot read {value}: {error.strerror or error}") from None
+        except OutputSchemaError as error:
+            raise ValueError(f"output_schema {error}") from None
 
     @model_validator(mode="after")
     def _options_name_its_tools(self) -> AgentConfig:

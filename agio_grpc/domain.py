@@ -60,6 +60,10 @@ class StopReason(enum.StrEnum):
     TIMEOUT = "TIMEOUT"
     MODEL_ERROR = "MODEL_ERROR"
     TOOL_ERROR = "TOOL_ERROR"
+    OUTPUT_INVALID = "OUTPUT_INVALID"
+    """The final answer stayed invalid against the run's output schema (engine/output.py):
+    below the failures of the service, the model and the tools, above every limit, since a
+    run that stopped for a limit with an invalid answer has still no output to give."""
     CONTENT_FILTER = "CONTENT_FILTER"
     CONTEXT_WINDOW = "CONTEXT_WINDOW"
     TOKEN_BUDGET = "TOKEN_BUDGET"
@@ -82,7 +86,12 @@ class StopReason(enum.StrEnum):
 
 _STOP_PRIORITY = {reason: index for index, reason in enumerate(StopReason)}
 _ERROR_REASONS = frozenset(
-    {StopReason.INTERNAL_ERROR, StopReason.MODEL_ERROR, StopReason.TOOL_ERROR}
+    {
+        StopReason.INTERNAL_ERROR,
+        StopReason.MODEL_ERROR,
+        StopReason.TOOL_ERROR,
+        StopReason.OUTPUT_INVALID,
+    }
 )
 
 
@@ -240,7 +249,7 @@ def status_for(reason: StopReason) -> RunStatus:
     - REQUIRES_ACTION -> REQUIRES_ACTION (the pending client calls stay open);
     - CANCELLED and TIMEOUT -> CANCELLED (cut off, not finished: the signal says which);
     - INTERRUPTED -> INTERRUPTED;
-    - MODEL_ERROR, TOOL_ERROR, INTERNAL_ERROR -> FAILED.
+    - MODEL_ERROR, TOOL_ERROR, OUTPUT_INVALID, INTERNAL_ERROR -> FAILED.
     """
     if reason.is_error:
         return RunStatus.FAILED
@@ -388,6 +397,9 @@ class Run:
     # stream cannot end the run; these let whoever comes next end it as the caller would.
     caller_instance: str = ""
     caller_deadline: datetime | None = None
+    # A run with an output schema that completed: its valid final answer as compact JSON
+    # text ("" while there is none; JSON `null` is the text "null").
+    output_json: str = ""
 
     def ended(self, signal: StopSignal, at: datetime | None = None) -> Run:
         """This run stopped by `signal`: a copy with the status the signal's reason leaves it

@@ -3,7 +3,7 @@
     serve [--workers N|auto]               run the gRPC service (settings from AGIO_* variables)
     fake-model [--port N]                  run the built-in fake OpenAI-compatible model
     chat MESSAGE [--session S] [--agent A] [--client-tool FILE.json]... [--background]
-                 [--on-busy reject|enqueue|interrupt|rollback]
+                 [--on-busy reject|enqueue|interrupt|rollback] [--output-schema FILE.json]
     retry SESSION --from N                 delete steps from #N on (2..last+1) and regenerate
     submit RUN CALL_ID=OUTPUT|CALL_ID=@FILE...   answer a run's client tool calls
     fork SESSION [--at N]                  a new session with steps #1..#N (#N kept; 0: all)
@@ -38,7 +38,11 @@ import sys
 from collections.abc import Callable
 
 from agio_grpc.cli import commands
-from agio_grpc.cli.client_tools import tool_definition_file, tool_output_argument
+from agio_grpc.cli.client_tools import (
+    output_schema_file,
+    tool_definition_file,
+    tool_output_argument,
+)
 from agio_grpc.cli.keys import add_keys_parser, cmd_keys
 from agio_grpc.cli.serve import cmd_serve, workers_argument
 
@@ -160,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=tool_definition_file,
         metavar="FILE.json",
         help="offer a tool you answer yourself (repeatable)",
+    )
+    chat.add_argument(
+        "--output-schema",
+        type=output_schema_file,
+        metavar="FILE.json",
+        help="the answer must be JSON valid against this JSON Schema: print only that JSON "
+        "(with --json, the whole final run)",
     )
     chat.add_argument(
         "--background",

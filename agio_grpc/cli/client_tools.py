@@ -40,6 +40,19 @@ def tool_definition_file(path: str) -> resources_pb2.ToolDefinition:
         raise argparse.ArgumentTypeError(f"{path}: {error}") from None
 
 
+def output_schema_file(path: str) -> str:
+    """`--output-schema FILE`: the JSON Schema in FILE, as JSON text (the server checks it
+    is a schema)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        json.loads(text)
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{path} is not JSON: {error}") from None
+    return text
+
+
 def _definition(loaded: Any) -> resources_pb2.ToolDefinition:
     if not isinstance(loaded, dict):
         raise ValueError("a tool definition is a JSON object")

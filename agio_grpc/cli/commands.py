@@ -114,10 +114,27 @@ async def chat(client: AgioClient, args: argparse.Namespace, out: Printer) -> in
         "on_busy": BUSY_POLICIES[args.on_busy],
         "client_tools": args.client_tool,
     }
+    if args.output_schema is not None:
+        options["output_schema"] = args.output_schema
     if args.background:
         out.started(await client.start_run(args.message, **options))
         return 0
+    if args.output_schema is not None:
+        return await _answer_only(client.run(args.message, **options), out)
     return await follow_to_end(client, client.run(args.message, **options), out)
+
+
+async def _answer_only(events: AsyncIterator[events_pb2.StepEvent], out: Printer) -> int:
+    """A structured run: nothing streamed, so that stdout is the answer alone (a document a
+    program can read). 1 when the run failed (OUTPUT_INVALID among others)."""
+    last = None
+    async for event in events:
+        last = event
+    kind = None if last is None else last.WhichOneof("event")
+    if last is None or kind not in ("run_completed", "run_failed"):
+        return 0
+    out.answer(getattr(last, kind).run)
+    return _exit_code(last)
 
 
 async def retry(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:

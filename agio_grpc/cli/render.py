@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agio_grpc.cli.client_tools import pending_calls
+from agio_grpc.client import output_value
 from agio_grpc.v1 import (
     agent_service_pb2,
     events_pb2,
@@ -37,6 +38,7 @@ class Printer(Protocol):
     def interrupted(self, cancels_run: bool) -> None: ...
     def started(self, run: resources_pb2.Run) -> None: ...
     def run(self, run: resources_pb2.Run) -> None: ...
+    def answer(self, run: resources_pb2.Run) -> None: ...
     def cancelled(self, run: resources_pb2.Run) -> None: ...
     def runs(self, page: agent_service_pb2.ListRunsResponse) -> None: ...
     def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None: ...
@@ -147,6 +149,10 @@ class JsonPrinter:
 
     def run(self, run: resources_pb2.Run) -> None:
         self._write(to_dict(agent_service_pb2.GetRunResponse(run=run)))
+
+    def answer(self, run: resources_pb2.Run) -> None:
+        """The whole final run of a structured run (its `output` in it)."""
+        self._write(to_dict(run))
 
     def cancelled(self, run: resources_pb2.Run) -> None:
         self._write(to_dict(agent_service_pb2.CancelRunResponse(run=run)))
@@ -293,6 +299,13 @@ class HumanPrinter:
         self._end_line()
         print(f"agio-grpc: {self._last.interruption(cancels_run)}", file=sys.stderr)
 
+    def answer(self, run: resources_pb2.Run) -> None:
+        """A structured run's output as indented JSON on stdout, its stop on stderr."""
+        signal = run.stop_signal
+        print(f"[{reason_name(signal)}]{_colon(signal.message)}", file=sys.stderr)
+        if run.HasField("output"):
+            print(json.dumps(output_value(run), indent=2, ensure_ascii=False))
+
     def started(self, run: resources_pb2.Run) -> None:
         self._head(run, status_name(run))
         print(run.id)  # the last line of stdout: for `agio-grpc watch`
@@ -316,6 +329,8 @@ class HumanPrinter:
             "ended": _time(run.end_time),
             "trace": run.trace_id or "-",
         }
+        if run.HasField("output"):
+            fields["output"] = json.dumps(output_value(run), ensure_ascii=False)
         for key, value in fields.items():
             print(f"{key:<8} {value}")
         if run.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION:

@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 
 from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run, ToolCall
 from agio_grpc.engine.errors import AgentNotFoundError, InvalidInputError
+from agio_grpc.engine.output import FINAL_OUTPUT_TOOL, OutputSpec
 from agio_grpc.engine.tools import ToolRegistry
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -87,6 +88,8 @@ class AgentSpec:
     """The agent's tools whose error result ends the run with TOOL_ERROR (`on_error: stop`);
     an error of any other tool is a result the model sees and acts on."""
     compaction: Compaction = field(default_factory=Compaction)
+    output: OutputSpec | None = None
+    """What its runs' final answer must be (engine/output.py); None: text."""
 
     def __post_init__(self) -> None:
         strangers = [name for name in self.stop_on_error_tools if name not in self.tools]
@@ -164,6 +167,9 @@ class RunInput:
     tenant: str = DEFAULT_TENANT
     """The caller's tenant: the new session's, or the one `session_id` must belong to (another
     tenant's session is unknown to the caller)."""
+    output_schema: dict[str, Any] | None = None
+    """The run's output schema (checked, engine/output.py), replacing the agent's; None keeps
+    the agent's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +196,8 @@ class RunSettings:
     stop_on_error_tools: list[str] = field(default_factory=list)
     """The offered tools whose error result ends the run (`AgentSpec.stop_on_error_tools`)."""
     compaction: Compaction = field(default_factory=Compaction)
+    output: OutputSpec | None = None
+    """What the final answer must be: the run's schema, else the agent's; None: text."""
 
     def to_options(self) -> dict[str, Any]:
         """JSON-ready data for `Run.options`."""
@@ -257,10 +265,11 @@ def resolve_settings(
     overrides: RunOverrides,
     client_tools: list[ClientTool],
     agent_tools: list[str] | None = None,
+    output_schema: dict[str, Any] | None = None,
 ) -> RunSettings:
-    """Apply `overrides` to `agent`, whose server tools are `agent_tools` (default: its
-    `tools`; the runtime adds its MCP servers' tools). Raises InvalidInputError naming the
-    first bad field."""
+    """Apply `overrides` and the run's `output_schema` to `agent`, whose server tools are
+    `agent_tools` (default: its `tools`; the runtime adds its MCP servers' tools). Raises
+    InvalidInputError naming the first bad field."""
     _check_positive("overrides.max_steps", overrides.max_steps)
     _check_positive("overrides.max_tokens", overrides.max_tokens)
     _check_positive("overrides.timeout", overrides.timeout_s)
@@ -281,6 +290,15 @@ def resolve_settings(
             )
         tools = list(dict.fromkeys(overrides.tools))
     _check_client_tools(client_tools, server_tools=set(tools))
+    output = _output_of(agent, output_schema)
+    if output is not None and output.mode == "tool":
+        clashing = {FINAL_OUTPUT_TOOL} & {*tools, *(tool.name for tool in client_tools)}
+        if clashing:
+            raise InvalidInputError(
+                "client_tools",
+                f"{FINAL_OUTPUT_TOOL!r} is the tool that takes the answer of agent "
+                f"{agent.name!r} (output_mode tool): no other tool may have its name",
+            )
     limits = replace(
         agent.limits,
         max_steps=overrides.max_steps or agent.limits.max_steps,
@@ -301,7 +319,17 @@ def resolve_settings(
         client_tools=list(client_tools),
         stop_on_error_tools=[name for name in agent.stop_on_error_tools if name in tools],
         compaction=agent.compaction,
+        output=output,
     )
+
+
+def _output_of(agent: AgentSpec, schema: dict[str, Any] | None) -> OutputSpec | None:
+    """The run's schema, asked the agent's way (mode, retries); else the agent's own."""
+    if schema is None:
+        return agent.output
+    if agent.output is None:
+        return OutputSpec(schema)
+    return replace(agent.output, schema=schema)
 
 
 def _check_positive(name: str, value: float | None) -> None:

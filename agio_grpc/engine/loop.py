@@ -26,6 +26,11 @@ running its tool calls (they get error results). A tool's own stop (ToolStop: TO
 an error result of a tool configured `on_error: stop`, or a result over the step limit:
 TOOL_ERROR) likewise ends the run only once every call of the step has its result stored.
 
+Structured output (engine/output.py): in a run with an output schema, a reply without tool
+calls is the final answer and is validated; an invalid one is answered with a repair user
+step (its errors) and the loop goes on, up to the agent's `output_retries` and while no limit
+forbids another call; else the run stops OUTPUT_INVALID. A valid one is the run's output.
+
 Tracing goes through `segment.trace` (engine/tracing.py): one child per model call and per
 tool call, whose ids the produced step keeps; `_finish` ends the segment's trace just before
 the terminal event, so a client that saw the end can find the whole trace.
@@ -92,6 +97,7 @@ from agio_grpc.engine.models import (
     ModelReply,
     ModelRetry,
 )
+from agio_grpc.engine.output import OutputAttempts, answer_of
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError
@@ -167,6 +173,8 @@ class RunLoop:
         self.trace = segment.trace
         # The span of each tool call that started, for its step's trace and span ids.
         self.tool_spans: dict[str, SpanIds] = {}
+        output = segment.settings.output
+        self.output_attempts = OutputAttempts(output) if output is not None else None
 
     async def run(self) -> Run:
         """Run the segment to its end: the one boundary where every stop is caught."""
@@ -219,7 +227,10 @@ class RunLoop:
             assistant, reply = await self._model_step()
             if signal := self._reply_signal(assistant, reply):
                 return signal
-            signals = await self._run_tool_calls(assistant.tool_calls)
+            if assistant.tool_calls:
+                signals = await self._run_tool_calls(assistant.tool_calls)
+            else:  # an invalid structured answer (`_answer_signal`): ask again
+                signals = await self._ask_for_repair(assistant)
             if signal := pick_stop_signal(signals + self._limits_reached()):
                 return signal
 
@@ -259,7 +270,7 @@ class RunLoop:
                 if context_refusal(again) is not None:
                     raise _Stop(context_window_signal(again)) from None
                 raise _Stop(self._model_error_signal(again)) from None
-        reply = called.reply
+        reply = answer_of(self.settings.output, called.reply)
         step = Step(
             session_id=self.run_row.session_id,
             run_id=self.run_row.id,
@@ -396,11 +407,40 @@ class RunLoop:
             signal = StopSignal(reason, "the reply was cut off at max_tokens", "model")
         elif reason is StopReason.CONTENT_FILTER:
             signal = StopSignal(reason, "the provider's content filter stopped the reply", "model")
+        elif reply.refusal:
+            signal = StopSignal(
+                StopReason.CONTENT_FILTER, f"the model refused: {reply.refusal}", "model"
+            )
         elif not assistant.tool_calls:
-            signal = StopSignal(StopReason.COMPLETED, "", "model")
+            answered = self._answer_signal(assistant)
+            if answered is None:
+                return None
+            signal = answered
         else:
             return None
         return pick_stop_signal([signal, *self._budget_reached()])
+
+    # -- structured output (engine/output.py) -----------------------------------------------
+
+    def _answer_signal(self, answer: Step) -> StopSignal | None:
+        """A final answer's stop: COMPLETED (its output kept on the run when it has a
+        schema), OUTPUT_INVALID, or None when an invalid one is to be repaired."""
+        attempts = self.output_attempts
+        if attempts is None:
+            return StopSignal(StopReason.COMPLETED, "", "model")
+        checked = attempts.check(answer)
+        if checked.valid:
+            self.run_row.output_json = checked.output_json
+            return StopSignal(StopReason.COMPLETED, "", "model")
+        self.trace.output_invalid(checked, attempts.repairs)
+        if attempts.may_repair() and not self._limits_reached():
+            return None
+        return attempts.invalid_signal(answer)
+
+    async def _ask_for_repair(self, answer: Step) -> list[StopSignal]:
+        assert self.output_attempts is not None
+        await self._store_steps([self.output_attempts.repair_step(answer)])
+        return []
 
     # -- tools ------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from agio_grpc.domain import Step
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.models import ModelDriver, ModelListener, ModelReply, ModelRequest
+from agio_grpc.engine.output import RequestShape, request_shape
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
 
@@ -29,13 +30,20 @@ def model_request(
     messages = build_context(settings.instructions, history, settings.limits.max_history_messages)
     trace.context_built(time.perf_counter() - building, len(messages))
     client_tools = [tool.to_openai() for tool in settings.client_tools]
+    shape = request_shape(settings.output) if settings.output else RequestShape()
+    if shape.system_note:
+        at = 1 if messages and messages[0].get("role") == "system" else 0
+        messages.insert(at, {"role": "system", "content": shape.system_note})
     return ModelRequest(
         model=settings.model,
         messages=messages,
-        tools=registry.definitions(settings.tools) + client_tools,
+        tools=registry.definitions(settings.tools) + client_tools + list(shape.tools),
         temperature=settings.temperature,
         max_tokens=settings.max_tokens,
         max_reply_bytes=settings.limits.max_step_bytes,
+        response_format=shape.response_format,
+        tool_choice=shape.tool_choice,
+        output_type="text" if settings.output is None else "json",
     )
 
 

@@ -177,7 +177,9 @@ class Runtime:
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
         tools = self._catalog.tools_of(agent)
-        settings = resolve_settings(agent, request.overrides, request.client_tools, tools)
+        settings = resolve_settings(
+            agent, request.overrides, request.client_tools, tools, request.output_schema
+        )
         new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
             session_id=new_session.id if new_session else request.session_id,

@@ -19,6 +19,7 @@ from typing import Protocol
 from agio_grpc.domain import Run, ToolCall
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.models import ModelReply, ModelRequest
+from agio_grpc.engine.output import CheckedAnswer
 from agio_grpc.engine.tools import ToolResult
 
 
@@ -86,6 +87,10 @@ class RunTrace(SpanIds, Protocol):
         traced by `model_call`): what set it off, the prompt estimates before and after."""
         ...
 
+    def output_invalid(self, checked: CheckedAnswer, repairs: int) -> None:
+        """A final answer failed its output schema (`repairs` asked for before it)."""
+        ...
+
     def end(self, run: Run) -> None:
         """The segment ended with `run.stop_signal`. Idempotent; no call after it."""
         ...
@@ -141,6 +146,9 @@ class _NoRunTrace(_NoSpan):
         pass
 
     def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
+        pass
+
+    def output_invalid(self, checked: CheckedAnswer, repairs: int) -> None:
         pass
 
     def end(self, run: Run) -> None:

@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -26,6 +27,7 @@ from agio_grpc.domain import BusyPolicy, StopSignal
 from agio_grpc.engine.agents import AgentSpec, ClientTool, RunInput, RunOverrides, ToolOutput
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.lifecycle import cancelled, server_fault
+from agio_grpc.engine.output import OutputSchemaError, schema_from_text
 from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
@@ -248,8 +250,17 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
                     for index, tool in enumerate(request.client_tools)
                 ]
             )
+        schema: dict[str, Any] | None = None
+        if request.output_schema_json:
+            try:
+                # Off the event loop: the metaschema check of a large schema takes a while.
+                schema = await asyncio.to_thread(schema_from_text, request.output_schema_json)
+            except OutputSchemaError as error:
+                violations.append(FieldViolation("output_schema_json", str(error)))
         raise_if_any(*violations)
-        return _to_run_input(request, current_caller().tenant)
+        run_input = _to_run_input(request, current_caller().tenant)
+        run_input.output_schema = schema
+        return run_input
 
     async def _relay(
         self,

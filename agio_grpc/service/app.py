@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agio_grpc.config import Settings
+from agio_grpc.config import AgentConfig, Settings
 from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
@@ -35,6 +35,7 @@ from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
 from agio_grpc.engine.options import RuntimeOptions
+from agio_grpc.engine.output import OutputSpec
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.storage import Storage
@@ -153,9 +154,18 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
                 ),
                 **agent.compaction.model_dump(),
             ),
+            output=_output_spec(agent),
         )
         for agent in settings.agents
     }
+
+
+def _output_spec(agent: AgentConfig) -> OutputSpec | None:
+    schema = agent.output_schema
+    if schema is None:
+        return None
+    assert isinstance(schema, dict), "the configuration's check reads a schema file"
+    return OutputSpec(schema, agent.output_mode, agent.output_retries)
 
 
 @dataclass(slots=True)

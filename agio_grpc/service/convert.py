@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from datetime import UTC, datetime
 
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from agio_grpc import domain
 from agio_grpc.engine import events
@@ -130,6 +130,7 @@ def run_to_proto(run: domain.Run) -> pb.Run:
         trace_id=run.trace_id,
         request_id=run.request_id,
         metadata=run.metadata,
+        output=json_format.Parse(run.output_json, struct_pb2.Value()) if run.output_json else None,
     )
 
 

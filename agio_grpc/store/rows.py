@@ -323,6 +323,7 @@ RUN_MUTABLE_COLUMNS: Final = (
     "metadata",
     "options",
     "last_event_seq",
+    "output_json",
 )
 
 
@@ -343,6 +344,7 @@ def run_mutable_values(run: Run) -> dict[str, Any]:
         "metadata": json.dumps(run.metadata),
         "options": _json(run.options),
         "last_event_seq": run.last_event_seq,
+        "output_json": run.output_json,
     }
 
 
@@ -376,6 +378,7 @@ def run_from_row(row: Row[Any]) -> Run:
         tenant=row.tenant,
         caller_instance=row.caller_instance,
         caller_deadline=row.caller_deadline,
+        output_json=row.output_json,
     )
 
 
@@ -440,8 +443,9 @@ def _time_from_json(value: str | None) -> datetime | None:
 
 def run_json(run: Run) -> list[Any]:
     """Every field of a run but a queued run's bookkeeping (its input and place), which an
-    event does not show, in `Run` field order; its tenant last (revision 0006: records
-    written before it have none, and belong to the default tenant)."""
+    event does not show, in `Run` field order; then its tenant (revision 0006: records
+    written before it have none, and belong to the default tenant) and its output (revision
+    0011: records written before it have none)."""
     usage, signal = run.usage, run.stop_signal
     return [
         run.session_id,
@@ -464,6 +468,7 @@ def run_json(run: Run) -> list[Any]:
         run.options,
         run.last_event_seq,
         run.tenant,
+        run.output_json,
     ]
 
 
@@ -510,6 +515,7 @@ def run_from_json(data: Sequence[Any]) -> Run:
         dict(options),
         last_event_seq,
         tenant=data[19] if len(data) > 19 else DEFAULT_TENANT,
+        output_json=data[20] if len(data) > 20 else "",
     )
 
 

@@ -174,6 +174,8 @@ runs = Table(
     # holds the stream, and the caller's deadline.
     Column("caller_instance", String, nullable=False, server_default=""),
     Column("caller_deadline", UTCDateTime, nullable=True),
+    # A run with an output schema that completed (revision 0011): its answer as JSON text.
+    Column("output_json", Text, nullable=False, server_default=""),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),

@@ -61,6 +61,7 @@ class Instruments:
     compactions: Counter
     compaction_tokens: Histogram
     history_cache_usage: ObservableGauge
+    output_invalid: Counter
     history_cache_bytes: Observed = field(default_factory=Observed)
     """Where `history_cache_usage` reads the cache's size: the runtime's, once it exists
     (`history_cache_bytes.observe(runtime.history_cache_bytes)`)."""
@@ -141,5 +142,10 @@ class Instruments:
                 unit="{token}",
                 description="Estimated prompt tokens before and after a compaction",
                 explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+            ),
+            output_invalid=meter.create_counter(
+                agio.METRIC_OUTPUT_INVALID,
+                unit="{answer}",
+                description="Final answers that failed their run's output schema",
             ),
         )

@@ -34,6 +34,7 @@ from agio_grpc.domain import Role, Run, ToolCall
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.control import StopRequested
 from agio_grpc.engine.models import ModelError, ModelReply, ModelRequest
+from agio_grpc.engine.output import CheckedAnswer
 from agio_grpc.engine.tools import ToolOrigin, ToolResult
 from agio_grpc.telemetry import attributes as agio
 from agio_grpc.telemetry.instruments import INSTRUMENTATION_NAME, Instruments
@@ -115,6 +116,8 @@ class OtelRunTrace:
             attributes[gen_ai.GEN_AI_REQUEST_TEMPERATURE] = request.temperature
         if request.max_tokens is not None:
             attributes[gen_ai.GEN_AI_REQUEST_MAX_TOKENS] = request.max_tokens
+        if request.output_type == "json":
+            attributes[gen_ai.GEN_AI_OUTPUT_TYPE] = gen_ai.GenAiOutputTypeValues.JSON.value
         if self.tracer.capture_content:
             attributes.update(_input_messages(request))
         span = self.tracer.tracer.start_span(
@@ -172,6 +175,15 @@ class OtelRunTrace:
                     agio.COMPACTION_TOKENS_BEFORE: tokens_before,
                     agio.COMPACTION_TOKENS_AFTER: tokens_after,
                 },
+            )
+
+    def output_invalid(self, checked: CheckedAnswer, repairs: int) -> None:
+        self.tracer.instruments.output_invalid.add(1, {gen_ai.GEN_AI_AGENT_NAME: self.agent})
+        if self.span.is_recording():
+            # The errors' messages quote the answer: content, kept out unless captured.
+            errors = checked.errors if self.tracer.capture_content else checked.failed_checks
+            self.span.add_event(
+                "output_invalid", {agio.OUTPUT_ERRORS: list(errors), agio.OUTPUT_REPAIRS: repairs}
             )
 
     def end(self, run: Run) -> None:

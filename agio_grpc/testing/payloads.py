@@ -62,7 +62,7 @@ def chat_completion(turn: Turn, body: dict[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": "".join(turn.content) if turn.content or not turn.calls else None,
-        "refusal": None,
+        "refusal": turn.refusal or None,
     }
     if turn.reasoning:
         message["reasoning_content"] = "".join(turn.reasoning)

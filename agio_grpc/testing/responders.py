@@ -3,8 +3,9 @@
 A responder is a plain function from the request body to a `Turn`. The
 default one makes the fake model a tiny, deterministic agent — it calls a
 `calculate` or `current_time` tool when offered and asked, any offered tool
-when told to "use the NAME tool", and echoes otherwise — which is what the
-demo (`agio-grpc serve` with no `OPENAI_BASE_URL`) runs on. `paced_responder`
+when told to "use the NAME tool", and echoes otherwise, or answers a requested
+output schema with the smallest JSON it accepts — which is what the demo
+(`agio-grpc serve` with no `OPENAI_BASE_URL`) runs on. `paced_responder`
 shapes load for benchmarks. Responders never do I/O: delays are described in
 the returned `Turn`.
 """
@@ -17,6 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from agio_grpc.testing.chat_request import message_text, messages, offered_tool_names
+from agio_grpc.testing.schema_answers import (
+    FINAL_OUTPUT_TOOL,
+    example_instance,
+    final_output_schema,
+    requested_schema,
+)
 from agio_grpc.testing.script import ToolCallSpec, Turn
 
 Responder = Callable[[dict[str, Any]], Turn]
@@ -40,6 +47,24 @@ _USE_TOOL = re.compile(r"\buse the ([A-Za-z0-9_-]+) tool\b", re.IGNORECASE)
 
 
 def default_responder(body: dict[str, Any]) -> Turn:
+    """`text_responder`, honouring a request for structured output: a reply that would be
+    text is instead the smallest answer the requested schema accepts
+    (`schema_answers.example_instance`), as JSON text for `response_format: json_schema`,
+    or as a call of the offered `final_output` tool."""
+    turn = text_responder(body)
+    if turn.calls:
+        return turn
+    schema = requested_schema(body)
+    if schema is not None:
+        return Turn.json(example_instance(schema))
+    schema = final_output_schema(body)
+    if schema is not None:
+        answer = json.dumps(example_instance(schema))
+        return Turn.tool_calls([ToolCallSpec(FINAL_OUTPUT_TOOL, answer)])
+    return turn
+
+
+def text_responder(body: dict[str, Any]) -> Turn:
     """The fake model's built-in behaviour, applied to the request in this order.
 
     1. The last message is a tool result: reply `"The result is <content>."`

@@ -10,6 +10,7 @@ turn a `Turn` into bytes.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterable
@@ -109,9 +110,9 @@ class TurnOptions(TypedDict, total=False):
 class Turn:
     """One scripted reply: served to exactly one chat.completions request.
 
-    Prefer the constructors (`Turn.text`, `Turn.words`, `Turn.tokens`,
-    `Turn.tool_calls`, `Turn.error`, `Turn.raw`, `Turn.hanging`); `dataclasses.replace`
-    tweaks one field of a built turn.
+    Prefer the constructors (`Turn.text`, `Turn.json`, `Turn.words`, `Turn.tokens`,
+    `Turn.tool_calls`, `Turn.refusing`, `Turn.error`, `Turn.raw`, `Turn.hanging`);
+    `dataclasses.replace` tweaks one field of a built turn.
     A streamed reply is: a role chunk, the reasoning pieces, the content
     pieces, the tool call fragments, a chunk with the finish reason, the usage
     chunk (when the request asks for it), then `[DONE]`.
@@ -148,6 +149,9 @@ class Turn:
     """Seconds to wait before each later output chunk (0.1 is 10 chunks/s)."""
     hang: bool = False
     """Never answer: hold the request until the client leaves or the server stops."""
+    refusal: str = ""
+    """A refusal (`delta.refusal`, as OpenAI sends when it declines a structured answer),
+    streamed after the content."""
     raw_data: tuple[str, ...] = ()
     """When set, a streamed answer is these SSE `data` payloads, one event each, written
     verbatim (`data: {payload}\\n\\n`), then `[DONE]`: nothing of the scripted reply, no
@@ -173,6 +177,17 @@ class Turn:
             reasoning=split_words(reasoning),
             **options,
         )
+
+    @classmethod
+    def json(cls, value: object, *, chunks: int = 3, **options: Unpack[TurnOptions]) -> Turn:
+        """A text reply that is `value` as JSON text (a structured answer; for an invalid
+        one, pass text to `Turn.text`), split into `chunks` content chunks."""
+        return cls(content=split_even(json.dumps(value), chunks), **options)
+
+    @classmethod
+    def refusing(cls, refusal: str, **options: Unpack[TurnOptions]) -> Turn:
+        """A reply declining to answer: no content, `refusal` streamed as `delta.refusal`."""
+        return cls(refusal=refusal, **options)
 
     @classmethod
     def words(cls, text: str, *, reasoning: str = "", **options: Unpack[TurnOptions]) -> Turn:

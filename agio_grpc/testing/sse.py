@@ -76,6 +76,8 @@ def output_deltas(turn: Turn) -> Iterator[str]:
         yield f'{{"reasoning_content":{_quote(piece)}}}'
     for piece in turn.content:
         yield f'{{"content":{_quote(piece)}}}'
+    if turn.refusal:
+        yield f'{{"refusal":{_quote(turn.refusal)}}}'
     for index, call in enumerate(turn.calls):
         opening = {
             "index": index,

@@ -62,7 +62,7 @@ class RunOverrides(_message.Message):
     def __init__(self, model: _Optional[str] = ..., instructions: _Optional[str] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_steps: _Optional[int] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tools: _Optional[_Union[ToolSelection, _Mapping]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect")
+    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect", "output_schema_json")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class RunRequest(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     ON_BUSY_FIELD_NUMBER: _ClassVar[int]
     ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     agent: str
     input: str
@@ -88,7 +89,8 @@ class RunRequest(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     on_busy: BusyPolicy
     on_disconnect: DisconnectPolicy
-    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ...) -> None: ...
+    output_schema_json: str
+    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ..., output_schema_json: _Optional[str] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ("run",)

@@ -38,6 +38,7 @@ class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STOP_REASON_MAX_STEPS: _ClassVar[StopReason]
     STOP_REASON_COMPLETED: _ClassVar[StopReason]
     STOP_REASON_CONTEXT_WINDOW: _ClassVar[StopReason]
+    STOP_REASON_OUTPUT_INVALID: _ClassVar[StopReason]
 
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -70,6 +71,7 @@ STOP_REASON_REQUIRES_ACTION: StopReason
 STOP_REASON_MAX_STEPS: StopReason
 STOP_REASON_COMPLETED: StopReason
 STOP_REASON_CONTEXT_WINDOW: StopReason
+STOP_REASON_OUTPUT_INVALID: StopReason
 RUN_STATUS_UNSPECIFIED: RunStatus
 RUN_STATUS_RUNNING: RunStatus
 RUN_STATUS_COMPLETED: RunStatus
@@ -196,7 +198,7 @@ class Usage(_message.Message):
     def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("id", "session_id", "agent", "status", "stop_signal", "usage", "step_count", "tool_call_count", "first_sequence", "last_sequence", "create_time", "end_time", "trace_id", "request_id", "metadata")
+    __slots__ = ("id", "session_id", "agent", "status", "stop_signal", "usage", "step_count", "tool_call_count", "first_sequence", "last_sequence", "create_time", "end_time", "trace_id", "request_id", "metadata", "output")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +221,7 @@ class Run(_message.Message):
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     agent: str
@@ -234,7 +237,8 @@ class Run(_message.Message):
     trace_id: str
     request_id: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., stop_signal: _Optional[_Union[StopSignal, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., step_count: _Optional[int] = ..., tool_call_count: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    output: _struct_pb2.Value
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., stop_signal: _Optional[_Union[StopSignal, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., step_count: _Optional[int] = ..., tool_call_count: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("id", "parent_session_id", "fork_sequence", "create_time", "update_time", "step_count", "first_user_message")

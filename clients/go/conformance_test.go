@@ -303,6 +303,37 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("the error does not name AGIO_CA_FILE: %v", err)
 		}
 	})
+
+	t.Run("structured_output", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		schema := map[string]any{
+			"type":                 "object",
+			"properties":           map[string]any{"answer": map[string]any{"type": "integer"}},
+			"required":             []string{"answer"},
+			"additionalProperties": false,
+		}
+		result, output, err := client.RunForOutput(ctx, &agiov1.RunRequest{Input: "What is 12 * 7?"}, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reason := result.Run.GetStopSignal().GetReason(); reason != agiov1.StopReason_STOP_REASON_COMPLETED {
+			t.Fatalf("stop reason %s", reason)
+		}
+		var calls []string
+		for _, step := range result.Steps {
+			for _, call := range step.GetToolCalls() {
+				calls = append(calls, call.GetName())
+			}
+		}
+		if strings.Join(calls, ",") != "calculate" {
+			t.Errorf("tool calls %v", calls)
+		}
+		answer, ok := output.(map[string]any)
+		if !ok || len(answer) != 1 || answer["answer"] != float64(0) {
+			t.Errorf("output %#v", output)
+		}
+	})
 }
 
 func dial(t *testing.T, address string) *agio.Client {

@@ -260,3 +260,68 @@ async def test_the_address_comes_from_agio_address(
     result = await cli("agents", address=False)
     assert result.code == 0, result.err
     assert result.out.startswith("assistant")
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+}
+
+
+@pytest.fixture
+def city_schema_file(tmp_path: Path) -> str:
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(CITY_SCHEMA))
+    return str(path)
+
+
+async def test_chat_with_an_output_schema_prints_only_the_answer_as_json(
+    cli: Cli, fake_model: FakeModelServer, city_schema_file: str
+) -> None:
+    fake_model.enqueue(Turn.json({"city": "Paris", "population": 2100000}))
+
+    result = await cli("chat", "Which city?", "--output-schema", city_schema_file)
+
+    assert result.code == 0, result.err
+    assert json.loads(result.out) == {"city": "Paris", "population": 2100000}
+    assert "[COMPLETED]" in result.err
+    sent = fake_model.requests[0]["response_format"]["json_schema"]["schema"]
+    assert sent == CITY_SCHEMA
+
+
+async def test_chat_json_with_an_output_schema_prints_the_whole_run(
+    cli: Cli, fake_model: FakeModelServer, city_schema_file: str
+) -> None:
+    fake_model.enqueue(Turn.json({"city": "Paris", "population": 2100000}))
+
+    result = await cli("chat", "Which city?", "--output-schema", city_schema_file, "--json")
+
+    assert result.code == 0, result.err
+    run = json.loads(result.out)
+    assert run["output"] == {"city": "Paris", "population": 2100000}
+    assert run["stop_signal"]["reason"] == "STOP_REASON_COMPLETED"
+
+
+async def test_chat_whose_answer_stays_invalid_exits_1_and_prints_nothing(
+    cli: Cli, fake_model: FakeModelServer, city_schema_file: str
+) -> None:
+    fake_model.enqueue(Turn.text("Paris"), Turn.text("Paris!"))
+
+    result = await cli("chat", "Which city?", "--output-schema", city_schema_file)
+
+    assert result.code == 1
+    assert result.out == ""
+    assert "[OUTPUT_INVALID]" in result.err
+
+
+async def test_chat_with_an_output_schema_that_is_not_json_is_a_usage_error(
+    cli: Cli, tmp_path: Path
+) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text("{")
+
+    result = await cli("chat", "Which city?", "--output-schema", str(path))
+
+    assert result.code == 2
+    assert "is not JSON" in result.err

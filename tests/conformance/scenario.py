@@ -20,7 +20,9 @@ that cursor to the terminal event, stop reason COMPLETED); `follow_after_end` (t
 helper from the cursor of a run's terminal event ends at once, with no event: the server's
 stream is empty, status OK); `tls_hint` (a client whose TLS does not fit the server fails
 UNAVAILABLE saying what to change: over plaintext a TLS client is told the server speaks
-plaintext, over TLS a plaintext client is told to give the CA file).
+plaintext, over TLS a plaintext client is told to give the CA file); `structured_output` (a
+Run with an output schema: its `calculate` call, then stop reason COMPLETED and the run's output
+`{"answer": 0}`, through each client's helper).
 
 Over TLS, the clients take what the CLIs read: AGIO_CA_FILE (and for mutual TLS
 AGIO_CERT_FILE and AGIO_KEY_FILE), and the credential AGIO_TOKEN; scripts/conformance.py
@@ -47,6 +49,14 @@ from agio_grpc.v1 import events_pb2, resources_pb2
 CALL_TIMEOUT = 10.0
 RUN_TIMEOUT = 30.0
 PAGE_SIZE = 2
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+"""The `structured_output` check's schema: the built-in fake model answers a requested schema
+with the smallest instance it accepts, `{"answer": 0}`, after its `calculate` call."""
 
 
 class CheckFailedError(AssertionError):
@@ -205,6 +215,17 @@ class Scenario:
                 return
         raise CheckFailedError("a client with the wrong TLS got in")
 
+    async def structured_output(self) -> None:
+        async with self.connect(self.address) as client:
+            result = await asyncio.wait_for(
+                client.run_to_end("What is 12 * 7?", output_schema=ANSWER_SCHEMA), RUN_TIMEOUT
+            )
+        reason = resources_pb2.StopReason.Name(result.stop_signal.reason)
+        expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
+        calls = [call.name for step in result.steps for call in step.tool_calls]
+        expect(calls == ["calculate"], f"tool calls {calls}")
+        expect(result.output == {"answer": 0}, f"output {result.output!r}")
+
 
 async def run_checks(scenario: Scenario) -> int:
     checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -217,6 +238,7 @@ async def run_checks(scenario: Scenario) -> int:
         ("background_resume", scenario.background_resume),
         ("follow_after_end", scenario.follow_after_end),
         ("tls_hint", scenario.tls_hint),
+        ("structured_output", scenario.structured_output),
     ]
     failed = 0
     for name, check in checks:

@@ -35,6 +35,7 @@ from agio_grpc.engine.events import Event
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.engine.lifecycle import Lifecycle
 from agio_grpc.engine.models.openai_chat import OpenAIModelDriver
+from agio_grpc.engine.output import OutputMode, OutputSpec
 from agio_grpc.engine.remote import FollowedEvent, RemoteRuns
 from agio_grpc.engine.storage import Storage
 from agio_grpc.store.leases import SessionLeases
@@ -56,6 +57,14 @@ TEST_TOOLS = [
 ]
 LOOKUP = ClientTool("lookup", "Look an order up.", '{"type": "object"}')
 """A client tool: a call to it ends the run REQUIRES_ACTION."""
+CITY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+"""The output schema of the `structured_<mode>` agents (one per output mode)."""
+OUTPUT_MODES: tuple[OutputMode, ...] = ("json_schema", "json_object", "tool")
 FAST_RETRIES = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.05)
 
 
@@ -146,6 +155,17 @@ def make_agents(**limits: Any) -> dict[str, AgentSpec]:
             limits=Limits(**limits),
             stop_on_error_tools=["explode"],
         ),
+        **{
+            f"structured_{mode}": AgentSpec(
+                name=f"structured_{mode}",
+                model="fake-model",
+                instructions=INSTRUCTIONS,
+                tools=list(TEST_TOOLS),
+                limits=Limits(**limits),
+                output=OutputSpec(CITY_SCHEMA, mode),
+            )
+            for mode in OUTPUT_MODES
+        },
     }
 
 

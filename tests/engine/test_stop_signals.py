@@ -13,6 +13,7 @@ DESIGN_ORDER = [
     "TIMEOUT",
     "MODEL_ERROR",
     "TOOL_ERROR",
+    "OUTPUT_INVALID",  # DESIGN.md section 10: a failure, above every limit
     "CONTENT_FILTER",
     "CONTEXT_WINDOW",  # DESIGN.md section 9: next to TOKEN_BUDGET
     "TOKEN_BUDGET",
@@ -70,6 +71,7 @@ def test_no_signal_picks_none() -> None:
         (StopReason.INTERRUPTED, RunStatus.INTERRUPTED),
         (StopReason.MODEL_ERROR, RunStatus.FAILED),
         (StopReason.TOOL_ERROR, RunStatus.FAILED),
+        (StopReason.OUTPUT_INVALID, RunStatus.FAILED),
         (StopReason.INTERNAL_ERROR, RunStatus.FAILED),
     ],
 )

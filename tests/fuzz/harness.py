@@ -39,7 +39,8 @@ FAST_RETRIES = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05)
 
 
 def fuzz_settings(database_url: str, model_url: str) -> Settings:
-    """Two agents: the default one with the built-in tools, and one with none."""
+    """Three agents: the default one with the built-in tools, one with none, and one whose
+    answer must be JSON of a schema (asked for with a `final_output` tool)."""
     limits = LimitsConfig(max_steps=5, tool_timeout_s=2.0, run_timeout_s=30.0)
     return Settings(
         listen_address="127.0.0.1:0",
@@ -56,6 +57,19 @@ def fuzz_settings(database_url: str, model_url: str) -> Settings:
                 limits=limits,
             ),
             AgentConfig(name="terse", model="fake-model", instructions="Be terse.", limits=limits),
+            AgentConfig(
+                name="structured",
+                model="fake-model",
+                instructions="Answer in JSON.",
+                tools=["calculate"],
+                limits=limits,
+                output_schema={
+                    "type": "object",
+                    "properties": {"answer": {"type": "integer"}},
+                    "required": ["answer"],
+                },
+                output_mode="tool",
+            ),
         ],
     )
 

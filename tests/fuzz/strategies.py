@@ -437,6 +437,52 @@ def schemas(shape: Shape) -> SearchStrategy[Any]:
     )
 
 
+OUTPUT_SCHEMAS = (
+    '{"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}',
+    '{"type": "array", "items": {"type": "string", "minLength": 2}, "minItems": 1}',
+    '{"type": "string", "pattern": "^[a-z]{2,8}$"}',
+    '{"$defs": {"n": {"type": "number"}}, "type": "object",'
+    ' "properties": {"x": {"$ref": "#/$defs/n"}}, "required": ["x"]}',
+    '{"enum": ["yes", "no"]}',
+    '{"not": {}}',
+)
+"""Output schemas the server takes (the last one no answer satisfies: OUTPUT_INVALID)."""
+HOSTILE_OUTPUT_SCHEMAS = (
+    '{"type": "string", "pattern": "(a+)+$"}',
+    '{"type": "string", "pattern": "^(\\\\w*)*x"}',
+    '{"type": "string", "pattern": "(a)\\\\1"}',
+    '{"type": "string", "pattern": "(?:x{1,3})+"}',
+    '{"type": "string", "pattern": "["}',
+    '{"patternProperties": {"(a|a)*(b+)+": {}}}',
+    '{"type": "string", "pattern": "' + "a" * 300 + '"}',
+    '{"$ref": "https://example.com/remote.json"}',
+    '{"$ref": "file:///etc/passwd"}',
+    '{"$dynamicRef": "http://127.0.0.1:1/x"}',
+    '{"$ref": "#/$defs/missing"}',
+    '{"$id": "http://example.com/s", "$ref": "other.json"}',
+)
+"""Output schemas a hostile caller sends: catastrophic or invalid patterns, remote and
+dangling references. Each must be INVALID_ARGUMENT, never a hung or INTERNAL call."""
+
+
+def output_schemas(shape: Shape) -> SearchStrategy[Any]:
+    """`output_schema_json`: mostly none, then valid, hostile, deep, wide, huge, not JSON."""
+    if not shape.long_texts:
+        return st.sampled_from(("",) * 4 + OUTPUT_SCHEMAS + HOSTILE_OUTPUT_SCHEMAS)
+    hows = st.sampled_from(["object", "array", "anyOf", "brackets"])
+    return either(
+        st.one_of(st.sampled_from(("", *OUTPUT_SCHEMAS)), nested_schemas()),
+        st.one_of(
+            st.sampled_from(HOSTILE_OUTPUT_SCHEMAS + INVALID_SCHEMAS),
+            st.builds(deep_schema, st.sampled_from(DEPTHS), hows),
+            st.builds(wide_schema, st.sampled_from(WIDTHS)),
+            json_values().map(json.dumps),
+            hostile_texts(shape),
+        ),
+        one_in=2,
+    )
+
+
 # -- page tokens ------------------------------------------------------------------------------
 
 
@@ -498,9 +544,12 @@ def _texts_by_name(name: str, shape: Shape) -> SearchStrategy[Any]:
         return either(page_tokens(), st.one_of(forged_tokens(), hostile_texts(shape)), one_in=2)
     if name == "parameters_json":
         return schemas(shape)
+    if name == "output_schema_json":
+        return output_schemas(shape)
     if name == "agent":
         return either(
-            st.sampled_from(["assistant", "", "terse"]), st.one_of(st.just("nobody"), ids(shape))
+            st.sampled_from(["assistant", "", "terse", "structured"]),
+            st.one_of(st.just("nobody"), ids(shape)),
         )
     if name == "model":
         return either(st.sampled_from(["fake-model", "other-model"]), texts(shape))

@@ -23,6 +23,9 @@ from tests.fuzz.strategies import (
 
 pytestmark = pytest.mark.timeout(BUDGET.timeout_s)
 
+RUNS_WITH_SCHEMAS = tuple(rpc for rpc in AGENT_RPCS if rpc.name in ("Run", "StartRun"))
+"""The RPCs that take an `output_schema_json` (hostile ones among the fuzzed schemas)."""
+
 
 @REQUEST_SETTINGS
 @given(case=requests(AGENT_RPCS))
@@ -30,6 +33,14 @@ def test_agent_service_answers_every_request_ok_or_with_a_documented_error(
     fuzz_service: FuzzService, case: Case
 ) -> None:
     fuzz_service.run(check_example(fuzz_service, "agent service requests", [case]))
+
+
+@REQUEST_SETTINGS
+@given(case=requests(RUNS_WITH_SCHEMAS))
+def test_output_schemas_are_taken_or_refused_never_internal(
+    fuzz_service: FuzzService, case: Case
+) -> None:
+    fuzz_service.run(check_example(fuzz_service, "output schemas", [case]))
 
 
 @REQUEST_SETTINGS

@@ -8,6 +8,7 @@ screenshot there (the README's picture: docs/console.png).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -438,3 +439,22 @@ async def test_a_credential_entered_in_the_page_is_used(
         await expect(page.locator("#error")).to_have_text("")
         await send(page, "hello")
         await expect(page.locator("#live .status")).to_have_text("COMPLETED", timeout=WAIT_MS)
+
+
+async def test_a_runs_structured_output_shows_as_formatted_json(
+    browser: Browser, console_app: AgioApp, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(Turn.json({"city": "Paris", "population": 2100000}))
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+    }
+    async with AgioClient(console_app.address) as client:
+        result = await client.run_to_end("Which city?", output_schema=schema)
+    page = await open_console(browser, console_app)
+    await open_session(page, result.session_id)
+    output = page.locator("#runs .run-output pre.output")
+    await expect(output).to_have_count(1)
+    assert json.loads(await output.inner_text()) == {"city": "Paris", "population": 2100000}
+    await expect(output).to_contain_text('\n  "city": "Paris"')

@@ -777,3 +777,69 @@ def test_split_words_keeps_the_whitespace_before_each_word() -> None:
 )
 def test_find_arithmetic(text: str, expression: str | None) -> None:
     assert find_arithmetic(text) == expression
+
+
+# --- structured output -----------------------------------------------------------------------
+
+ORDER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 1},
+        "status": {"enum": ["open", "closed"]},
+        "lines": {"type": "array", "items": {"$ref": "#/$defs/line"}, "minItems": 1},
+        "note": {"type": ["string", "null"]},
+    },
+    "required": ["id", "status", "lines", "note"],
+    "$defs": {
+        "line": {
+            "type": "object",
+            "properties": {"sku": {"type": "string", "minLength": 3}},
+            "required": ["sku"],
+        }
+    },
+}
+SMALLEST_ORDER = {"id": 1, "status": "open", "lines": [{"sku": "xxx"}], "note": ""}
+
+
+async def test_the_default_responder_answers_a_requested_schema_with_its_smallest_instance(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    stream = await client.chat.completions.create(
+        model="fake-model",
+        messages=HELLO,
+        stream=True,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "order", "schema": ORDER_SCHEMA, "strict": True},
+        },
+    )
+    chunks = [chunk async for chunk in stream]
+
+    assert json.loads(content_of(chunks)) == SMALLEST_ORDER
+
+
+async def test_the_default_responder_calls_an_offered_final_output_tool_with_the_answer(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    final_output: ChatCompletionToolParam = {
+        "type": "function",
+        "function": {"name": "final_output", "parameters": ORDER_SCHEMA},
+    }
+
+    chunks = await stream_chunks(client, tools=[final_output])
+
+    (call,) = reassemble_tool_calls(chunks).values()
+    assert call["name"] == "final_output"
+    assert json.loads(call["arguments"]) == SMALLEST_ORDER
+
+
+async def test_a_refusal_streams_as_delta_refusal(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    server.enqueue(Turn.refusing("I can't help with that."))
+
+    chunks = await stream_chunks(client)
+
+    refusal = "".join(c.choices[0].delta.refusal or "" for c in chunks if c.choices)
+    assert refusal == "I can't help with that."
+    assert content_of(chunks) == ""

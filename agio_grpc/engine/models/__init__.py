@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from agio_grpc.domain import StepMetrics, StopReason, ToolCall
 from agio_grpc.engine.events import ToolCallDelta
@@ -42,6 +42,12 @@ class ModelRequest:
     max_reply_bytes: int | None = None
     """The largest reply kept (its texts' UTF-8 bytes): a longer one is cut off there, its
     tool calls dropped, and it ends as `oversized` with finish_reason `length`."""
+    response_format: dict[str, Any] | None = None
+    """The OpenAI `response_format` (a run with an output schema, engine/output.py)."""
+    tool_choice: str | None = None
+    """The OpenAI `tool_choice` (`required` in the output schema's tool mode); None: auto."""
+    output_type: Literal["text", "json"] = "text"
+    """What the reply is asked to be: `json` for a run with an output schema."""
 
 
 @dataclass(slots=True)
@@ -58,6 +64,8 @@ class ModelReply:
     response_id: str = ""
     """The provider's id of the completion (the chunks' `id`, e.g. `chatcmpl-...`); "" when
     it sent none."""
+    refusal: str = ""
+    """The model's refusal to answer (`delta.refusal`, sent instead of content)."""
 
     @property
     def stop_reason(self) -> StopReason | None:

@@ -218,6 +218,10 @@ class OpenAIModelDriver:
         }
         if request.tools:
             arguments["tools"] = request.tools
+        if request.tool_choice is not None and request.tools:
+            arguments["tool_choice"] = request.tool_choice
+        if request.response_format is not None:
+            arguments["response_format"] = request.response_format
         if request.temperature is not None:
             arguments["temperature"] = request.temperature
         if request.max_tokens is not None:

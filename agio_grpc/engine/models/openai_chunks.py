@@ -68,6 +68,7 @@ class ReplyBuilder:
     response_id: str = ""
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
     calls: list[_PartialCall] = field(default_factory=list)
     slot_of_index: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -112,7 +113,10 @@ class ReplyBuilder:
             raise _malformed("choices[0].delta", "an object or null", delta)
         content = _text(delta, "content", "choices[0].delta.")
         reasoning = _reasoning_of(delta)
-        _text(delta, "refusal", "choices[0].delta.")  # checked; a refusal is not kept
+        refusal = _text(delta, "refusal", "choices[0].delta.")
+        if refusal:
+            self.size += _utf8_len(refusal)
+            self.refusal.append(refusal)
         fragments = delta.get("tool_calls")
         if fragments is None:
             fragments = ()
@@ -173,6 +177,7 @@ class ReplyBuilder:
             metrics=metrics,
             oversized=self.oversized,
             response_id=self.response_id,
+            refusal="".join(self.refusal),
         )
 
 

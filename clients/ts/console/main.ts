@@ -3,6 +3,8 @@
 // this page (same origin). Built by `npm run console` into agio_grpc/service/console/.
 // Plain DOM: every element is made here, text always set as text (never as HTML), no inline
 // style (the page's Content-Security-Policy allows its own stylesheet only).
+import { toJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { createClient, type Client } from "@connectrpc/connect";
 
 import {
@@ -59,6 +61,11 @@ function byId<T extends HTMLElement>(id: string): T {
   const found = document.getElementById(id);
   if (!found) throw new Error(`the page has no #${id}`);
   return found as T;
+}
+
+/** A run's structured answer (`Run.output`) as indented JSON; undefined when it has none. */
+function outputJson(run: Run): string | undefined {
+  return run.output === undefined ? undefined : JSON.stringify(toJson(ValueSchema, run.output), null, 2);
 }
 
 function stopReasonName(reason: StopReason): string {
@@ -258,7 +265,7 @@ class Console {
       this.steps = steps;
       this.runs = runs.runs;
       byId("steps").replaceChildren(...this.timeline(sessionId));
-      byId("runs").replaceChildren(...this.runs.map((run) => this.runItem(run)));
+      byId("runs").replaceChildren(...this.runs.flatMap((run) => this.runItems(run)));
       this.pickAgent(this.runs[0]?.agent ?? "");
     } catch (error) {
       this.showError(error);
@@ -401,6 +408,15 @@ class Console {
     go.focus();
   }
 
+  /** A run's row, and when it has a structured answer, a row showing it as JSON. */
+  private runItems(run: Run): HTMLElement[] {
+    const output = outputJson(run);
+    if (output === undefined) return [this.runItem(run)];
+    const shown = element("pre", { class: "output", "aria-label": `Output of ${run.id}` }, output);
+    const row = element("tr", { class: "run-output" }, element("td", { colspan: "6" }, shown));
+    return [this.runItem(run), row];
+  }
+
   private runItem(run: Run): HTMLElement {
     const signal = run.stopSignal;
     const first = run.firstSequence;
@@ -529,6 +545,8 @@ class Console {
             ? `${stopReasonName(signal.reason)}${signal.message ? `: ${signal.message}` : ""}`
             : "ended";
           status.classList.add("ended");
+          const output = ended ? outputJson(ended) : undefined;
+          if (output !== undefined) show(element("pre", { class: "output" }, output));
         } else if (kind === "error") {
           show(element("div", { class: "event-error" }, value.message));
         }

@@ -2,7 +2,14 @@
 import { readFileSync } from "node:fs";
 import type { SecureClientSessionOptions } from "node:http2";
 
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import {
+  create,
+  toJson,
+  type JsonObject,
+  type JsonValue,
+  type MessageInitShape,
+} from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import {
   Code,
   createClient,
@@ -78,6 +85,24 @@ export interface RunResult {
   /** The stored steps the run produced, in order. */
   steps: Step[];
   events: number;
+  /**
+   * A run with an output schema that completed: its answer as a JSON value; undefined when the
+   * run ended without one (STOP_REASON_OUTPUT_INVALID, a limit: its stop signal says why).
+   */
+  output?: JsonValue;
+}
+
+/** A run's structured answer (`Run.output`) as a JSON value; undefined when it has none. */
+export function runOutput(run: Run): JsonValue | undefined {
+  return run.output === undefined ? undefined : toJson(ValueSchema, run.output);
+}
+
+/**
+ * `RunRequest.outputSchemaJson` for `schema`: a string is taken as JSON text as it is, any
+ * other value (a JSON Schema object) is encoded.
+ */
+export function outputSchemaJson(schema: string | JsonObject): string {
+  return typeof schema === "string" ? schema : JSON.stringify(schema);
 }
 
 /** The final run of a `runCompleted` or `runFailed` event, else undefined. */
@@ -274,10 +299,23 @@ export class AgioClient {
       const run = terminalRun(event);
       if (run) {
         const assistant = steps.filter((s) => s.role === Role.ASSISTANT && s.content);
-        return { run, text: assistant.at(-1)?.content ?? "", steps, events };
+        const output = runOutput(run);
+        return { run, text: assistant.at(-1)?.content ?? "", steps, events, output };
       }
     }
     throw new AgioError(2, "the run stream ended without a terminal event");
+  }
+
+  /**
+   * `runToEnd` with `schema` as the run's output schema (it replaces the agent's): the result's
+   * `output` is the run's answer as a JSON value.
+   */
+  async runForOutput(
+    request: MessageInitShape<typeof RunRequestSchema>,
+    schema: string | JsonObject,
+    options: CallOptions = {},
+  ): Promise<RunResult> {
+    return this.runToEnd({ ...request, outputSchemaJson: outputSchemaJson(schema) }, options);
   }
 
   /** Asks the server to stop a run; its stream then ends with CANCELLED. */

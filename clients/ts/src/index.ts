@@ -1,5 +1,5 @@
 // agio-grpc TypeScript client: the thin client, its errors, and the generated agio.v1 types.
-export { AgioClient, terminalRun } from "./client.js";
+export { AgioClient, outputSchemaJson, runOutput, terminalRun } from "./client.js";
 export type { AgioClientOptions, CallOptions, RunResult, TlsConfig } from "./client.js";
 export { AgioError, ERROR_DOMAIN, decodeError } from "./errors.js";
 export { AgioTlsError, TLS_HINTS, TlsFailure } from "./tls_failure.js";

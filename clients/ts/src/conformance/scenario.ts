@@ -32,6 +32,13 @@ const PROTOCOLS = ["grpc", "connect", "grpc-web"] as const;
 type Protocol = (typeof PROTOCOLS)[number];
 const RUN_TIMEOUT_MS = 30_000;
 const PAGE_SIZE = 2;
+/** The built-in fake model answers it with its smallest instance, after its calculate call. */
+const ANSWER_SCHEMA = {
+  type: "object",
+  properties: { answer: { type: "integer" } },
+  required: ["answer"],
+  additionalProperties: false,
+};
 
 class CheckFailedError extends Error {
   override readonly name = "CheckFailedError";
@@ -229,6 +236,18 @@ class Scenario {
     throw new CheckFailedError("a client with the wrong TLS got in");
   }
 
+  async structuredOutput(): Promise<void> {
+    const result = await this.client.runForOutput({ input: "What is 12 * 7?" }, ANSWER_SCHEMA);
+    const reason = result.run.stopSignal?.reason;
+    expect(reason === StopReason.COMPLETED, `stop reason ${reason}`);
+    const calls = result.steps.flatMap((step) => step.toolCalls.map((call) => call.name));
+    expect(calls.join(",") === "calculate", `tool calls ${calls.join(",")}`);
+    expect(
+      JSON.stringify(result.output) === JSON.stringify({ answer: 0 }),
+      `output ${JSON.stringify(result.output)}`,
+    );
+  }
+
   async listSteps(): Promise<void> {
     expect(this.toolRun !== undefined, "no session to list (run_with_tool failed)");
     const sequences: bigint[] = [];
@@ -272,6 +291,7 @@ async function main(): Promise<number> {
     ["list_steps", () => scenario.listSteps()],
     ["background_resume", () => scenario.backgroundResume()],
     ["follow_after_end", () => scenario.followAfterEnd()],
+    ["structured_output", () => scenario.structuredOutput()],
   ];
   if (protocol === "grpc") {
     // The web transport's TLS is the browser's (or fetch's) business.

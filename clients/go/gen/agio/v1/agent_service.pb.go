@@ -317,9 +317,13 @@ type RunRequest struct {
 	OnBusy BusyPolicy `protobuf:"varint,8,opt,name=on_busy,json=onBusy,proto3,enum=agio.v1.BusyPolicy" json:"on_busy,omitempty"`
 	// What a caller leaving a `Run` stream does to the run; unspecified cancels it. StartRun
 	// runs have no caller: they always continue.
-	OnDisconnect  DisconnectPolicy `protobuf:"varint,9,opt,name=on_disconnect,json=onDisconnect,proto3,enum=agio.v1.DisconnectPolicy" json:"on_disconnect,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnDisconnect DisconnectPolicy `protobuf:"varint,9,opt,name=on_disconnect,json=onDisconnect,proto3,enum=agio.v1.DisconnectPolicy" json:"on_disconnect,omitempty"`
+	// A JSON Schema (JSON text, at most 64 KiB) the run's final answer must satisfy; it
+	// replaces the agent's `output_schema`. Empty keeps the agent's. The valid answer is the
+	// run's `output`; an answer that stays invalid ends the run STOP_REASON_OUTPUT_INVALID.
+	OutputSchemaJson string `protobuf:"bytes,10,opt,name=output_schema_json,json=outputSchemaJson,proto3" json:"output_schema_json,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
@@ -413,6 +417,13 @@ func (x *RunRequest) GetOnDisconnect() DisconnectPolicy {
 		return x.OnDisconnect
 	}
 	return DisconnectPolicy_DISCONNECT_POLICY_UNSPECIFIED
+}
+
+func (x *RunRequest) GetOutputSchemaJson() string {
+	if x != nil {
+		return x.OutputSchemaJson
+	}
+	return ""
 }
 
 // StartRunResponse returns the run StartRun started (or queued).
@@ -1108,7 +1119,7 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\v_max_tokensB\f\n" +
 	"\n" +
 	"_max_stepsB\x0f\n" +
-	"\r_token_budget\"\xd1\x03\n" +
+	"\r_token_budget\"\xff\x03\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -1121,7 +1132,9 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12=\n" +
 	"\bmetadata\x18\a \x03(\v2!.agio.v1.RunRequest.MetadataEntryR\bmetadata\x12,\n" +
 	"\aon_busy\x18\b \x01(\x0e2\x13.agio.v1.BusyPolicyR\x06onBusy\x12>\n" +
-	"\ron_disconnect\x18\t \x01(\x0e2\x19.agio.v1.DisconnectPolicyR\fonDisconnect\x1a;\n" +
+	"\ron_disconnect\x18\t \x01(\x0e2\x19.agio.v1.DisconnectPolicyR\fonDisconnect\x12,\n" +
+	"\x12output_schema_json\x18\n" +
+	" \x01(\tR\x10outputSchemaJson\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +

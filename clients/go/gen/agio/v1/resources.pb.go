@@ -127,6 +127,11 @@ const (
 	// The context does not fit the model's context window, even compacted. Its priority is
 	// just above TOKEN_BUDGET's (between CONTENT_FILTER and TOKEN_BUDGET).
 	StopReason_STOP_REASON_CONTEXT_WINDOW StopReason = 14
+	// The model's final answer was not JSON valid against the run's output schema, after the
+	// agent's `output_retries` repair calls; the errors are in the stop signal's context.
+	// Retryable. Its priority is just below TOOL_ERROR's (between TOOL_ERROR and
+	// CONTENT_FILTER); the run ends FAILED.
+	StopReason_STOP_REASON_OUTPUT_INVALID StopReason = 15
 )
 
 // Enum value maps for StopReason.
@@ -147,6 +152,7 @@ var (
 		12: "STOP_REASON_MAX_STEPS",
 		13: "STOP_REASON_COMPLETED",
 		14: "STOP_REASON_CONTEXT_WINDOW",
+		15: "STOP_REASON_OUTPUT_INVALID",
 	}
 	StopReason_value = map[string]int32{
 		"STOP_REASON_UNSPECIFIED":     0,
@@ -164,6 +170,7 @@ var (
 		"STOP_REASON_MAX_STEPS":       12,
 		"STOP_REASON_COMPLETED":       13,
 		"STOP_REASON_CONTEXT_WINDOW":  14,
+		"STOP_REASON_OUTPUT_INVALID":  15,
 	}
 )
 
@@ -940,7 +947,10 @@ type Run struct {
 	// The idempotency key the run was started with, if any.
 	RequestId string `protobuf:"bytes,14,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// The caller's metadata given at start.
-	Metadata      map[string]string `protobuf:"bytes,15,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,15,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A run with an output schema that completed: its final answer, parsed and valid against
+	// the schema (the final step's text keeps the raw JSON). Unset otherwise.
+	Output        *structpb.Value `protobuf:"bytes,16,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1076,6 +1086,13 @@ func (x *Run) GetRequestId() string {
 func (x *Run) GetMetadata() map[string]string {
 	if x != nil {
 		return x.Metadata
+	}
+	return nil
+}
+
+func (x *Run) GetOutput() *structpb.Value {
+	if x != nil {
+		return x.Output
 	}
 	return nil
 }
@@ -1429,7 +1446,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12!\n" +
-	"\ftotal_tokens\x18\x03 \x01(\x03R\vtotalTokens\"\x88\x05\n" +
+	"\ftotal_tokens\x18\x03 \x01(\x03R\vtotalTokens\"\xb8\x05\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -1451,7 +1468,8 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\btrace_id\x18\r \x01(\tR\atraceId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0e \x01(\tR\trequestId\x126\n" +
-	"\bmetadata\x18\x0f \x03(\v2\x1a.agio.v1.Run.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x0f \x03(\v2\x1a.agio.v1.Run.MetadataEntryR\bmetadata\x12.\n" +
+	"\x06output\x18\x10 \x01(\v2\x16.google.protobuf.ValueR\x06output\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x02\n" +
@@ -1490,7 +1508,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
 	"\tROLE_TOOL\x10\x04\x12\x10\n" +
-	"\fROLE_SUMMARY\x10\x05*\xbf\x03\n" +
+	"\fROLE_SUMMARY\x10\x05*\xdf\x03\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
@@ -1508,7 +1526,8 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x1bSTOP_REASON_REQUIRES_ACTION\x10\v\x12\x19\n" +
 	"\x15STOP_REASON_MAX_STEPS\x10\f\x12\x19\n" +
 	"\x15STOP_REASON_COMPLETED\x10\r\x12\x1e\n" +
-	"\x1aSTOP_REASON_CONTEXT_WINDOW\x10\x0e*\xdd\x01\n" +
+	"\x1aSTOP_REASON_CONTEXT_WINDOW\x10\x0e\x12\x1e\n" +
+	"\x1aSTOP_REASON_OUTPUT_INVALID\x10\x0f*\xdd\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_RUNNING\x10\x01\x12\x18\n" +
@@ -1551,6 +1570,7 @@ var file_agio_v1_resources_proto_goTypes = []any{
 	nil,                           // 13: agio.v1.Run.MetadataEntry
 	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 	(*structpb.Struct)(nil),       // 15: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 16: google.protobuf.Value
 }
 var file_agio_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: agio.v1.Step.role:type_name -> agio.v1.Role
@@ -1565,14 +1585,15 @@ var file_agio_v1_resources_proto_depIdxs = []int32{
 	14, // 9: agio.v1.Run.create_time:type_name -> google.protobuf.Timestamp
 	14, // 10: agio.v1.Run.end_time:type_name -> google.protobuf.Timestamp
 	13, // 11: agio.v1.Run.metadata:type_name -> agio.v1.Run.MetadataEntry
-	14, // 12: agio.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	14, // 13: agio.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	4,  // 14: agio.v1.Agent.tools:type_name -> agio.v1.ToolDefinition
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	16, // 12: agio.v1.Run.output:type_name -> google.protobuf.Value
+	14, // 13: agio.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	14, // 14: agio.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	4,  // 15: agio.v1.Agent.tools:type_name -> agio.v1.ToolDefinition
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_resources_proto_init() }
