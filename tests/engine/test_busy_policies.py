@@ -48,7 +48,11 @@ from tests.engine.harness import (
 from tests.roles import StoreRoles, open_roles
 
 REPETITIONS = 20
-SLOW_FIRST_TOKEN_S = 10.0
+# The first model call of a superseded pair: slower than an interrupt takes on a loaded
+# machine (at 1 s one was seen stored first), and paid in full by the winner whenever the
+# interrupt came before that call, so those races repeat fewer times.
+SLOW_FIRST_TOKEN_S = 3.0
+SUPERSEDED_REPETITIONS = 10
 
 
 @pytest.fixture
@@ -206,8 +210,7 @@ async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcom
     """Two runs racing with `policy` on an idle session whose first model call is slow: the
     one that started is interrupted by the other. Returns (interrupted, winner). (Slow, not
     hanging: when the interrupted run is stopped before it calls the model, the winner's
-    call is the first and gets that turn. Slow enough that the interrupt always comes
-    first, however busy the machine: at 1 s a loaded machine let the reply be stored.)"""
+    call is the first and gets that turn: `SLOW_FIRST_TOKEN_S`.)"""
     session_id = await idle_session(policies)
     policies.model.enqueue(Turn.text("slow", first_token_delay=SLOW_FIRST_TOKEN_S))
     requests = [RunInput(f"run {n}", session_id=session_id, on_busy=policy) for n in range(2)]
@@ -224,7 +227,7 @@ async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcom
 async def test_interrupt_and_rollback_racing_runs_the_later_supersedes_the_other(
     policies: Harness, policy: BusyPolicy
 ) -> None:
-    for _ in range(REPETITIONS):
+    for _ in range(SUPERSEDED_REPETITIONS):
         interrupted, winner = await superseded_pair(policies, policy)
         assert interrupted.run.status is RunStatus.CANCELLED
         signal = interrupted.run.stop_signal
