@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from agio_grpc.domain import (
+    ApprovalDecision,
     Role,
     Run,
     Step,
@@ -57,6 +58,7 @@ from agio_grpc.domain import (
     unfinished_reason,
 )
 from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.approvals import held_calls, waiting_signal
 from agio_grpc.engine.channel import Announce, RunChannel
 from agio_grpc.engine.compaction import (
     MAX_COMPACTIONS_PER_CALL,
@@ -128,7 +130,10 @@ class RunSegment:
     model_calls: int = 0
     """Model calls the run made in earlier segments (for max_steps)."""
     resume_calls: list[ToolCall] = field(default_factory=list)
-    """Tool calls of the last assistant step to run before the first model call (Retry)."""
+    """Tool calls of the last assistant step to run before the first model call (Retry, and
+    approved calls of a SubmitToolOutputs)."""
+    decisions: dict[str, ApprovalDecision] = field(default_factory=dict)
+    """Decisions on calls that waited for approval, by call id (engine/approvals.py)."""
     deadline_at: float | None = None
     """The caller's deadline as the event loop's time (`loop.time()`)."""
     trace: RunTrace = NO_RUN_TRACE
@@ -409,6 +414,8 @@ class RunLoop:
         client_names = self.settings.client_tool_names()
         server_calls = [call for call in calls if call.name not in client_names]
         client_calls = [call for call in calls if call.name in client_names]
+        held = held_calls(self.settings, server_calls, self.segment.decisions)
+        server_calls = [call for call in server_calls if call not in held]
         signals: list[StopSignal] = []
         if server_calls:
             step_ids = {call.id: new_id("step") for call in server_calls}
@@ -446,20 +453,9 @@ class RunLoop:
                 [self._tool_step(result, step_ids[result.call.id]) for result in results]
             )
             signals += [result.stop for result in results if result.stop is not None]
-        if client_calls:
-            signals.append(
-                StopSignal(
-                    StopReason.REQUIRES_ACTION,
-                    f"waiting for the results of {len(client_calls)} client tool call(s)",
-                    "loop",
-                    context={
-                        "tool_calls": [
-                            {"id": call.id, "name": call.name, "arguments": call.arguments}
-                            for call in client_calls
-                        ]
-                    },
-                )
-            )
+        if client_calls or held:
+            timeout_s = self.settings.approval_timeout_s
+            signals.append(waiting_signal(client_calls, held, timeout_s))
         return signals
 
     @contextmanager
@@ -488,6 +484,7 @@ class RunLoop:
             id=step_id,
             trace_id=span.trace_id,
             span_id=span.span_id,
+            approval=self.segment.decisions.get(result.call.id),
         )
 
     # -- limits -----------------------------------------------------------------------------

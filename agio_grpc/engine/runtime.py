@@ -49,11 +49,11 @@ from agio_grpc.engine.agents import (
     RunSettings,
     ToolOutput,
     check_agents,
-    check_outputs,
     resolve_settings,
 )
+from agio_grpc.engine.approvals import Answers, ToolApproval
 from agio_grpc.engine.channel import RunChannel
-from agio_grpc.engine.context import context_steps, open_tool_calls
+from agio_grpc.engine.context import context_steps
 from agio_grpc.engine.errors import InvalidInputError, RunStateError, RuntimeClosedError
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache, mark_of
@@ -177,7 +177,9 @@ class Runtime:
         if not request.input.strip():
             raise InvalidInputError("input", "must not be empty")
         tools = self._catalog.tools_of(agent)
-        settings = resolve_settings(agent, request.overrides, request.client_tools, tools)
+        settings = resolve_settings(
+            agent, request.overrides, request.client_tools, tools, request.require_approval
+        )
         new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
             session_id=new_session.id if new_session else request.session_id,
@@ -224,11 +226,15 @@ class Runtime:
         *,
         deadline_at: float | None = None,
         tenant: str | None = None,
+        approvals: list[ToolApproval] | None = None,
+        decided_by: str = "",
     ) -> RunHandle:
-        """Store the caller's client tool results and continue the same run.
+        """Store the caller's client tool results and decisions, and continue the same run.
 
         The run must be REQUIRES_ACTION (else RunStateError); `outputs` must answer exactly
-        its pending client calls (else InvalidInputError naming the ids). Event seqs continue
+        its pending client calls and `approvals` decide exactly its calls waiting for
+        approval (else InvalidInputError naming the ids; engine/approvals.py), each decision
+        kept with `decided_by`. Event seqs continue
         from the run's last one; the new segment starts with `RunStarted` and a
         `StepCompleted` per stored output. Raises NotFoundError (also for a run that is not
         `tenant`'s, when given), SessionBusyError, HistoryChangedError (the log changed
@@ -239,7 +245,8 @@ class Runtime:
         settings = self._catalog.settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
-            return await self._submit(run, settings, outputs, history, kept, deadline_at, slot)
+            answers = Answers(outputs, approvals or [], decided_by)
+            return await self._submit(run, settings, answers, history, kept, deadline_at, slot)
 
         with await self._segments.admit(deadline_at) as slot:
             try:
@@ -252,32 +259,18 @@ class Runtime:
         self,
         run: Run,
         settings: RunSettings,
-        outputs: list[ToolOutput],
+        answers: Answers,
         history: list[Step],
         kept: int,
         deadline_at: float | None,
         slot: Slot,
     ) -> RunHandle:
         run_id = run.id
-        _, pending = open_tool_calls(history)
-        by_id = check_outputs(outputs, pending)
+        decided = answers.decide(run, settings, history)
         run = replace(run)  # each try starts from the run as read
         trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         run.trace_id = run.trace_id or trace.trace_id
-        steps = [
-            Step(
-                run.session_id,
-                run_id,
-                Role.TOOL,
-                content=by_id[call.id].output,
-                tool_call_id=call.id,
-                name=call.name,
-                is_error=by_id[call.id].is_error,
-                trace_id=trace.trace_id,
-                span_id=trace.span_id,
-            )
-            for call in pending
-        ]
+        steps = decided.traced(trace.trace_id, trace.span_id)
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         try:
             continued = await self.lifecycle.resume(run, steps, channel, mark_of(history))
@@ -293,7 +286,7 @@ class Runtime:
         model_calls = sum(
             1 for step in history if step.run_id == run_id and step.role is Role.ASSISTANT
         )
-        plan = RunPlan(history, kept_steps=kept)
+        plan = RunPlan(history, decided.approved, kept, decided.decisions)
         return self._segments.spawn(
             continued.run, settings, plan, channel, deadline_at, trace, model_calls, slot
         )

@@ -62,7 +62,7 @@ class RunOverrides(_message.Message):
     def __init__(self, model: _Optional[str] = ..., instructions: _Optional[str] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_steps: _Optional[int] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tools: _Optional[_Union[ToolSelection, _Mapping]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect")
+    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect", "require_approval")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class RunRequest(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     ON_BUSY_FIELD_NUMBER: _ClassVar[int]
     ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     agent: str
     input: str
@@ -88,7 +89,8 @@ class RunRequest(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     on_busy: BusyPolicy
     on_disconnect: DisconnectPolicy
-    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ...) -> None: ...
+    require_approval: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ..., require_approval: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ("run",)
@@ -106,13 +108,25 @@ class ToolOutput(_message.Message):
     is_error: bool
     def __init__(self, tool_call_id: _Optional[str] = ..., output: _Optional[str] = ..., is_error: _Optional[bool] = ...) -> None: ...
 
+class ToolApproval(_message.Message):
+    __slots__ = ("tool_call_id", "approved", "reason")
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tool_call_id: str
+    approved: bool
+    reason: str
+    def __init__(self, tool_call_id: _Optional[str] = ..., approved: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class SubmitToolOutputsRequest(_message.Message):
-    __slots__ = ("run_id", "tool_outputs")
+    __slots__ = ("run_id", "tool_outputs", "approvals")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool_outputs: _containers.RepeatedCompositeFieldContainer[ToolOutput]
-    def __init__(self, run_id: _Optional[str] = ..., tool_outputs: _Optional[_Iterable[_Union[ToolOutput, _Mapping]]] = ...) -> None: ...
+    approvals: _containers.RepeatedCompositeFieldContainer[ToolApproval]
+    def __init__(self, run_id: _Optional[str] = ..., tool_outputs: _Optional[_Iterable[_Union[ToolOutput, _Mapping]]] = ..., approvals: _Optional[_Iterable[_Union[ToolApproval, _Mapping]]] = ...) -> None: ...
 
 class RetryRequest(_message.Message):
     __slots__ = ("session_id", "sequence")

@@ -198,8 +198,7 @@ class SqlRunLedger(SqlRole):
         expect: HistoryMark | None = None,
         journal: Journal | None = None,
     ) -> RunContinuation:
-        if not steps:
-            raise ValueError("continue_run needs the steps that continue the run")
+        # No steps: every call it waited for was approved, and runs in the continued segment.
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("continue_run takes steps of the run's session")
 
@@ -214,12 +213,12 @@ class SqlRunLedger(SqlRole):
             if status != RunStatus.REQUIRES_ACTION.value:
                 raise RunStateConflictError(run.id, str(status))
             self._quotas.check_running(conn, run.tenant)
-            stored = append(conn, run.session_id, steps, held_by=run.id)
+            stored = append(conn, run.session_id, steps, held_by=run.id) if steps else []
             continued = stored_run(
                 replace(
                     run.resumed(),
                     step_count=run.step_count + len(stored),
-                    last_sequence=stored[-1].sequence,
+                    last_sequence=stored[-1].sequence if stored else run.last_sequence,
                 )
             )
             if CONTINUE_RUN.execute(conn, run_update(continued)) != 1:

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/agent_service.proto.
  */
 export const file_agio_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("ChthZ2lvL3YxL2FnZW50X3NlcnZpY2UucHJvdG8SB2FnaW8udjEiHgoNVG9vbFNlbGVjdGlvbhINCgVuYW1lcxgBIAMoCSLPAgoMUnVuT3ZlcnJpZGVzEhIKBW1vZGVsGAEgASgJSACIAQESGQoMaW5zdHJ1Y3Rpb25zGAIgASgJSAGIAQESGAoLdGVtcGVyYXR1cmUYAyABKAFIAogBARIXCgptYXhfdG9rZW5zGAQgASgFSAOIAQESFgoJbWF4X3N0ZXBzGAUgASgFSASIAQESKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgV0b29scxgHIAEoCzIWLmFnaW8udjEuVG9vbFNlbGVjdGlvbhIZCgx0b2tlbl9idWRnZXQYCCABKANIBYgBAUIICgZfbW9kZWxCDwoNX2luc3RydWN0aW9uc0IOCgxfdGVtcGVyYXR1cmVCDQoLX21heF90b2tlbnNCDAoKX21heF9zdGVwc0IPCg1fdG9rZW5fYnVkZ2V0IukCCgpSdW5SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSDQoFaW5wdXQYAyABKAkSKAoJb3ZlcnJpZGVzGAQgASgLMhUuYWdpby52MS5SdW5PdmVycmlkZXMSLQoMY2xpZW50X3Rvb2xzGAUgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbhISCgpyZXF1ZXN0X2lkGAYgASgJEjMKCG1ldGFkYXRhGAcgAygLMiEuYWdpby52MS5SdW5SZXF1ZXN0Lk1ldGFkYXRhRW50cnkSJAoHb25fYnVzeRgIIAEoDjITLmFnaW8udjEuQnVzeVBvbGljeRIwCg1vbl9kaXNjb25uZWN0GAkgASgOMhkuYWdpby52MS5EaXNjb25uZWN0UG9saWN5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASItChBTdGFydFJ1blJlc3BvbnNlEhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIkQKClRvb2xPdXRwdXQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJVChhTdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEikKDHRvb2xfb3V0cHV0cxgCIAMoCzITLmFnaW8udjEuVG9vbE91dHB1dCI0CgxSZXRyeVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAyI0Cg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiLgoRQ2FuY2VsUnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiKwoOR2V0UnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iTAoPTGlzdFJ1bnNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiRwoQTGlzdFJ1bnNSZXNwb25zZRIaCgRydW5zGAEgAygLMgwuYWdpby52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhMKEUxpc3RBZ2VudHNSZXF1ZXN0IjQKEkxpc3RBZ2VudHNSZXNwb25zZRIeCgZhZ2VudHMYASADKAsyDi5hZ2lvLnYxLkFnZW50Ko8BCgpCdXN5UG9saWN5EhsKF0JVU1lfUE9MSUNZX1VOU1BFQ0lGSUVEEAASFgoSQlVTWV9QT0xJQ1lfUkVKRUNUEAESFwoTQlVTWV9QT0xJQ1lfRU5RVUVVRRACEhkKFUJVU1lfUE9MSUNZX0lOVEVSUlVQVBADEhgKFEJVU1lfUE9MSUNZX1JPTExCQUNLEAQqcwoQRGlzY29ubmVjdFBvbGljeRIhCh1ESVNDT05ORUNUX1BPTElDWV9VTlNQRUNJRklFRBAAEhwKGERJU0NPTk5FQ1RfUE9MSUNZX0NBTkNFTBABEh4KGkRJU0NPTk5FQ1RfUE9MSUNZX0NPTlRJTlVFEAIywwQKDEFnZW50U2VydmljZRIwCgNSdW4SEy5hZ2lvLnYxLlJ1blJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjoKCFN0YXJ0UnVuEhMuYWdpby52MS5SdW5SZXF1ZXN0GhkuYWdpby52MS5TdGFydFJ1blJlc3BvbnNlEkwKEVN1Ym1pdFRvb2xPdXRwdXRzEiEuYWdpby52MS5TdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjQKBVJldHJ5EhUuYWdpby52MS5SZXRyeVJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjoKCFdhdGNoUnVuEhguYWdpby52MS5XYXRjaFJ1blJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEkIKCUNhbmNlbFJ1bhIZLmFnaW8udjEuQ2FuY2VsUnVuUmVxdWVzdBoaLmFnaW8udjEuQ2FuY2VsUnVuUmVzcG9uc2USOQoGR2V0UnVuEhYuYWdpby52MS5HZXRSdW5SZXF1ZXN0GhcuYWdpby52MS5HZXRSdW5SZXNwb25zZRI/CghMaXN0UnVucxIYLmFnaW8udjEuTGlzdFJ1bnNSZXF1ZXN0GhkuYWdpby52MS5MaXN0UnVuc1Jlc3BvbnNlEkUKCkxpc3RBZ2VudHMSGi5hZ2lvLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GhsuYWdpby52MS5MaXN0QWdlbnRzUmVzcG9uc2VCmwEKC2NvbS5hZ2lvLnYxQhFBZ2VudFNlcnZpY2VQcm90b1ABWjxnaXRodWIuY29tL2FnaW8tZ3JwYy9hZ2lvLWdycGMvY2xpZW50cy9nby9nZW4vYWdpby92MTthZ2lvdjGiAgNBWFiqAgdBZ2lvLlYxygIHQWdpb1xWMeICE0FnaW9cVjFcR1BCTWV0YWRhdGHqAghBZ2lvOjpWMWIGcHJvdG8z", [file_agio_v1_events, file_agio_v1_resources, file_google_protobuf_duration]);
+  fileDesc("ChthZ2lvL3YxL2FnZW50X3NlcnZpY2UucHJvdG8SB2FnaW8udjEiHgoNVG9vbFNlbGVjdGlvbhINCgVuYW1lcxgBIAMoCSLPAgoMUnVuT3ZlcnJpZGVzEhIKBW1vZGVsGAEgASgJSACIAQESGQoMaW5zdHJ1Y3Rpb25zGAIgASgJSAGIAQESGAoLdGVtcGVyYXR1cmUYAyABKAFIAogBARIXCgptYXhfdG9rZW5zGAQgASgFSAOIAQESFgoJbWF4X3N0ZXBzGAUgASgFSASIAQESKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgV0b29scxgHIAEoCzIWLmFnaW8udjEuVG9vbFNlbGVjdGlvbhIZCgx0b2tlbl9idWRnZXQYCCABKANIBYgBAUIICgZfbW9kZWxCDwoNX2luc3RydWN0aW9uc0IOCgxfdGVtcGVyYXR1cmVCDQoLX21heF90b2tlbnNCDAoKX21heF9zdGVwc0IPCg1fdG9rZW5fYnVkZ2V0IoMDCgpSdW5SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSDQoFaW5wdXQYAyABKAkSKAoJb3ZlcnJpZGVzGAQgASgLMhUuYWdpby52MS5SdW5PdmVycmlkZXMSLQoMY2xpZW50X3Rvb2xzGAUgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbhISCgpyZXF1ZXN0X2lkGAYgASgJEjMKCG1ldGFkYXRhGAcgAygLMiEuYWdpby52MS5SdW5SZXF1ZXN0Lk1ldGFkYXRhRW50cnkSJAoHb25fYnVzeRgIIAEoDjITLmFnaW8udjEuQnVzeVBvbGljeRIwCg1vbl9kaXNjb25uZWN0GAkgASgOMhkuYWdpby52MS5EaXNjb25uZWN0UG9saWN5EhgKEHJlcXVpcmVfYXBwcm92YWwYCiADKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIi0KEFN0YXJ0UnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iRAoKVG9vbE91dHB1dBIUCgx0b29sX2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIkYKDFRvb2xBcHByb3ZhbBIUCgx0b29sX2NhbGxfaWQYASABKAkSEAoIYXBwcm92ZWQYAiABKAgSDgoGcmVhc29uGAMgASgJIn8KGFN1Ym1pdFRvb2xPdXRwdXRzUmVxdWVzdBIOCgZydW5faWQYASABKAkSKQoMdG9vbF9vdXRwdXRzGAIgAygLMhMuYWdpby52MS5Ub29sT3V0cHV0EigKCWFwcHJvdmFscxgDIAMoCzIVLmFnaW8udjEuVG9vbEFwcHJvdmFsIjQKDFJldHJ5UmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCHNlcXVlbmNlGAIgASgDIjQKD1dhdGNoUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgDIjIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSIuChFDYW5jZWxSdW5SZXNwb25zZRIZCgNydW4YASABKAsyDC5hZ2lvLnYxLlJ1biIfCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSIrCg5HZXRSdW5SZXNwb25zZRIZCgNydW4YASABKAsyDC5hZ2lvLnYxLlJ1biJMCg9MaXN0UnVuc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJHChBMaXN0UnVuc1Jlc3BvbnNlEhoKBHJ1bnMYASADKAsyDC5hZ2lvLnYxLlJ1bhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiEwoRTGlzdEFnZW50c1JlcXVlc3QiNAoSTGlzdEFnZW50c1Jlc3BvbnNlEh4KBmFnZW50cxgBIAMoCzIOLmFnaW8udjEuQWdlbnQqjwEKCkJ1c3lQb2xpY3kSGwoXQlVTWV9QT0xJQ1lfVU5TUEVDSUZJRUQQABIWChJCVVNZX1BPTElDWV9SRUpFQ1QQARIXChNCVVNZX1BPTElDWV9FTlFVRVVFEAISGQoVQlVTWV9QT0xJQ1lfSU5URVJSVVBUEAMSGAoUQlVTWV9QT0xJQ1lfUk9MTEJBQ0sQBCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAjLDBAoMQWdlbnRTZXJ2aWNlEjAKA1J1bhITLmFnaW8udjEuUnVuUmVxdWVzdBoSLmFnaW8udjEuU3RlcEV2ZW50MAESOgoIU3RhcnRSdW4SEy5hZ2lvLnYxLlJ1blJlcXVlc3QaGS5hZ2lvLnYxLlN0YXJ0UnVuUmVzcG9uc2USTAoRU3VibWl0VG9vbE91dHB1dHMSIS5hZ2lvLnYxLlN1Ym1pdFRvb2xPdXRwdXRzUmVxdWVzdBoSLmFnaW8udjEuU3RlcEV2ZW50MAESNAoFUmV0cnkSFS5hZ2lvLnYxLlJldHJ5UmVxdWVzdBoSLmFnaW8udjEuU3RlcEV2ZW50MAESOgoIV2F0Y2hSdW4SGC5hZ2lvLnYxLldhdGNoUnVuUmVxdWVzdBoSLmFnaW8udjEuU3RlcEV2ZW50MAESQgoJQ2FuY2VsUnVuEhkuYWdpby52MS5DYW5jZWxSdW5SZXF1ZXN0GhouYWdpby52MS5DYW5jZWxSdW5SZXNwb25zZRI5CgZHZXRSdW4SFi5hZ2lvLnYxLkdldFJ1blJlcXVlc3QaFy5hZ2lvLnYxLkdldFJ1blJlc3BvbnNlEj8KCExpc3RSdW5zEhguYWdpby52MS5MaXN0UnVuc1JlcXVlc3QaGS5hZ2lvLnYxLkxpc3RSdW5zUmVzcG9uc2USRQoKTGlzdEFnZW50cxIaLmFnaW8udjEuTGlzdEFnZW50c1JlcXVlc3QaGy5hZ2lvLnYxLkxpc3RBZ2VudHNSZXNwb25zZUKbAQoLY29tLmFnaW8udjFCEUFnZW50U2VydmljZVByb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_agio_v1_events, file_agio_v1_resources, file_google_protobuf_duration]);
 
 /**
  * ToolSelection restricts the agent's server tools for one run.
@@ -178,6 +178,14 @@ export type RunRequest = Message<"agio.v1.RunRequest"> & {
    * @generated from field: agio.v1.DisconnectPolicy on_disconnect = 9;
    */
   onDisconnect: DisconnectPolicy;
+
+  /**
+   * Server tools whose calls wait for a decision before they run (besides the agent's
+   * `needs_approval` tools); `*` names every server tool of the run.
+   *
+   * @generated from field: repeated string require_approval = 10;
+   */
+  requireApproval: string[];
 };
 
 /**
@@ -244,7 +252,45 @@ export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
   messageDesc(file_agio_v1_agent_service, 4);
 
 /**
- * SubmitToolOutputsRequest supplies the results of a run's pending client tool calls.
+ * ToolApproval decides one call waiting for approval.
+ *
+ * @generated from message agio.v1.ToolApproval
+ */
+export type ToolApproval = Message<"agio.v1.ToolApproval"> & {
+  /**
+   * The call it decides (`RequiredAction.approvals[].id`).
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * Run the call (true), or reject it (false): the model then sees that it was rejected,
+   * and `reason`.
+   *
+   * @generated from field: bool approved = 2;
+   */
+  approved: boolean;
+
+  /**
+   * Why; shown to the model for a rejection, and kept with the decision.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message agio.v1.ToolApproval.
+ * Use `create(ToolApprovalSchema)` to create a new message.
+ */
+export const ToolApprovalSchema: GenMessage<ToolApproval> = /*@__PURE__*/
+  messageDesc(file_agio_v1_agent_service, 5);
+
+/**
+ * SubmitToolOutputsRequest supplies what a REQUIRES_ACTION run waits for: the results of
+ * its pending client tool calls and the decisions on its calls waiting for approval, all
+ * at once.
  *
  * @generated from message agio.v1.SubmitToolOutputsRequest
  */
@@ -257,11 +303,18 @@ export type SubmitToolOutputsRequest = Message<"agio.v1.SubmitToolOutputsRequest
   runId: string;
 
   /**
-   * One output per pending call.
+   * One output per pending client call (`RequiredAction.tool_calls`).
    *
    * @generated from field: repeated agio.v1.ToolOutput tool_outputs = 2;
    */
   toolOutputs: ToolOutput[];
+
+  /**
+   * One decision per call waiting for approval (`RequiredAction.approvals`).
+   *
+   * @generated from field: repeated agio.v1.ToolApproval approvals = 3;
+   */
+  approvals: ToolApproval[];
 };
 
 /**
@@ -269,7 +322,7 @@ export type SubmitToolOutputsRequest = Message<"agio.v1.SubmitToolOutputsRequest
  * Use `create(SubmitToolOutputsRequestSchema)` to create a new message.
  */
 export const SubmitToolOutputsRequestSchema: GenMessage<SubmitToolOutputsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 5);
+  messageDesc(file_agio_v1_agent_service, 6);
 
 /**
  * RetryRequest regenerates a session from a sequence.
@@ -297,7 +350,7 @@ export type RetryRequest = Message<"agio.v1.RetryRequest"> & {
  * Use `create(RetryRequestSchema)` to create a new message.
  */
 export const RetryRequestSchema: GenMessage<RetryRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 6);
+  messageDesc(file_agio_v1_agent_service, 7);
 
 /**
  * WatchRunRequest resumes a run's event stream.
@@ -325,7 +378,7 @@ export type WatchRunRequest = Message<"agio.v1.WatchRunRequest"> & {
  * Use `create(WatchRunRequestSchema)` to create a new message.
  */
 export const WatchRunRequestSchema: GenMessage<WatchRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 7);
+  messageDesc(file_agio_v1_agent_service, 8);
 
 /**
  * CancelRunRequest cancels a run.
@@ -353,7 +406,7 @@ export type CancelRunRequest = Message<"agio.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 8);
+  messageDesc(file_agio_v1_agent_service, 9);
 
 /**
  * CancelRunResponse returns the run after the cancel was recorded.
@@ -374,7 +427,7 @@ export type CancelRunResponse = Message<"agio.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 9);
+  messageDesc(file_agio_v1_agent_service, 10);
 
 /**
  * GetRunRequest names a run.
@@ -395,7 +448,7 @@ export type GetRunRequest = Message<"agio.v1.GetRunRequest"> & {
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 10);
+  messageDesc(file_agio_v1_agent_service, 11);
 
 /**
  * GetRunResponse holds one run.
@@ -416,7 +469,7 @@ export type GetRunResponse = Message<"agio.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 11);
+  messageDesc(file_agio_v1_agent_service, 12);
 
 /**
  * ListRunsRequest pages through a session's runs.
@@ -451,7 +504,7 @@ export type ListRunsRequest = Message<"agio.v1.ListRunsRequest"> & {
  * Use `create(ListRunsRequestSchema)` to create a new message.
  */
 export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 12);
+  messageDesc(file_agio_v1_agent_service, 13);
 
 /**
  * ListRunsResponse is one page of runs.
@@ -479,7 +532,7 @@ export type ListRunsResponse = Message<"agio.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 13);
+  messageDesc(file_agio_v1_agent_service, 14);
 
 /**
  * ListAgentsRequest lists the configured agents.
@@ -494,7 +547,7 @@ export type ListAgentsRequest = Message<"agio.v1.ListAgentsRequest"> & {
  * Use `create(ListAgentsRequestSchema)` to create a new message.
  */
 export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 14);
+  messageDesc(file_agio_v1_agent_service, 15);
 
 /**
  * ListAgentsResponse holds the configured agents.
@@ -515,7 +568,7 @@ export type ListAgentsResponse = Message<"agio.v1.ListAgentsResponse"> & {
  * Use `create(ListAgentsResponseSchema)` to create a new message.
  */
 export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 15);
+  messageDesc(file_agio_v1_agent_service, 16);
 
 /**
  * BusyPolicy says what a new run does when its session has a RUNNING, QUEUED or

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/resources.proto.
  */
 export const file_agio_v1_resources: GenFile = /*@__PURE__*/
-  fileDesc("ChdhZ2lvL3YxL3Jlc291cmNlcy5wcm90bxIHYWdpby52MSI3CghUb29sQ2FsbBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSKNAQoOVG9vbERlZmluaXRpb24SDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIXCg9wYXJhbWV0ZXJzX2pzb24YAyABKAkSEwoLdW5hdmFpbGFibGUYBCABKAgSDgoGc291cmNlGAUgASgJEhoKEnVuYXZhaWxhYmxlX3JlYXNvbhgGIAEoCSKOAgoLU3RlcE1ldHJpY3MSEwoLZHVyYXRpb25fbXMYASABKAMSHgoWZmlyc3RfdG9rZW5fbGF0ZW5jeV9tcxgCIAEoAxIUCgxpbnB1dF90b2tlbnMYAyABKAMSFQoNb3V0cHV0X3Rva2VucxgEIAEoAxIUCgx0b3RhbF90b2tlbnMYBSABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgGIAEoAxIYChByZWFzb25pbmdfdG9rZW5zGAcgASgDEhIKCm1vZGVsX25hbWUYCCABKAkSEAoIcHJvdmlkZXIYCSABKAkSGQoRdG9vbF9leGVjX3RpbWVfbXMYCiABKAMSDwoHcmV0cmllcxgLIAEoBSKoAwoEU3RlcBIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRIQCghzZXF1ZW5jZRgEIAEoAxIbCgRyb2xlGAUgASgOMg0uYWdpby52MS5Sb2xlEg8KB2NvbnRlbnQYBiABKAkSGQoRcmVhc29uaW5nX2NvbnRlbnQYByABKAkSJQoKdG9vbF9jYWxscxgIIAMoCzIRLmFnaW8udjEuVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAkgASgJEgwKBG5hbWUYCiABKAkSEAoIaXNfZXJyb3IYCyABKAgSJQoHbWV0cmljcxgMIAEoCzIULmFnaW8udjEuU3RlcE1ldHJpY3MSLwoLY3JlYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHRyYWNlX2lkGA4gASgJEg8KB3NwYW5faWQYDyABKAkSHgoWc3VtbWFyeV9maXJzdF9zZXF1ZW5jZRgQIAEoAxIdChVzdW1tYXJ5X2xhc3Rfc2VxdWVuY2UYESABKAMirQEKClN0b3BTaWduYWwSIwoGcmVhc29uGAEgASgOMhMuYWdpby52MS5TdG9wUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEigKB2NvbnRleHQYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhEKCXJldHJ5YWJsZRgFIAEoCBIcChRyZXN1bWVfZnJvbV9zZXF1ZW5jZRgGIAEoAyJKCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIUCgx0b3RhbF90b2tlbnMYAyABKAMi4QMKA1J1bhIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg0KBWFnZW50GAMgASgJEiIKBnN0YXR1cxgEIAEoDjISLmFnaW8udjEuUnVuU3RhdHVzEigKC3N0b3Bfc2lnbmFsGAUgASgLMhMuYWdpby52MS5TdG9wU2lnbmFsEh0KBXVzYWdlGAYgASgLMg4uYWdpby52MS5Vc2FnZRISCgpzdGVwX2NvdW50GAcgASgFEhcKD3Rvb2xfY2FsbF9jb3VudBgIIAEoBRIWCg5maXJzdF9zZXF1ZW5jZRgJIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAogASgDEi8KC2NyZWF0ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIdHJhY2VfaWQYDSABKAkSEgoKcmVxdWVzdF9pZBgOIAEoCRIsCghtZXRhZGF0YRgPIAMoCzIaLmFnaW8udjEuUnVuLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBItkBCgdTZXNzaW9uEgoKAmlkGAEgASgJEhkKEXBhcmVudF9zZXNzaW9uX2lkGAIgASgJEhUKDWZvcmtfc2VxdWVuY2UYAyABKAMSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpzdGVwX2NvdW50GAYgASgDEhoKEmZpcnN0X3VzZXJfbWVzc2FnZRgHIAEoCSK8AQoOQ29udGV4dFN1bW1hcnkSEwoLdG90YWxfc3RlcHMYASABKAMSEgoKdXNlcl9zdGVwcxgCIAEoAxIXCg9hc3Npc3RhbnRfc3RlcHMYAyABKAMSEgoKdG9vbF9zdGVwcxgEIAEoAxISCgp0b29sX2NhbGxzGAUgASgDEhQKDG1pbl9zZXF1ZW5jZRgGIAEoAxIUCgxtYXhfc2VxdWVuY2UYByABKAMSFAoMdG90YWxfdG9rZW5zGAggASgDImIKBUFnZW50EgwKBG5hbWUYASABKAkSDQoFbW9kZWwYAiABKAkSFAoMaW5zdHJ1Y3Rpb25zGAMgASgJEiYKBXRvb2xzGAQgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbipxCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMSDQoJUk9MRV9UT09MEAQSEAoMUk9MRV9TVU1NQVJZEAUqvwMKClN0b3BSZWFzb24SGwoXU1RPUF9SRUFTT05fVU5TUEVDSUZJRUQQABIeChpTVE9QX1JFQVNPTl9JTlRFUk5BTF9FUlJPUhABEhsKF1NUT1BfUkVBU09OX0lOVEVSUlVQVEVEEAISGQoVU1RPUF9SRUFTT05fQ0FOQ0VMTEVEEAMSFwoTU1RPUF9SRUFTT05fVElNRU9VVBAEEhsKF1NUT1BfUkVBU09OX01PREVMX0VSUk9SEAUSGgoWU1RPUF9SRUFTT05fVE9PTF9FUlJPUhAGEh4KGlNUT1BfUkVBU09OX0NPTlRFTlRfRklMVEVSEAcSHAoYU1RPUF9SRUFTT05fVE9LRU5fQlVER0VUEAgSGgoWU1RPUF9SRUFTT05fTUFYX1RPS0VOUxAJEhkKFVNUT1BfUkVBU09OX1RPT0xfU1RPUBAKEh8KG1NUT1BfUkVBU09OX1JFUVVJUkVTX0FDVElPThALEhkKFVNUT1BfUkVBU09OX01BWF9TVEVQUxAMEhkKFVNUT1BfUkVBU09OX0NPTVBMRVRFRBANEh4KGlNUT1BfUkVBU09OX0NPTlRFWFRfV0lORE9XEA4q3QEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIeChpSVU5fU1RBVFVTX1JFUVVJUkVTX0FDVElPThADEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAQSFQoRUlVOX1NUQVRVU19GQUlMRUQQBRIaChZSVU5fU1RBVFVTX0lOVEVSUlVQVEVEEAYSFQoRUlVOX1NUQVRVU19RVUVVRUQQB0KYAQoLY29tLmFnaW8udjFCDlJlc291cmNlc1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChdhZ2lvL3YxL3Jlc291cmNlcy5wcm90bxIHYWdpby52MSI3CghUb29sQ2FsbBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSKNAQoOVG9vbERlZmluaXRpb24SDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIXCg9wYXJhbWV0ZXJzX2pzb24YAyABKAkSEwoLdW5hdmFpbGFibGUYBCABKAgSDgoGc291cmNlGAUgASgJEhoKEnVuYXZhaWxhYmxlX3JlYXNvbhgGIAEoCSKOAgoLU3RlcE1ldHJpY3MSEwoLZHVyYXRpb25fbXMYASABKAMSHgoWZmlyc3RfdG9rZW5fbGF0ZW5jeV9tcxgCIAEoAxIUCgxpbnB1dF90b2tlbnMYAyABKAMSFQoNb3V0cHV0X3Rva2VucxgEIAEoAxIUCgx0b3RhbF90b2tlbnMYBSABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgGIAEoAxIYChByZWFzb25pbmdfdG9rZW5zGAcgASgDEhIKCm1vZGVsX25hbWUYCCABKAkSEAoIcHJvdmlkZXIYCSABKAkSGQoRdG9vbF9leGVjX3RpbWVfbXMYCiABKAMSDwoHcmV0cmllcxgLIAEoBSLVAwoEU3RlcBIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRIQCghzZXF1ZW5jZRgEIAEoAxIbCgRyb2xlGAUgASgOMg0uYWdpby52MS5Sb2xlEg8KB2NvbnRlbnQYBiABKAkSGQoRcmVhc29uaW5nX2NvbnRlbnQYByABKAkSJQoKdG9vbF9jYWxscxgIIAMoCzIRLmFnaW8udjEuVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAkgASgJEgwKBG5hbWUYCiABKAkSEAoIaXNfZXJyb3IYCyABKAgSJQoHbWV0cmljcxgMIAEoCzIULmFnaW8udjEuU3RlcE1ldHJpY3MSLwoLY3JlYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHRyYWNlX2lkGA4gASgJEg8KB3NwYW5faWQYDyABKAkSHgoWc3VtbWFyeV9maXJzdF9zZXF1ZW5jZRgQIAEoAxIdChVzdW1tYXJ5X2xhc3Rfc2VxdWVuY2UYESABKAMSKwoIYXBwcm92YWwYEiABKAsyGS5hZ2lvLnYxLkFwcHJvdmFsRGVjaXNpb24ieQoQQXBwcm92YWxEZWNpc2lvbhIQCghhcHByb3ZlZBgBIAEoCBIOCgZyZWFzb24YAiABKAkSEgoKZGVjaWRlZF9ieRgDIAEoCRIvCgtkZWNpZGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAirQEKClN0b3BTaWduYWwSIwoGcmVhc29uGAEgASgOMhMuYWdpby52MS5TdG9wUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEigKB2NvbnRleHQYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhEKCXJldHJ5YWJsZRgFIAEoCBIcChRyZXN1bWVfZnJvbV9zZXF1ZW5jZRgGIAEoAyJKCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIUCgx0b3RhbF90b2tlbnMYAyABKAMikwQKA1J1bhIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg0KBWFnZW50GAMgASgJEiIKBnN0YXR1cxgEIAEoDjISLmFnaW8udjEuUnVuU3RhdHVzEigKC3N0b3Bfc2lnbmFsGAUgASgLMhMuYWdpby52MS5TdG9wU2lnbmFsEh0KBXVzYWdlGAYgASgLMg4uYWdpby52MS5Vc2FnZRISCgpzdGVwX2NvdW50GAcgASgFEhcKD3Rvb2xfY2FsbF9jb3VudBgIIAEoBRIWCg5maXJzdF9zZXF1ZW5jZRgJIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAogASgDEi8KC2NyZWF0ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIdHJhY2VfaWQYDSABKAkSEgoKcmVxdWVzdF9pZBgOIAEoCRIsCghtZXRhZGF0YRgPIAMoCzIaLmFnaW8udjEuUnVuLk1ldGFkYXRhRW50cnkSMAoPcmVxdWlyZWRfYWN0aW9uGBAgASgLMhcuYWdpby52MS5SZXF1aXJlZEFjdGlvbhovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEilAEKDlJlcXVpcmVkQWN0aW9uEiUKCnRvb2xfY2FsbHMYASADKAsyES5hZ2lvLnYxLlRvb2xDYWxsEiQKCWFwcHJvdmFscxgCIAMoCzIRLmFnaW8udjEuVG9vbENhbGwSNQoRYXBwcm92YWxfZGVhZGxpbmUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItkBCgdTZXNzaW9uEgoKAmlkGAEgASgJEhkKEXBhcmVudF9zZXNzaW9uX2lkGAIgASgJEhUKDWZvcmtfc2VxdWVuY2UYAyABKAMSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpzdGVwX2NvdW50GAYgASgDEhoKEmZpcnN0X3VzZXJfbWVzc2FnZRgHIAEoCSK8AQoOQ29udGV4dFN1bW1hcnkSEwoLdG90YWxfc3RlcHMYASABKAMSEgoKdXNlcl9zdGVwcxgCIAEoAxIXCg9hc3Npc3RhbnRfc3RlcHMYAyABKAMSEgoKdG9vbF9zdGVwcxgEIAEoAxISCgp0b29sX2NhbGxzGAUgASgDEhQKDG1pbl9zZXF1ZW5jZRgGIAEoAxIUCgxtYXhfc2VxdWVuY2UYByABKAMSFAoMdG90YWxfdG9rZW5zGAggASgDImIKBUFnZW50EgwKBG5hbWUYASABKAkSDQoFbW9kZWwYAiABKAkSFAoMaW5zdHJ1Y3Rpb25zGAMgASgJEiYKBXRvb2xzGAQgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbipxCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMSDQoJUk9MRV9UT09MEAQSEAoMUk9MRV9TVU1NQVJZEAUqvwMKClN0b3BSZWFzb24SGwoXU1RPUF9SRUFTT05fVU5TUEVDSUZJRUQQABIeChpTVE9QX1JFQVNPTl9JTlRFUk5BTF9FUlJPUhABEhsKF1NUT1BfUkVBU09OX0lOVEVSUlVQVEVEEAISGQoVU1RPUF9SRUFTT05fQ0FOQ0VMTEVEEAMSFwoTU1RPUF9SRUFTT05fVElNRU9VVBAEEhsKF1NUT1BfUkVBU09OX01PREVMX0VSUk9SEAUSGgoWU1RPUF9SRUFTT05fVE9PTF9FUlJPUhAGEh4KGlNUT1BfUkVBU09OX0NPTlRFTlRfRklMVEVSEAcSHAoYU1RPUF9SRUFTT05fVE9LRU5fQlVER0VUEAgSGgoWU1RPUF9SRUFTT05fTUFYX1RPS0VOUxAJEhkKFVNUT1BfUkVBU09OX1RPT0xfU1RPUBAKEh8KG1NUT1BfUkVBU09OX1JFUVVJUkVTX0FDVElPThALEhkKFVNUT1BfUkVBU09OX01BWF9TVEVQUxAMEhkKFVNUT1BfUkVBU09OX0NPTVBMRVRFRBANEh4KGlNUT1BfUkVBU09OX0NPTlRFWFRfV0lORE9XEA4q3QEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIeChpSVU5fU1RBVFVTX1JFUVVJUkVTX0FDVElPThADEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAQSFQoRUlVOX1NUQVRVU19GQUlMRUQQBRIaChZSVU5fU1RBVFVTX0lOVEVSUlVQVEVEEAYSFQoRUlVOX1NUQVRVU19RVUVVRUQQB0KYAQoLY29tLmFnaW8udjFCDlJlc291cmNlc1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ToolCall is one function call requested by the model.
@@ -325,6 +325,13 @@ export type Step = Message<"agio.v1.Step"> & {
    * @generated from field: int64 summary_last_sequence = 17;
    */
   summaryLastSequence: bigint;
+
+  /**
+   * For a tool step of a call that waited for approval: the decision.
+   *
+   * @generated from field: agio.v1.ApprovalDecision approval = 18;
+   */
+  approval?: ApprovalDecision | undefined;
 };
 
 /**
@@ -333,6 +340,49 @@ export type Step = Message<"agio.v1.Step"> & {
  */
 export const StepSchema: GenMessage<Step> = /*@__PURE__*/
   messageDesc(file_agio_v1_resources, 3);
+
+/**
+ * ApprovalDecision records who decided a call that needed approval, how and when.
+ *
+ * @generated from message agio.v1.ApprovalDecision
+ */
+export type ApprovalDecision = Message<"agio.v1.ApprovalDecision"> & {
+  /**
+   * The call ran (true) or was rejected (false).
+   *
+   * @generated from field: bool approved = 1;
+   */
+  approved: boolean;
+
+  /**
+   * The reason given; "timed out" for a rejection by the server.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * The id of the credential that decided (an API key's id, a JWT subject, a certificate's
+   * name); `server` for a timeout.
+   *
+   * @generated from field: string decided_by = 3;
+   */
+  decidedBy: string;
+
+  /**
+   * When the decision was submitted.
+   *
+   * @generated from field: google.protobuf.Timestamp decide_time = 4;
+   */
+  decideTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message agio.v1.ApprovalDecision.
+ * Use `create(ApprovalDecisionSchema)` to create a new message.
+ */
+export const ApprovalDecisionSchema: GenMessage<ApprovalDecision> = /*@__PURE__*/
+  messageDesc(file_agio_v1_resources, 4);
 
 /**
  * StopSignal says why a run stopped, who stopped it and whether it can be retried.
@@ -388,7 +438,7 @@ export type StopSignal = Message<"agio.v1.StopSignal"> & {
  * Use `create(StopSignalSchema)` to create a new message.
  */
 export const StopSignalSchema: GenMessage<StopSignal> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 4);
+  messageDesc(file_agio_v1_resources, 5);
 
 /**
  * Usage counts the tokens of a run.
@@ -423,7 +473,7 @@ export type Usage = Message<"agio.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 5);
+  messageDesc(file_agio_v1_resources, 6);
 
 /**
  * Run is one invocation of the agent loop on a session.
@@ -535,6 +585,13 @@ export type Run = Message<"agio.v1.Run"> & {
    * @generated from field: map<string, string> metadata = 15;
    */
   metadata: { [key: string]: string };
+
+  /**
+   * What a REQUIRES_ACTION run waits for; unset in any other status.
+   *
+   * @generated from field: agio.v1.RequiredAction required_action = 16;
+   */
+  requiredAction?: RequiredAction | undefined;
 };
 
 /**
@@ -542,7 +599,44 @@ export type Run = Message<"agio.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 6);
+  messageDesc(file_agio_v1_resources, 7);
+
+/**
+ * RequiredAction is what a run waiting in REQUIRES_ACTION needs before it goes on: one
+ * SubmitToolOutputs answering all of it at once.
+ *
+ * @generated from message agio.v1.RequiredAction
+ */
+export type RequiredAction = Message<"agio.v1.RequiredAction"> & {
+  /**
+   * Calls of client tools: the caller runs them and submits their outputs.
+   *
+   * @generated from field: repeated agio.v1.ToolCall tool_calls = 1;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * Calls of server tools waiting for a decision (`SubmitToolOutputsRequest.approvals`).
+   *
+   * @generated from field: repeated agio.v1.ToolCall approvals = 2;
+   */
+  approvals: ToolCall[];
+
+  /**
+   * When the server rejects the pending approvals itself ("timed out"); unset without an
+   * `approval_timeout_s`.
+   *
+   * @generated from field: google.protobuf.Timestamp approval_deadline = 3;
+   */
+  approvalDeadline?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message agio.v1.RequiredAction.
+ * Use `create(RequiredActionSchema)` to create a new message.
+ */
+export const RequiredActionSchema: GenMessage<RequiredAction> = /*@__PURE__*/
+  messageDesc(file_agio_v1_resources, 8);
 
 /**
  * Session is a conversation: an ordered log of steps.
@@ -607,7 +701,7 @@ export type Session = Message<"agio.v1.Session"> & {
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 7);
+  messageDesc(file_agio_v1_resources, 9);
 
 /**
  * ContextSummary describes the steps a session's next model call would see.
@@ -677,7 +771,7 @@ export type ContextSummary = Message<"agio.v1.ContextSummary"> & {
  * Use `create(ContextSummarySchema)` to create a new message.
  */
 export const ContextSummarySchema: GenMessage<ContextSummary> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 8);
+  messageDesc(file_agio_v1_resources, 10);
 
 /**
  * Agent is a named agent configuration.
@@ -719,7 +813,7 @@ export type Agent = Message<"agio.v1.Agent"> & {
  * Use `create(AgentSchema)` to create a new message.
  */
 export const AgentSchema: GenMessage<Agent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 9);
+  messageDesc(file_agio_v1_resources, 11);
 
 /**
  * Role is the chat role of a step's message.
