@@ -129,6 +129,8 @@ steps = Table(
     # A summary step's range (revision 0008; 0 on every other step).
     Column("summary_first_sequence", INT64, nullable=False, server_default="0"),
     Column("summary_last_sequence", INT64, nullable=False, server_default="0"),
+    # A tool step of a call that waited for approval: the decision as JSON (rows.py).
+    Column("approval", Text, nullable=True),
     UniqueConstraint("session_id", "sequence", name=STEP_SEQUENCE_CONSTRAINT),
     CheckConstraint("sequence >= 1", name="ck_steps_sequence_positive"),
 )

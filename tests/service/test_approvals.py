@@ -148,6 +148,11 @@ async def test_a_call_needing_approval_waits_then_runs_once_approved(
     steps = await client.list_steps(waiting.session_id)
     (result,) = [step for step in steps if step.role == Role.ROLE_TOOL]
     assert (result.content, result.is_error) == ("mail sent", False)
+    # The audit trail: who approved what, when.
+    assert result.approval.approved
+    assert result.approval.reason == "looks right"
+    assert result.approval.decided_by == "test"  # the tenancy interceptor's credential id
+    assert result.approval.decide_time.ToDatetime() >= waiting.end_time.ToDatetime()
 
 
 async def test_a_rejected_call_never_runs_and_the_model_sees_the_reason(
@@ -165,6 +170,9 @@ async def test_a_rejected_call_never_runs_and_the_model_sees_the_reason(
     (result,) = [step for step in steps if step.role == Role.ROLE_TOOL]
     assert result.is_error
     assert "wire 1M" not in result.content  # the tool never ran
+    assert not result.approval.approved
+    assert (result.approval.reason, result.approval.decided_by) == ("too much money", "test")
+    assert result.approval.HasField("decide_time")
 
 
 async def test_a_mixed_turn_runs_free_calls_first_and_resumes_with_every_answer(
@@ -202,6 +210,11 @@ async def test_a_mixed_turn_runs_free_calls_first_and_resumes_with_every_answer(
     assert seen["call_client"] == "sunny"
     assert seen["call_yes"] == "approved"
     assert "not this one" in seen["call_no"]
+    steps = await client.list_steps(waiting.session_id)
+    decided = {s.tool_call_id: s for s in steps if s.role == Role.ROLE_TOOL}
+    assert [decided[i].approval.approved for i in ("call_yes", "call_no")] == [True, False]
+    assert not decided["call_free"].HasField("approval")
+    assert not decided["call_client"].HasField("approval")
 
 
 @pytest.mark.parametrize(

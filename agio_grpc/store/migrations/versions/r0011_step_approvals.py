@@ -1,0 +1,32 @@
+"""Step approvals: the decision on a tool call that waited for approval, with its result.
+
+A tool step answering a call that needed approval keeps who decided it (the credential's
+id, or `server` for a timeout), how (approved or rejected, and the reason) and when, as JSON
+in `approval` (store/rows.py); NULL on every other step.
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-11-27
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0011"
+down_revision: str | Sequence[str] | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("steps") as batch:
+        batch.add_column(sa.Column("approval", sa.Text(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("steps") as batch:
+        batch.drop_column("approval")
