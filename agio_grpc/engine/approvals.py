@@ -33,6 +33,7 @@ from agio_grpc.domain import (
     StopReason,
     StopSignal,
     ToolCall,
+    unanswered_call_result,
     utc_now,
 )
 from agio_grpc.engine.agents import RunSettings, ToolOutput
@@ -81,10 +82,14 @@ class Answers:
     outputs: list[ToolOutput]
     approvals: list[ToolApproval]
     decided_by: str = ""
+    timed_out: bool = False
+    """The server's own answer to a wait past its timeout (`timed_out`)."""
 
     def decide(self, run: Run, settings: RunSettings, history: list[Step]) -> Decided:
         """Answer the open calls of the waiting `run`'s log (`history`): see `decide`."""
         _, pending = open_tool_calls(history)
+        if self.timed_out:
+            return timed_out(run.id, run.session_id, pending, held_ids(settings, pending))
         return decide(
             run.id,
             run.session_id,
@@ -211,17 +216,16 @@ def decide(
 def timed_out(
     run_id: str, session_id: str, pending: Sequence[ToolCall], held_ids: Collection[str]
 ) -> Decided:
-    """The server's rejection of every held call, once the wait passed its timeout. Client
-    calls still open get no output: a run waiting for both is not timed out (its client may
-    still answer), see `Runtime`'s approval timer."""
-    now = utc_now()
-    decision = ApprovalDecision(False, TIMED_OUT, SERVER_DECIDER, now)
-    held = [call for call in pending if call.id in held_ids]
-    return Decided(
-        [rejected_result(session_id, run_id, call, decision) for call in held],
-        [],
-        {call.id: decision for call in held},
-    )
+    """The server's answer to a wait past its `approval_timeout_s`, as a cancel would answer
+    it: each held call rejected "timed out", each client call an error result."""
+    decision = ApprovalDecision(False, TIMED_OUT, SERVER_DECIDER, utc_now())
+    steps = [
+        rejected_result(session_id, run_id, call, decision)
+        if call.id in held_ids
+        else unanswered_call_result(session_id, run_id, call, "the wait timed out")
+        for call in pending
+    ]
+    return Decided(steps, [], {call.id: decision for call in pending if call.id in held_ids})
 
 
 def rejected_result(

@@ -25,3 +25,6 @@ class RuntimeOptions:
     most half the time to their caller's deadline or `admission_wait_s` (engine/admission.py)."""
     admission_wait_s: float = 30.0
     """How long a run without a deadline waits for a slot before ServerBusyError."""
+    approval_poll_s: float = 1.0
+    """How often this process looks for runs whose calls waiting for approval are past their
+    `approval_timeout_s` (it also wakes at the earliest such deadline it knows of)."""

@@ -51,7 +51,8 @@ from agio_grpc.engine.agents import (
     check_agents,
     resolve_settings,
 )
-from agio_grpc.engine.approvals import Answers, ToolApproval
+from agio_grpc.engine.approval_timeouts import ApprovalTimeouts
+from agio_grpc.engine.approvals import SERVER_DECIDER, Answers, ToolApproval
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import context_steps
 from agio_grpc.engine.errors import InvalidInputError, RunStateError, RuntimeClosedError
@@ -132,6 +133,9 @@ class Runtime:
         )
         self._watching = Watching(
             self.runs, self.lifecycle, live, options.watch_poll_s, leases, remote
+        )
+        self._approval_timeouts = ApprovalTimeouts(
+            self.lifecycle, self._time_out_approvals, options.approval_poll_s
         )
         self._queues = RunQueues(
             self.runs,
@@ -291,6 +295,24 @@ class Runtime:
             continued.run, settings, plan, channel, deadline_at, trace, model_calls, slot
         )
 
+    async def expire_approvals(self) -> int:
+        """Answer now every wait for approval past its `approval_timeout_s` (what the sweep
+        of every process does, engine/approval_timeouts.py); how many this call answered."""
+        return await self._approval_timeouts.expire_due()
+
+    async def _time_out_approvals(self, run: Run) -> None:
+        """Answer `run`'s wait past its approval deadline as the server (`ApprovalTimeouts`):
+        its held calls rejected "timed out", and the run goes on with no caller."""
+        self._check_open()
+        settings = self._catalog.settings_of(run)
+        answers = Answers([], [], SERVER_DECIDER, timed_out=True)
+
+        async def submit(history: list[Step], kept: int) -> RunHandle:
+            return await self._submit(run, settings, answers, history, kept, None, slot)
+
+        with await self._segments.admit(None) as slot:
+            await self._histories.decide(self.log, run.session_id, submit)
+
     async def retry(
         self,
         session_id: str,
@@ -394,6 +416,7 @@ class Runtime:
         rest (INTERRUPTED, retryable) and wait for their rows to be finalised.
         """
         self._live.closing = True
+        await self._approval_timeouts.stop()
         try:
             await self._queues.settle(self.options.cancel_wait_s)
             running = self._live.running()
@@ -420,6 +443,7 @@ class Runtime:
         start before anyone runs anything on it; else the first run here does."""
         if self._keeper is not None:
             self._keeper.start()
+        self._approval_timeouts.start()
 
     def _check_open(self) -> None:
         if self._live.closing:

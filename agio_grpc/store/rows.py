@@ -354,6 +354,7 @@ RUN_MUTABLE_COLUMNS: Final = (
     "metadata",
     "options",
     "last_event_seq",
+    "approval_deadline",
 )
 
 
@@ -374,7 +375,19 @@ def run_mutable_values(run: Run) -> dict[str, Any]:
         "metadata": json.dumps(run.metadata),
         "options": _json(run.options),
         "last_event_seq": run.last_event_seq,
+        "approval_deadline": approval_deadline_of(run),
     }
+
+
+def approval_deadline_of(run: Run) -> datetime | None:
+    """When the server rejects the calls a waiting run holds for approval: the deadline its
+    stop signal names (engine/approvals.py), kept in a column of its own so that a sweep
+    finds the runs past it by index; None for any run not waiting for a decision."""
+    signal = run.stop_signal
+    if run.status is not RunStatus.REQUIRES_ACTION or signal is None:
+        return None
+    text = signal.context.get("approval_deadline")
+    return datetime.fromisoformat(text) if isinstance(text, str) else None
 
 
 def run_from_row(row: Row[Any]) -> Run:

@@ -176,11 +176,15 @@ runs = Table(
     # holds the stream, and the caller's deadline.
     Column("caller_instance", String, nullable=False, server_default=""),
     Column("caller_deadline", UTCDateTime, nullable=True),
+    # A REQUIRES_ACTION run holding calls for approval with a timeout: when the server
+    # rejects them (revision 0011; the stop signal's `approval_deadline`, rows.py).
+    Column("approval_deadline", UTCDateTime, nullable=True),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),
     # A tenant's running or queued runs, counted against its quotas (revision 0007).
     Index("ix_runs_tenant_status", "tenant", "status"),
+    Index("ix_runs_approval_deadline", "approval_deadline"),
 )
 
 # The run event journal (revision 0004): the events a replay needs, under their live seq.

@@ -370,3 +370,32 @@ async def test_a_run_on_a_session_waiting_for_approval_follows_the_busy_policy(
     held = [step for step in steps if step.tool_call_id == "call_h"]
     assert len(held) == 1
     assert held[0].is_error
+
+
+async def test_a_wait_past_its_timeout_is_rejected_by_the_server_and_the_run_goes_on(
+    store_url: str, fake_model: FakeModelServer
+) -> None:
+    settings = approval_settings(store_url, fake_model.base_url, approval_timeout_s=0.001)
+    app = await AgioApp.start(settings, interceptors=tenant_interceptors())
+    try:
+        async with AgioClient(app.address, metadata=tenant_metadata(TENANT)) as client:
+            fake_model.enqueue(Turn.tool_calls([echo("too late", "call_late")]))
+            first = await drain(client.run("Do it."))
+            waiting = final_run(first)
+            assert waiting.required_action.HasField("approval_deadline")
+            fake_model.enqueue(Turn.text("Nobody decided in time."))
+            # The sweep of this server may have answered it first: either way, once.
+            await app.runtime.expire_approvals()
+            second = await drain(client.watch_run(waiting.id, after_seq=first[-1].seq))
+            done = final_run(second)
+            assert done.status == RunStatus.RUN_STATUS_COMPLETED
+            seen = tool_messages(fake_model.requests[1])["call_late"]
+            assert "rejected" in seen
+            assert "timed out" in seen
+            steps = await client.list_steps(waiting.session_id)
+            (result,) = [step for step in steps if step.role == Role.ROLE_TOOL]
+            assert (result.approval.approved, result.approval.reason) == (False, "timed out")
+            assert result.approval.decided_by == "server"
+            assert len(fake_model.requests) == 2
+    finally:
+        await app.stop(grace=0)

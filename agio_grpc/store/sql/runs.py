@@ -10,6 +10,7 @@ from typing import Any, Final, cast
 
 from sqlalchemy import (
     Connection,
+    func,
     or_,
     select,
     update,
@@ -475,6 +476,26 @@ class SqlRunLedger(SqlRole):
 
         row = await self._read(work)
         return run_from_row(row) if row is not None else None
+
+    async def runs_past_approval_deadline(self, now: datetime, limit: int = 100) -> list[Run]:
+        query = (
+            select(run_table)
+            .where(
+                run_table.c.approval_deadline <= now,
+                run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+            )
+            .order_by(run_table.c.approval_deadline, run_table.c.id)
+            .limit(limit)
+        )
+        rows = await self._read(lambda conn: conn.execute(query).all())
+        return [run_from_row(row) for row in rows]
+
+    async def next_approval_deadline(self) -> datetime | None:
+        query = select(func.min(run_table.c.approval_deadline)).where(
+            run_table.c.status == RunStatus.REQUIRES_ACTION.value
+        )
+        deadline: datetime | None = await self._read(lambda conn: conn.execute(query).scalar())
+        return deadline
 
     async def queued_runs_called_here(self) -> list[Run]:
         owner = self._lease.owner
