@@ -349,7 +349,7 @@ async def test_require_approval_naming_no_server_tool_of_the_run_is_refused(
     assert "require_approval[0]" in str(refused.value)
 
 
-async def test_a_run_on_a_session_waiting_for_approval_follows_the_busy_policy(
+async def test_a_run_on_a_session_waiting_for_approval_is_refused_under_reject(
     clients: Callable[..., AgioClient], fake_model: FakeModelServer
 ) -> None:
     client = clients()
@@ -358,18 +358,46 @@ async def test_a_run_on_a_session_waiting_for_approval_follows_the_busy_policy(
         await client.run_to_end("hello?", session_id=waiting.session_id)
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.reason == "RUN_REQUIRES_ACTION"
+    assert (await client.get_run(waiting.id)).status == RunStatus.RUN_STATUS_REQUIRES_ACTION
 
+
+@pytest.mark.parametrize("policy", [pb.BUSY_POLICY_INTERRUPT, pb.BUSY_POLICY_ROLLBACK])
+async def test_a_run_superseding_a_wait_for_approval_answers_or_drops_the_held_call(
+    clients: Callable[..., AgioClient], fake_model: FakeModelServer, policy: int
+) -> None:
+    client = clients()
+    waiting = await waiting_run(client, fake_model, echo("held", "call_h"))
     fake_model.enqueue(Turn.text("Starting over."))
-    winner = await client.run_to_end(
-        "forget it", session_id=waiting.session_id, on_busy=pb.BUSY_POLICY_INTERRUPT
-    )
+    winner = await client.run_to_end("forget it", session_id=waiting.session_id, on_busy=policy)
     assert winner.run.status == RunStatus.RUN_STATUS_COMPLETED
-    superseded = await client.get_run(waiting.id)
-    assert superseded.status == RunStatus.RUN_STATUS_CANCELLED
+    assert (await client.get_run(waiting.id)).status == RunStatus.RUN_STATUS_CANCELLED
     steps = await client.list_steps(waiting.session_id)
     held = [step for step in steps if step.tool_call_id == "call_h"]
-    assert len(held) == 1
-    assert held[0].is_error
+    if policy == pb.BUSY_POLICY_ROLLBACK:
+        assert [step.content for step in steps] == ["forget it", "Starting over."]
+    else:
+        assert len(held) == 1
+        assert held[0].is_error
+    assert "held" not in [step.content for step in held]  # the held call never ran
+
+
+async def test_a_run_queued_behind_a_wait_for_approval_starts_once_it_is_decided(
+    clients: Callable[..., AgioClient], fake_model: FakeModelServer
+) -> None:
+    client = clients()
+    waiting = await waiting_run(client, fake_model, echo("first", "call_q"))
+    queued = await client.start_run(
+        "and then?", session_id=waiting.session_id, on_busy=pb.BUSY_POLICY_ENQUEUE
+    )
+    assert queued.status == RunStatus.RUN_STATUS_QUEUED
+    fake_model.enqueue(Turn.text("First done."), Turn.text("Then this."))
+    assert final_run(await drain(client.approve(waiting.id))).status == (
+        RunStatus.RUN_STATUS_COMPLETED
+    )
+    after = final_run(await drain(client.watch_run(queued.id)))
+    assert after.status == RunStatus.RUN_STATUS_COMPLETED
+    steps = await client.list_steps(waiting.session_id)
+    assert [step.content for step in steps][-2:] == ["and then?", "Then this."]
 
 
 async def test_a_wait_past_its_timeout_is_rejected_by_the_server_and_the_run_goes_on(
@@ -399,3 +427,44 @@ async def test_a_wait_past_its_timeout_is_rejected_by_the_server_and_the_run_goe
             assert len(fake_model.requests) == 2
     finally:
         await app.stop(grace=0)
+
+
+async def test_an_approval_submitted_on_another_member_resumes_the_run_there(
+    store_url: str, fake_model: FakeModelServer
+) -> None:
+    settings = approval_settings(store_url, fake_model.base_url)
+    first = await AgioApp.start(settings, interceptors=tenant_interceptors())
+    second = await AgioApp.start(settings, interceptors=tenant_interceptors())
+    try:
+        async with (
+            AgioClient(first.address, metadata=tenant_metadata(TENANT)) as on_first,
+            AgioClient(second.address, metadata=tenant_metadata(TENANT)) as on_second,
+        ):
+            waiting = await waiting_run(on_first, fake_model, echo("from afar", "call_m"))
+            seen = await on_second.get_run(waiting.id)
+            assert [c.id for c in seen.required_action.approvals] == ["call_m"]
+            fake_model.enqueue(Turn.text("Approved elsewhere."))
+            done = final_run(await drain(on_second.approve(waiting.id, "call_m")))
+            assert done.status == RunStatus.RUN_STATUS_COMPLETED
+            assert tool_messages(fake_model.requests[1]) == {"call_m": "from afar"}
+            assert (await on_first.get_run(waiting.id)).status == RunStatus.RUN_STATUS_COMPLETED
+    finally:
+        await second.stop(grace=0)
+        await first.stop(grace=0)
+
+
+async def test_a_retry_across_a_pending_approval_waits_for_a_decision_again(
+    clients: Callable[..., AgioClient], fake_model: FakeModelServer
+) -> None:
+    client = clients()
+    waiting = await waiting_run(client, fake_model, echo("again", "call_again"))
+    cancelled = await client.cancel_run(waiting.id)
+    assert cancelled.status == RunStatus.RUN_STATUS_CANCELLED
+    # From the assistant step that made the call: its call is run again, so it waits again.
+    retried = final_run(await drain(client.retry(waiting.session_id, 3)))
+    assert retried.status == RunStatus.RUN_STATUS_REQUIRES_ACTION
+    assert [c.id for c in retried.required_action.approvals] == ["call_again"]
+    fake_model.enqueue(Turn.text("Ran after the retry."))
+    done = final_run(await drain(client.approve(retried.id)))
+    assert done.status == RunStatus.RUN_STATUS_COMPLETED
+    assert tool_messages(fake_model.requests[-1]) == {"call_again": "again"}
