@@ -39,6 +39,7 @@ from agio_grpc.domain import (
 from agio_grpc.engine.agents import RunSettings, ToolOutput
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.engine.errors import InvalidInputError
+from agio_grpc.engine.tracing import RunTrace
 
 T = TypeVar("T")
 
@@ -67,11 +68,19 @@ class Decided:
     """Calls to run before the model (in call order)."""
     decisions: dict[str, ApprovalDecision] = field(default_factory=dict)
     """Every decision by call id, kept with the call's result."""
+    waits: dict[str, float] = field(default_factory=dict)
+    """Seconds each decided call waited (from its run's wait to the decision), by call id."""
 
-    def traced(self, trace_id: str, span_id: str) -> list[Step]:
-        """The steps to store, marked with the span of the call that stores them."""
+    def traced(self, trace: RunTrace) -> list[Step]:
+        """The steps to store, marked with the span of the segment that stores them, which
+        records each rejection (an approved call's decision goes on its own span once it
+        runs: engine/loop.py)."""
         for step in self.steps:
-            step.trace_id, step.span_id = trace_id, span_id
+            step.trace_id, step.span_id = trace.trace_id, trace.span_id
+            decision = step.approval
+            if decision is not None and not decision.approved:
+                call = ToolCall(step.tool_call_id, step.name, "")
+                trace.rejected(call, decision, self.waits.get(step.tool_call_id, 0.0))
         return self.steps
 
 
@@ -88,17 +97,24 @@ class Answers:
     def decide(self, run: Run, settings: RunSettings, history: list[Step]) -> Decided:
         """Answer the open calls of the waiting `run`'s log (`history`): see `decide`."""
         _, pending = open_tool_calls(history)
+        held = held_ids(settings, pending)
         if self.timed_out:
-            return timed_out(run.id, run.session_id, pending, held_ids(settings, pending))
-        return decide(
-            run.id,
-            run.session_id,
-            pending,
-            held_ids(settings, pending),
-            self.outputs,
-            self.approvals,
-            self.decided_by,
-        )
+            decided = timed_out(run.id, run.session_id, pending, held)
+        else:
+            decided = decide(
+                run.id,
+                run.session_id,
+                pending,
+                held,
+                self.outputs,
+                self.approvals,
+                self.decided_by,
+            )
+        began = run.end_time  # the wait began as its segment ended
+        for call_id, decision in decided.decisions.items():
+            if began is not None and decision.decide_time is not None:
+                decided.waits[call_id] = max(0.0, (decision.decide_time - began).total_seconds())
+        return decided
 
 
 def held_calls(

@@ -134,6 +134,8 @@ class RunSegment:
     approved calls of a SubmitToolOutputs)."""
     decisions: dict[str, ApprovalDecision] = field(default_factory=dict)
     """Decisions on calls that waited for approval, by call id (engine/approvals.py)."""
+    approval_waits: dict[str, float] = field(default_factory=dict)
+    """Seconds each decided call waited, by call id (its trace's `approved`)."""
     deadline_at: float | None = None
     """The caller's deadline as the event loop's time (`loop.time()`)."""
     trace: RunTrace = NO_RUN_TRACE
@@ -462,6 +464,8 @@ class RunLoop:
     def _trace_tool_call(self, call: ToolCall, sequence: int) -> Iterator[ToolCallTrace]:
         with self.trace.tool_call(call, self.tool_step_ids[call.id], sequence) as span:
             self.tool_spans[call.id] = span
+            if (decision := self.segment.decisions.get(call.id)) is not None:
+                span.approved(decision, self.segment.approval_waits.get(call.id, 0.0))
             yield span
 
     def _tool_context(self, call: ToolCall) -> ToolContext:

@@ -274,7 +274,7 @@ class Runtime:
         run = replace(run)  # each try starts from the run as read
         trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         run.trace_id = run.trace_id or trace.trace_id
-        steps = decided.traced(trace.trace_id, trace.span_id)
+        steps = decided.traced(trace)
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         try:
             continued = await self.lifecycle.resume(run, steps, channel, mark_of(history))
@@ -290,7 +290,7 @@ class Runtime:
         model_calls = sum(
             1 for step in history if step.run_id == run_id and step.role is Role.ASSISTANT
         )
-        plan = RunPlan(history, decided.approved, kept, decided.decisions)
+        plan = RunPlan(history, decided.approved, kept, decided.decisions, decided.waits)
         return self._segments.spawn(
             continued.run, settings, plan, channel, deadline_at, trace, model_calls, slot
         )

@@ -69,6 +69,8 @@ class RunPlan:
     decisions: dict[str, ApprovalDecision] = field(default_factory=dict)
     """Decisions on calls that waited for approval (engine/approvals.py): approved ones of
     `resume_calls` run without waiting again, and their results keep the decision."""
+    approval_waits: dict[str, float] = field(default_factory=dict)
+    """Seconds each decided call waited, by call id (for its trace)."""
 
 
 class Segments:
@@ -145,6 +147,7 @@ class Segments:
                 model_calls=model_calls,
                 resume_calls=plan.resume_calls,
                 decisions=plan.decisions,
+                approval_waits=plan.approval_waits,
                 deadline_at=deadline_at,
                 trace=trace,
                 history_is_log=True,

@@ -16,6 +16,8 @@ INSTRUMENTATION_NAME = "agio_grpc"
 DURATION_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
+# Seconds buckets for waits on a person: a second to a week.
+APPROVAL_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600)
 TOKEN_BUCKETS = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
 )  # fmt: skip
@@ -37,6 +39,7 @@ class Instruments:
     forks: Counter
     compactions: Counter
     compaction_tokens: Histogram
+    approval_wait: Histogram
 
     @classmethod
     def create(cls, provider: MeterProvider) -> Instruments:
@@ -106,5 +109,11 @@ class Instruments:
                 unit="{token}",
                 description="Estimated prompt tokens before and after a compaction",
                 explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+            ),
+            approval_wait=meter.create_histogram(
+                agio.METRIC_APPROVAL_WAIT,
+                unit="s",
+                description="Time tool calls waited for approval, by outcome",
+                explicit_bucket_boundaries_advisory=APPROVAL_BUCKETS,
             ),
         )
