@@ -31,7 +31,7 @@ def wait_points(traced: Traced) -> dict[str, Any]:
     data = traced.metrics.get_metrics_data()
     assert data is not None
     return {
-        str(point.attributes["agio.approval.outcome"]): point
+        str((point.attributes or {})["agio.approval.outcome"]): point
         for resource in data.resource_metrics
         for scope in resource.scope_metrics
         for metric in scope.metrics
