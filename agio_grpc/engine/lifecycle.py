@@ -4,7 +4,7 @@
     Run ──begin──────────────────────────> RUNNING
     Retry ──restart──────────────────────> RUNNING
     RUNNING ──end──> COMPLETED | FAILED | CANCELLED | INTERRUPTED | REQUIRES_ACTION
-    REQUIRES_ACTION ──resume (SubmitToolOutputs)──> RUNNING
+    REQUIRES_ACTION ──resume (SubmitToolOutputs; a timed-out approval wait)──> RUNNING
     REQUIRES_ACTION | QUEUED ──end_idle (CancelRun, a superseding run)──> CANCELLED
     RUNNING, its server gone ──interrupt_abandoned | recover_expired | recover_own──> INTERRUPTED
 

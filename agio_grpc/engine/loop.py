@@ -4,6 +4,9 @@
         -> store assistant step -> no tool calls: stop
         -> server tools in parallel -> store tool steps in call order -> stop signals? -> loop
 
+Calls of client tools and calls needing approval (engine/approvals.py) are not run: once
+the turn's other calls have their results, the segment ends REQUIRES_ACTION with them open.
+
 A segment is a `Run` call, a `SubmitToolOutputs` continuation or a `Retry`; the runtime
 stores its first steps (user input, tool outputs) and hands it over. Every stop — normal,
 limit, cancel, timeout, shutdown, model error, hook, unexpected exception — is caught at ONE
