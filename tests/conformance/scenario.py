@@ -178,6 +178,25 @@ class Scenario:
         reason = resources_pb2.StopReason.Name(rest[-1].run_completed.run.stop_signal.reason)
         expect(reason == "STOP_REASON_COMPLETED", f"stop reason {reason}")
 
+    async def approval(self) -> None:
+        async with self.connect(self.address) as client:
+            waiting = (
+                await client.run_to_end(
+                    "What is 12 * 7?", require_approval=["calculate"], timeout=RUN_TIMEOUT
+                )
+            ).run
+            status = resources_pb2.RunStatus.Name(waiting.status)
+            expect(status == "RUN_STATUS_REQUIRES_ACTION", f"status {status}")
+            held = [call.name for call in waiting.required_action.approvals]
+            expect(held == ["calculate"], f"waiting for {held}")
+            events = [event async for event in client.approve(waiting.id, timeout=RUN_TIMEOUT)]
+        done = events[-1].run_completed.run
+        reason = resources_pb2.StopReason.Name(done.stop_signal.reason)
+        expect(done.id == waiting.id and reason == "STOP_REASON_COMPLETED", f"stop {reason}")
+        steps = [e.step_completed.step for e in events if e.WhichOneof("event") == "step_completed"]
+        expect(bool(steps) and steps[0].approval.approved, "the result keeps no approval")
+        expect("84" in steps[-1].content, f"final text {steps[-1].content!r}")
+
 
 async def run_checks(scenario: Scenario) -> int:
     checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -188,6 +207,7 @@ async def run_checks(scenario: Scenario) -> int:
         ("not_found", scenario.not_found),
         ("list_steps", scenario.list_steps),
         ("background_resume", scenario.background_resume),
+        ("approval", scenario.approval),
     ]
     failed = 0
     for name, check in checks:
