@@ -57,6 +57,9 @@ class ApprovalTimeouts:
             except StoreError as error:  # the store is down: try again later
                 logger.warning("approval timeouts: %s", type(error).__name__)
                 pause = self._poll_s
+            except Exception:  # a sweep that stopped would leave every wait undecided
+                logger.exception("approval timeouts: the sweep failed; trying again")
+                pause = self._poll_s
             await asyncio.sleep(pause)
 
     async def expire_due(self) -> int:

@@ -238,9 +238,9 @@ class Runtime:
         The run must be REQUIRES_ACTION (else RunStateError); `outputs` must answer exactly
         its pending client calls and `approvals` decide exactly its calls waiting for
         approval (else InvalidInputError naming the ids; engine/approvals.py), each decision
-        kept with `decided_by`. Event seqs continue
-        from the run's last one; the new segment starts with `RunStarted` and a
-        `StepCompleted` per stored output. Raises NotFoundError (also for a run that is not
+        kept with `decided_by`. Event seqs continue from the run's last one; the new segment
+        starts with `RunStarted` and a `StepCompleted` per stored output or rejection, then
+        runs the approved calls. Raises NotFoundError (also for a run that is not
         `tenant`'s, when given), SessionBusyError, HistoryChangedError (the log changed
         while the call decided).
         """
