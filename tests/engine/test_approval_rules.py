@@ -22,7 +22,7 @@ def settings(**agent: object) -> Settings:
                 name="assistant",
                 tools=["calculate", "echo", "files.read_file"],
                 mcp=["files", "mail"],
-                **agent,  # type: ignore[arg-type]
+                **agent,
             )
         ],
         mcp_servers=[
