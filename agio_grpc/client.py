@@ -234,6 +234,7 @@ def _run_request(
         agent_service_pb2.DISCONNECT_POLICY_UNSPECIFIED
     ),
     output_schema: OutputSchema | None = None,
+    require_approval: Iterable[str] = (),
 ) -> agent_service_pb2.RunRequest:
     return agent_service_pb2.RunRequest(
         session_id=session_id,
@@ -246,6 +247,7 @@ def _run_request(
         on_busy=on_busy,
         on_disconnect=on_disconnect,
         output_schema_json=output_schema_json(output_schema),
+        require_approval=list(require_approval),
     )
 
 
@@ -429,6 +431,7 @@ class AgioClient:
         agent: str = "",
         overrides: agent_service_pb2.RunOverrides | None = None,
         client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]] = (),
+        require_approval: Iterable[str] = (),
         request_id: str = "",
         metadata: Mapping[str, str] | None = None,
         on_busy: agent_service_pb2.BusyPolicy = agent_service_pb2.BUSY_POLICY_REJECT,
@@ -452,6 +455,7 @@ class AgioClient:
             agent=agent,
             overrides=overrides,
             client_tools=client_tools,
+            require_approval=require_approval,
             request_id=request_id,
             metadata=metadata,
             on_busy=on_busy,
@@ -468,6 +472,7 @@ class AgioClient:
         agent: str = "",
         overrides: agent_service_pb2.RunOverrides | None = None,
         client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]] = (),
+        require_approval: Iterable[str] = (),
         request_id: str = "",
         metadata: Mapping[str, str] | None = None,
         on_busy: agent_service_pb2.BusyPolicy = agent_service_pb2.BUSY_POLICY_REJECT,
@@ -482,6 +487,7 @@ class AgioClient:
             agent=agent,
             overrides=overrides,
             client_tools=client_tools,
+            require_approval=require_approval,
             request_id=request_id,
             metadata=metadata,
             on_busy=on_busy,
@@ -496,13 +502,51 @@ class AgioClient:
         run_id: str,
         outputs: Iterable[agent_service_pb2.ToolOutput],
         *,
+        approvals: Iterable[agent_service_pb2.ToolApproval] = (),
         timeout: float | None = None,
     ) -> AsyncIterator[events_pb2.StepEvent]:
-        """Continue a REQUIRES_ACTION run with the client tools' outputs."""
+        """Continue a REQUIRES_ACTION run with the client tools' outputs and the decisions on
+        its calls waiting for approval: all of `Run.required_action` at once."""
         request = agent_service_pb2.SubmitToolOutputsRequest(
-            run_id=run_id, tool_outputs=list(outputs)
+            run_id=run_id, tool_outputs=list(outputs), approvals=list(approvals)
         )
         return self._stream(self.agents.SubmitToolOutputs, request, timeout)
+
+    def approve(
+        self, run_id: str, *tool_call_ids: str, reason: str = "", timeout: float | None = None
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """Approve calls of a run waiting for approval (every one it waits for when no id is
+        given) and follow the run as it goes on. A run that also waits for client outputs
+        needs `submit_tool_outputs` with both."""
+        return self._decide(run_id, tool_call_ids, True, reason, timeout)
+
+    def reject(
+        self, run_id: str, *tool_call_ids: str, reason: str = "", timeout: float | None = None
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        """Reject calls of a run waiting for approval (every one when no id is given): the
+        model sees each was rejected, and `reason`; follow the run as it goes on."""
+        return self._decide(run_id, tool_call_ids, False, reason, timeout)
+
+    async def _decide(
+        self,
+        run_id: str,
+        tool_call_ids: tuple[str, ...],
+        approved: bool,
+        reason: str,
+        timeout: float | None,
+    ) -> AsyncIterator[events_pb2.StepEvent]:
+        ids = list(tool_call_ids)
+        if not ids:
+            run = await self.get_run(run_id)
+            ids = [call.id for call in run.required_action.approvals]
+        decisions = [
+            agent_service_pb2.ToolApproval(tool_call_id=i, approved=approved, reason=reason)
+            for i in ids
+        ]
+        async for event in self.submit_tool_outputs(
+            run_id, (), approvals=decisions, timeout=timeout
+        ):
+            yield event
 
     def retry(
         self, session_id: str, sequence: int, *, timeout: float | None = None

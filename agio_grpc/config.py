@@ -102,6 +102,9 @@ class ToolOptionsConfig(_Strict):
     valid) does. `continue`: the model gets it as the call's result and acts on it. `stop`:
     it is stored as the call's result all the same, then the run ends with
     STOP_REASON_TOOL_ERROR (the step's other calls still run to their results)."""
+    needs_approval: bool = False
+    """A call waits for a person's decision before it runs: the run ends its segment in
+    REQUIRES_ACTION with the call in `Run.required_action.approvals` (docs/approvals.md)."""
 
 
 class CompactionConfig(_Strict):
@@ -176,6 +179,11 @@ class AgentConfig(_Strict):
         except OutputSchemaError as error:
             raise ValueError(f"output_schema {error}") from None
 
+    approval_timeout_s: float | None = Field(None, gt=0)
+    """How long a call waits for approval: past it the server rejects the pending calls
+    with reason "timed out" and the run goes on. Unset: a call waits until decided or the
+    run is cancelled."""
+
     @model_validator(mode="after")
     def _options_name_its_tools(self) -> AgentConfig:
         strangers = [name for name in self.tool_options if name not in self.tools]
@@ -185,6 +193,14 @@ class AgentConfig(_Strict):
                 f"agent's tools ({', '.join(self.tools) or 'none'})"
             )
         return self
+
+    def approval_tools(self) -> list[str]:
+        """The tools whose calls wait for approval (`needs_approval: true`), in `tools` order."""
+        return [
+            name
+            for name in self.tools
+            if name in self.tool_options and self.tool_options[name].needs_approval
+        ]
 
     def stop_on_error_tools(self) -> list[str]:
         """The tools whose error result ends the run (`on_error: stop`), in `tools` order."""
@@ -230,6 +246,9 @@ class McpServerConfig(_Strict):
     """Only these of the server's tools are used (by their MCP name); unset: all."""
     blocked_tools: list[str] = Field(default_factory=list)
     """These of the server's tools are never used."""
+    needs_approval: bool | list[str] = False
+    """Calls of the server's tools wait for a person's decision before they run: true for
+    every tool, or a list of its tools (by their MCP name). Whichever agent offers them."""
     connect_timeout_s: float = Field(10.0, gt=0)
     """How long one attempt to connect (start, initialize, list the tools) may take; start-up
     waits at most this long for every server before serving without those not yet up."""
@@ -253,6 +272,19 @@ class McpServerConfig(_Strict):
     @property
     def transport(self) -> Literal["stdio", "streamable-http"]:
         return "stdio" if self.command is not None else "streamable-http"
+
+
+def approval_tools(agent: AgentConfig, servers: list[McpServerConfig]) -> list[str]:
+    """The tools (config names: `server.tool` for an MCP one) whose calls wait for approval
+    in `agent`'s runs: its `needs_approval` tools, and the tools MCP servers list in theirs
+    (a server's `needs_approval: true` covers all of its tools: `AgentSpec.approval_servers`)."""
+    listed = [
+        f"{server.name}.{tool}"
+        for server in servers
+        if isinstance(server.needs_approval, list)
+        for tool in server.needs_approval
+    ]
+    return agent.approval_tools() + listed
 
 
 class HooksConfig(_Strict):

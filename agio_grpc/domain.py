@@ -163,6 +163,17 @@ class StepMetrics:
     retries: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """Who decided a call that waited for approval, how and when (engine/approvals.py)."""
+
+    approved: bool
+    reason: str = ""
+    decided_by: str = ""
+    """The deciding credential's id; `server` for a timeout."""
+    decide_time: datetime | None = None
+
+
 @dataclass(slots=True)
 class Step:
     """One chat message of a session plus metadata and metrics.
@@ -189,6 +200,8 @@ class Step:
     """For a summary step: the first sequence it summarizes (0 on other steps)."""
     summary_last_sequence: int = 0
     """For a summary step: the last sequence it summarizes; its context goes on after it."""
+    approval: ApprovalDecision | None = None
+    """For a tool step of a call that waited for approval: the decision."""
 
     def to_message(self) -> dict[str, Any]:
         """The OpenAI chat message this step is, with no other conversion (a summary is a

@@ -4,6 +4,7 @@
     fake-model [--port N]                  run the built-in fake OpenAI-compatible model
     chat MESSAGE [--session S] [--agent A] [--client-tool FILE.json]... [--background]
                  [--on-busy reject|enqueue|interrupt|rollback] [--output-schema FILE.json]
+                 [--require-approval TOOL]...
     retry SESSION --from N                 delete steps from #N on (2..last+1) and regenerate
     submit RUN CALL_ID=OUTPUT|CALL_ID=@FILE...   answer a run's client tool calls
     fork SESSION [--at N]                  a new session with steps #1..#N (#N kept; 0: all)
@@ -13,6 +14,8 @@
          | cancel RUN [--reason TEXT] | watch RUN [--after SEQ]
                                            (a session is named by --session, a run by its id)
     watch RUN [--after SEQ]                `runs watch`
+    approvals list [--session S] [--limit N]   calls waiting for a decision
+    approve RUN CALL [--reject] [--reason TEXT]   decide one; the run goes on
     steps SESSION                          a session's steps (`sessions show` without the session)
     agents [-v]                            the agents and their tools
     keys create --tenant T [--name N] | list [--tenant T] | revoke ID
@@ -183,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="reject",
         help="when the session has a running, queued or waiting run (default: reject)",
     )
+    chat.add_argument(
+        "--require-approval",
+        action="append",
+        default=[],
+        metavar="TOOL",
+        help="this server tool's calls wait for a decision (repeatable; `*`: every tool)",
+    )
 
     retry = command(
         top,
@@ -287,6 +297,29 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="SEQ",
             help="only the events after this seq (the terminal event's: none, it ends at once)",
         )
+
+    approvals = top.add_parser("approvals", help="the calls waiting for a decision").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    listed = command(
+        approvals,
+        "list",
+        commands.list_approvals,
+        "the calls waiting for approval: RUN CALL TOOL(ARGUMENTS)",
+    )
+    listed.add_argument(
+        "--session", default="", help="this session's runs (default: the newest sessions')"
+    )
+    listed.add_argument(
+        "--limit", type=_positive, default=100, metavar="N", help="runs looked at (default: 100)"
+    )
+    decide = command(
+        top, "approve", commands.approve, "approve (or --reject) a call waiting for approval"
+    )
+    decide.add_argument("run_id", metavar="RUN")
+    decide.add_argument("call_id", metavar="CALL")
+    decide.add_argument("--reject", action="store_true", help="reject it: the call never runs")
+    decide.add_argument("--reason", default="", help="why (the model sees it on a rejection)")
 
     steps = command(top, "steps", commands.steps, "print a session's steps")
     steps.add_argument("session_id", metavar="SESSION")

@@ -99,6 +99,12 @@ async def follow_to_end(
         run = last.run_completed.run
         if run.status != resources_pb2.RUN_STATUS_REQUIRES_ACTION:
             return 0
+        if run.required_action.approvals:
+            # A person decides, maybe later: the run waits (and a submit needs every answer).
+            for call in run.required_action.approvals:
+                line = f"agio-grpc approve {run.id} {call.id} [--reject --reason TEXT]"
+                print(f"run {run.id} waits for a decision on {call.name}: {line}", file=sys.stderr)
+            return 0
         calls = pending_calls(run)
         outputs = await read_outputs(calls) if calls else None
         if outputs is None:
@@ -113,6 +119,7 @@ async def chat(client: AgioClient, args: argparse.Namespace, out: Printer) -> in
         "agent": args.agent,
         "on_busy": BUSY_POLICIES[args.on_busy],
         "client_tools": args.client_tool,
+        "require_approval": args.require_approval,
     }
     if args.output_schema is not None:
         options["output_schema"] = args.output_schema
@@ -151,6 +158,21 @@ async def retry(client: AgioClient, args: argparse.Namespace, out: Printer) -> i
 async def submit(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
     events = client.submit_tool_outputs(args.run_id, args.outputs)
     return await follow_to_end(client, events, out)
+
+
+async def approve(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    decide = client.reject if args.reject else client.approve
+    return await follow_to_end(client, decide(args.run_id, args.call_id, reason=args.reason), out)
+
+
+async def list_approvals(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:
+    """The runs waiting for a decision, among a session's runs or the newest sessions'."""
+    if args.session:
+        runs = await client.list_runs(args.session)
+    else:
+        runs = await _runs_of_newest_sessions(client, args.limit)
+    out.approvals([run for run in runs if run.required_action.approvals])
+    return 0
 
 
 async def watch(client: AgioClient, args: argparse.Namespace, out: Printer) -> int:

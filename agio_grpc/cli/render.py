@@ -41,6 +41,7 @@ class Printer(Protocol):
     def answer(self, run: resources_pb2.Run) -> None: ...
     def cancelled(self, run: resources_pb2.Run) -> None: ...
     def runs(self, page: agent_service_pb2.ListRunsResponse) -> None: ...
+    def approvals(self, runs: Sequence[resources_pb2.Run]) -> None: ...
     def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None: ...
     def session(
         self, session: resources_pb2.Session, steps: Sequence[resources_pb2.Step]
@@ -160,6 +161,9 @@ class JsonPrinter:
     def runs(self, page: agent_service_pb2.ListRunsResponse) -> None:
         self._write(to_dict(page))
 
+    def approvals(self, runs: Sequence[resources_pb2.Run]) -> None:
+        self._write(to_dict(agent_service_pb2.ListRunsResponse(runs=runs)))
+
     def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None:
         self._write(to_dict(page))
 
@@ -209,12 +213,22 @@ def _step_line(step: resources_pb2.Step) -> list[str]:
     head = f"#{step.sequence:<4} {_name(resources_pb2.Role, step.role, 'ROLE_').lower():<9}"
     if step.role == resources_pb2.ROLE_TOOL:
         flag = " (error)" if step.is_error else ""
-        return [f"{head} {step.name}{flag}: {step.content}"]
+        return [f"{head} {step.name}{flag}: {step.content}{_decision(step)}"]
     if step.role == resources_pb2.ROLE_SUMMARY:
         covers = f"#{step.summary_first_sequence}-#{step.summary_last_sequence}"
         return [f"{head} (of {covers}) {step.content}"]
     lines = [f"{head} {step.content}"] if step.content else []
     return lines + [f"{head} -> {call.name}({call.arguments})" for call in step.tool_calls]
+
+
+def _decision(step: resources_pb2.Step) -> str:
+    """Who decided a call that waited for approval, and when (nothing for other steps)."""
+    if not step.HasField("approval"):
+        return ""
+    decision = step.approval
+    verdict = "approved" if decision.approved else "rejected"
+    why = f": {decision.reason}" if decision.reason else ""
+    return f"  [{verdict} by {decision.decided_by or '-'} at {_time(decision.decide_time)}{why}]"
 
 
 def _run_line(run: resources_pb2.Run) -> str:
@@ -345,6 +359,20 @@ class HumanPrinter:
         for run in page.runs:
             print(_run_line(run))
         self._next_page(page.next_page_token)
+
+    def approvals(self, runs: Sequence[resources_pb2.Run]) -> None:
+        if not runs:
+            print("no call waits for approval", file=sys.stderr)
+        for run in runs:
+            action = run.required_action
+            until = (
+                f"  until {_time(action.approval_deadline)}"
+                if action.approval_deadline.seconds
+                else ""
+            )
+            where = f"  session {run.session_id}{until}"
+            for call in action.approvals:
+                print(f"{run.id}  {call.id}  {call.name}({call.arguments}){where}")
 
     def sessions(self, page: session_service_pb2.ListSessionsResponse) -> None:
         for session in page.sessions:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run, ToolCall
+from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run
 from agio_grpc.engine.errors import AgentNotFoundError, InvalidInputError
 from agio_grpc.engine.output import FINAL_OUTPUT_TOOL, OutputSpec
 from agio_grpc.engine.tools import ToolRegistry
@@ -90,6 +90,18 @@ class AgentSpec:
     compaction: Compaction = field(default_factory=Compaction)
     output: OutputSpec | None = None
     """What its runs' final answer must be (engine/output.py); None: text."""
+    approval_tools: list[str] = field(default_factory=list)
+    """Tools (by the name the model calls them) whose calls wait for approval: the agent's
+    `needs_approval` tools and its MCP servers' listed ones."""
+    approval_servers: list[str] = field(default_factory=list)
+    """MCP servers every tool of which waits for approval (`needs_approval: true`)."""
+    approval_timeout_s: float | None = None
+    """How long a call waits for approval before the server rejects it; None: no limit."""
+
+    def needs_approval(self, tool: str) -> bool:
+        """Whether the agent's calls of `tool` wait for a decision."""
+        server, separator, _ = tool.partition("__")
+        return tool in self.approval_tools or bool(separator and server in self.approval_servers)
 
     def __post_init__(self) -> None:
         strangers = [name for name in self.stop_on_error_tools if name not in self.tools]
@@ -170,6 +182,8 @@ class RunInput:
     output_schema: dict[str, Any] | None = None
     """The run's output schema (checked, engine/output.py), replacing the agent's; None keeps
     the agent's."""
+    require_approval: list[str] = field(default_factory=list)
+    """Server tools whose calls wait for approval in this run besides the agent's; `*`: all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +212,10 @@ class RunSettings:
     compaction: Compaction = field(default_factory=Compaction)
     output: OutputSpec | None = None
     """What the final answer must be: the run's schema, else the agent's; None: text."""
+    approval_tools: list[str] = field(default_factory=list)
+    """The offered server tools whose calls wait for approval (engine/approvals.py)."""
+    approval_timeout_s: float | None = None
+    """How long a call waits for approval before the server rejects it; None: no limit."""
 
     def to_options(self) -> dict[str, Any]:
         """JSON-ready data for `Run.options`."""
@@ -266,10 +284,12 @@ def resolve_settings(
     client_tools: list[ClientTool],
     agent_tools: list[str] | None = None,
     output_schema: dict[str, Any] | None = None,
+    require_approval: list[str] | None = None,
 ) -> RunSettings:
     """Apply `overrides` and the run's `output_schema` to `agent`, whose server tools are
-    `agent_tools` (default: its `tools`; the runtime adds its MCP servers' tools). Raises
-    InvalidInputError naming the first bad field."""
+    `agent_tools` (default: its `tools`; the runtime adds its MCP servers' tools);
+    `require_approval` adds tools whose calls wait for approval. Raises InvalidInputError
+    naming the first bad field."""
     _check_positive("overrides.max_steps", overrides.max_steps)
     _check_positive("overrides.max_tokens", overrides.max_tokens)
     _check_positive("overrides.timeout", overrides.timeout_s)
@@ -320,6 +340,8 @@ def resolve_settings(
         stop_on_error_tools=[name for name in agent.stop_on_error_tools if name in tools],
         compaction=agent.compaction,
         output=output,
+        approval_tools=_approval_tools(agent, tools, require_approval or []),
+        approval_timeout_s=agent.approval_timeout_s,
     )
 
 
@@ -330,6 +352,20 @@ def _output_of(agent: AgentSpec, schema: dict[str, Any] | None) -> OutputSpec | 
     if agent.output is None:
         return OutputSpec(schema)
     return replace(agent.output, schema=schema)
+
+
+def _approval_tools(agent: AgentSpec, tools: list[str], required: list[str]) -> list[str]:
+    """The run's server tools whose calls wait for approval: the agent's, and `required`."""
+    for index, name in enumerate(required):
+        if name != "*" and name not in tools:
+            raise InvalidInputError(
+                f"require_approval[{index}]",
+                f"{name!r} is not a server tool of this run; its server tools: "
+                f"{', '.join(tools) or '(none)'} (client tools need no approval)",
+            )
+    if "*" in required:
+        return list(tools)
+    return [name for name in tools if agent.needs_approval(name) or name in required]
 
 
 def _check_positive(name: str, value: float | None) -> None:
@@ -363,30 +399,3 @@ def _check_client_tools(client_tools: list[ClientTool], server_tools: set[str]) 
                 raise InvalidInputError(
                     f"{where}.parameters_json", "must be a JSON object (a JSON schema)"
                 )
-
-
-def check_outputs(outputs: list[ToolOutput], pending: list[ToolCall]) -> dict[str, ToolOutput]:
-    """The outputs by call id, if they answer exactly the pending calls."""
-    if not pending:
-        raise InvalidInputError("tool_outputs", "the run has no pending client tool calls")
-    by_id: dict[str, ToolOutput] = {}
-    duplicates: list[str] = []
-    for output in outputs:
-        if output.tool_call_id in by_id:
-            duplicates.append(output.tool_call_id)
-        by_id[output.tool_call_id] = output
-    expected = [call.id for call in pending]
-    unknown = [call_id for call_id in by_id if call_id not in expected]
-    missing = [call_id for call_id in expected if call_id not in by_id]
-    problems = []
-    if duplicates:
-        problems.append(f"duplicate tool_call_id(s): {', '.join(duplicates)}")
-    if unknown:
-        problems.append(f"unknown tool_call_id(s): {', '.join(unknown)}")
-    if missing:
-        problems.append(f"missing output(s) for tool_call_id(s): {', '.join(missing)}")
-    if problems:
-        raise InvalidInputError(
-            "tool_outputs", "; ".join(problems) + f" (pending: {', '.join(expected)})"
-        )
-    return by_id

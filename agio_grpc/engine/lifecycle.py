@@ -4,7 +4,7 @@
     Run ──begin──────────────────────────> RUNNING
     Retry ──restart──────────────────────> RUNNING
     RUNNING ──end──> COMPLETED | FAILED | CANCELLED | INTERRUPTED | REQUIRES_ACTION
-    REQUIRES_ACTION ──resume (SubmitToolOutputs)──> RUNNING
+    REQUIRES_ACTION ──resume (SubmitToolOutputs; a timed-out approval wait)──> RUNNING
     REQUIRES_ACTION | QUEUED ──end_idle (CancelRun, a superseding run)──> CANCELLED
     RUNNING, its server gone ──interrupt_abandoned | recover_expired | recover_own──> INTERRUPTED
 
@@ -45,6 +45,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from agio_grpc.domain import (
@@ -400,6 +401,15 @@ class Lifecycle:
             if await self.end_idle(run, caller_gone(run)) is not None:
                 ended.append(run.id)
         return ended
+
+    async def runs_past_approval_deadline(self, now: datetime) -> list[Run]:
+        """Waiting runs whose calls held for approval are past their deadline at `now`: the
+        server answers them (engine/approval_timeouts.py) through `resume`."""
+        return await self._ledger.runs_past_approval_deadline(now)
+
+    async def next_approval_deadline(self) -> datetime | None:
+        """The earliest deadline of a wait for approval, if any run has one."""
+        return await self._ledger.next_approval_deadline()
 
     async def recover_expired(self) -> list[str]:
         """End the runs whose servers stopped renewing their leases, and release their

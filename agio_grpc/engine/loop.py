@@ -4,6 +4,9 @@
         -> store assistant step -> no tool calls: stop
         -> server tools in parallel -> store tool steps in call order -> stop signals? -> loop
 
+Calls of client tools and calls needing approval (engine/approvals.py) are not run: once
+the turn's other calls have their results, the segment ends REQUIRES_ACTION with them open.
+
 A segment is a `Run` call, a `SubmitToolOutputs` continuation or a `Retry`; the runtime
 stores its first steps (user input, tool outputs) and hands it over. Every stop — normal,
 limit, cancel, timeout, shutdown, model error, hook, unexpected exception — is caught at ONE
@@ -50,6 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from agio_grpc.domain import (
+    ApprovalDecision,
     Role,
     Run,
     Step,
@@ -62,6 +66,7 @@ from agio_grpc.domain import (
     unfinished_reason,
 )
 from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.approvals import held_calls, waiting_signal
 from agio_grpc.engine.channel import Announce, RunChannel
 from agio_grpc.engine.compaction import (
     MAX_COMPACTIONS_PER_CALL,
@@ -134,7 +139,12 @@ class RunSegment:
     model_calls: int = 0
     """Model calls the run made in earlier segments (for max_steps)."""
     resume_calls: list[ToolCall] = field(default_factory=list)
-    """Tool calls of the last assistant step to run before the first model call (Retry)."""
+    """Tool calls of the last assistant step to run before the first model call (Retry, and
+    approved calls of a SubmitToolOutputs)."""
+    decisions: dict[str, ApprovalDecision] = field(default_factory=dict)
+    """Decisions on calls that waited for approval, by call id (engine/approvals.py)."""
+    approval_waits: dict[str, float] = field(default_factory=dict)
+    """Seconds each decided call waited, by call id (its trace's `approved`)."""
     deadline_at: float | None = None
     """The caller's deadline as the event loop's time (`loop.time()`)."""
     trace: RunTrace = NO_RUN_TRACE
@@ -449,6 +459,8 @@ class RunLoop:
         client_names = self.settings.client_tool_names()
         server_calls = [call for call in calls if call.name not in client_names]
         client_calls = [call for call in calls if call.name in client_names]
+        held = held_calls(self.settings, server_calls, self.segment.decisions)
+        server_calls = [call for call in server_calls if call not in held]
         signals: list[StopSignal] = []
         if server_calls:
             step_ids = {call.id: new_id("step") for call in server_calls}
@@ -486,26 +498,17 @@ class RunLoop:
                 [self._tool_step(result, step_ids[result.call.id]) for result in results]
             )
             signals += [result.stop for result in results if result.stop is not None]
-        if client_calls:
-            signals.append(
-                StopSignal(
-                    StopReason.REQUIRES_ACTION,
-                    f"waiting for the results of {len(client_calls)} client tool call(s)",
-                    "loop",
-                    context={
-                        "tool_calls": [
-                            {"id": call.id, "name": call.name, "arguments": call.arguments}
-                            for call in client_calls
-                        ]
-                    },
-                )
-            )
+        if client_calls or held:
+            timeout_s = self.settings.approval_timeout_s
+            signals.append(waiting_signal(client_calls, held, timeout_s))
         return signals
 
     @contextmanager
     def _trace_tool_call(self, call: ToolCall, sequence: int) -> Iterator[ToolCallTrace]:
         with self.trace.tool_call(call, self.tool_step_ids[call.id], sequence) as span:
             self.tool_spans[call.id] = span
+            if (decision := self.segment.decisions.get(call.id)) is not None:
+                span.approved(decision, self.segment.approval_waits.get(call.id, 0.0))
             yield span
 
     def _tool_context(self, call: ToolCall) -> ToolContext:
@@ -528,6 +531,7 @@ class RunLoop:
             id=step_id,
             trace_id=span.trace_id,
             span_id=span.span_id,
+            approval=self.segment.decisions.get(result.call.id),
         )
 
     # -- limits -----------------------------------------------------------------------------

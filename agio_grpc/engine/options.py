@@ -27,3 +27,7 @@ class RuntimeOptions:
     admission_wait_s: float = 30.0
     """The longest a run waits for a slot before ServerBusyError, with a deadline or
     without."""
+    """How long a run without a deadline waits for a slot before ServerBusyError."""
+    approval_poll_s: float = 1.0
+    """How often this process looks for runs whose calls waiting for approval are past their
+    `approval_timeout_s` (it also wakes at the earliest such deadline it knows of)."""

@@ -49,11 +49,12 @@ from agio_grpc.engine.agents import (
     RunSettings,
     ToolOutput,
     check_agents,
-    check_outputs,
     resolve_settings,
 )
+from agio_grpc.engine.approval_timeouts import ApprovalTimeouts
+from agio_grpc.engine.approvals import SERVER_DECIDER, Answers, ToolApproval
 from agio_grpc.engine.channel import RunChannel
-from agio_grpc.engine.context import context_steps, open_tool_calls
+from agio_grpc.engine.context import context_steps
 from agio_grpc.engine.errors import InvalidInputError, RunStateError, RuntimeClosedError
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.history import CachedHistory, HistoryCache, mark_of
@@ -133,6 +134,9 @@ class Runtime:
         self._watching = Watching(
             self.runs, self.lifecycle, live, options.watch_poll_s, leases, remote
         )
+        self._approval_timeouts = ApprovalTimeouts(
+            self.lifecycle, self._time_out_approvals, options.approval_poll_s
+        )
         self._queues = RunQueues(
             self.runs,
             self.lifecycle,
@@ -178,7 +182,12 @@ class Runtime:
             raise InvalidInputError("input", "must not be empty")
         tools = self._catalog.tools_of(agent)
         settings = resolve_settings(
-            agent, request.overrides, request.client_tools, tools, request.output_schema
+            agent,
+            request.overrides,
+            request.client_tools,
+            tools,
+            output_schema=request.output_schema,
+            require_approval=request.require_approval,
         )
         new_session = None if request.session_id else Session(tenant=request.tenant)
         run = Run(
@@ -226,13 +235,17 @@ class Runtime:
         *,
         deadline_at: float | None = None,
         tenant: str | None = None,
+        approvals: list[ToolApproval] | None = None,
+        decided_by: str = "",
     ) -> RunHandle:
-        """Store the caller's client tool results and continue the same run.
+        """Store the caller's client tool results and decisions, and continue the same run.
 
         The run must be REQUIRES_ACTION (else RunStateError); `outputs` must answer exactly
-        its pending client calls (else InvalidInputError naming the ids). Event seqs continue
-        from the run's last one; the new segment starts with `RunStarted` and a
-        `StepCompleted` per stored output. Raises NotFoundError (also for a run that is not
+        its pending client calls and `approvals` decide exactly its calls waiting for
+        approval (else InvalidInputError naming the ids; engine/approvals.py), each decision
+        kept with `decided_by`. Event seqs continue from the run's last one; the new segment
+        starts with `RunStarted` and a `StepCompleted` per stored output or rejection, then
+        runs the approved calls. Raises NotFoundError (also for a run that is not
         `tenant`'s, when given), SessionBusyError, HistoryChangedError (the log changed
         while the call decided).
         """
@@ -241,7 +254,8 @@ class Runtime:
         settings = self._catalog.settings_of(run)
 
         async def submit(history: list[Step], kept: int) -> RunHandle:
-            return await self._submit(run, settings, outputs, history, kept, deadline_at, slot)
+            answers = Answers(outputs, approvals or [], decided_by)
+            return await self._submit(run, settings, answers, history, kept, deadline_at, slot)
 
         with await self._segments.admit(deadline_at) as slot:
             try:
@@ -254,32 +268,18 @@ class Runtime:
         self,
         run: Run,
         settings: RunSettings,
-        outputs: list[ToolOutput],
+        answers: Answers,
         history: list[Step],
         kept: int,
         deadline_at: float | None,
         slot: Slot,
     ) -> RunHandle:
         run_id = run.id
-        _, pending = open_tool_calls(history)
-        by_id = check_outputs(outputs, pending)
+        decided = answers.decide(run, settings, history)
         run = replace(run)  # each try starts from the run as read
         trace = self._tracer.start_run(run, settings, "submit_tool_outputs")
         run.trace_id = run.trace_id or trace.trace_id
-        steps = [
-            Step(
-                run.session_id,
-                run_id,
-                Role.TOOL,
-                content=by_id[call.id].output,
-                tool_call_id=call.id,
-                name=call.name,
-                is_error=by_id[call.id].is_error,
-                trace_id=trace.trace_id,
-                span_id=trace.span_id,
-            )
-            for call in pending
-        ]
+        steps = decided.traced(trace)
         channel = RunChannel(run.id, run.session_id, start_after_seq=run.last_event_seq)
         try:
             continued = await self.lifecycle.resume(run, steps, channel, mark_of(history))
@@ -295,10 +295,28 @@ class Runtime:
         model_calls = sum(
             1 for step in history if step.run_id == run_id and step.role is Role.ASSISTANT
         )
-        plan = RunPlan(history, kept_steps=kept)
+        plan = RunPlan(history, decided.approved, kept, decided.decisions, decided.waits)
         return self._segments.spawn(
             continued.run, settings, plan, channel, deadline_at, trace, model_calls, slot
         )
+
+    async def expire_approvals(self) -> int:
+        """Answer now every wait for approval past its `approval_timeout_s` (what the sweep
+        of every process does, engine/approval_timeouts.py); how many this call answered."""
+        return await self._approval_timeouts.expire_due()
+
+    async def _time_out_approvals(self, run: Run) -> None:
+        """Answer `run`'s wait past its approval deadline as the server (`ApprovalTimeouts`):
+        its held calls rejected "timed out", and the run goes on with no caller."""
+        self._check_open()
+        settings = self._catalog.settings_of(run)
+        answers = Answers([], [], SERVER_DECIDER, timed_out=True)
+
+        async def submit(history: list[Step], kept: int) -> RunHandle:
+            return await self._submit(run, settings, answers, history, kept, None, slot)
+
+        with await self._segments.admit(None) as slot:
+            await self._histories.decide(self.log, run.session_id, submit)
 
     async def retry(
         self,
@@ -407,6 +425,7 @@ class Runtime:
         rest (INTERRUPTED, retryable) and wait for their rows to be finalised.
         """
         self._live.closing = True
+        await self._approval_timeouts.stop()
         try:
             await self._queues.settle(self.options.cancel_wait_s)
             running = self._live.running()
@@ -433,6 +452,7 @@ class Runtime:
         start before anyone runs anything on it; else the first run here does."""
         if self._keeper is not None:
             self._keeper.start()
+        self._approval_timeouts.start()
 
     def _check_open(self) -> None:
         if self._live.closing:

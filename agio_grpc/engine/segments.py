@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from agio_grpc.domain import Role, Run, Step, ToolCall
+from agio_grpc.domain import ApprovalDecision, Role, Run, Step, ToolCall
 from agio_grpc.engine.admission import RunSlots, Slot
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
@@ -66,6 +66,11 @@ class RunPlan:
     resume_calls: list[ToolCall] = field(default_factory=list)
     kept_steps: int = 0
     """How many steps of `history` came from the history cache rather than the store."""
+    decisions: dict[str, ApprovalDecision] = field(default_factory=dict)
+    """Decisions on calls that waited for approval (engine/approvals.py): approved ones of
+    `resume_calls` run without waiting again, and their results keep the decision."""
+    approval_waits: dict[str, float] = field(default_factory=dict)
+    """Seconds each decided call waited, by call id (for its trace)."""
 
 
 class Segments:
@@ -141,6 +146,8 @@ class Segments:
                 control=control,
                 model_calls=model_calls,
                 resume_calls=plan.resume_calls,
+                decisions=plan.decisions,
+                approval_waits=plan.approval_waits,
                 deadline_at=deadline_at,
                 trace=trace,
                 history_is_log=True,

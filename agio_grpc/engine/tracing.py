@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol
 
-from agio_grpc.domain import Run, ToolCall
+from agio_grpc.domain import ApprovalDecision, Run, ToolCall
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.models import ModelReply, ModelRequest
 from agio_grpc.engine.output import CheckedAnswer
@@ -46,6 +46,10 @@ class ToolCallTrace(SpanIds, Protocol):
 
     def finished(self, result: ToolResult) -> None:
         """The call produced a result (maybe an error result)."""
+        ...
+
+    def approved(self, decision: ApprovalDecision, waited_s: float) -> None:
+        """The call runs because it was approved, `waited_s` after its run began to wait."""
         ...
 
 
@@ -80,6 +84,10 @@ class RunTrace(SpanIds, Protocol):
 
     def context_built(self, seconds: float, message_count: int) -> None:
         """The messages for the next model call were built in `seconds`."""
+        ...
+
+    def rejected(self, call: ToolCall, decision: ApprovalDecision, waited_s: float) -> None:
+        """A call that waited for approval was rejected (the segment stores its result)."""
         ...
 
     def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
@@ -123,6 +131,9 @@ class _NoSpan:
     def finished(self, result: ToolResult) -> None:
         pass
 
+    def approved(self, decision: ApprovalDecision, waited_s: float) -> None:
+        pass
+
 
 class _NoRunTrace(_NoSpan):
     def activate(self) -> AbstractContextManager[None]:
@@ -143,6 +154,9 @@ class _NoRunTrace(_NoSpan):
         pass
 
     def context_built(self, seconds: float, message_count: int) -> None:
+        pass
+
+    def rejected(self, call: ToolCall, decision: ApprovalDecision, waited_s: float) -> None:
         pass
 
     def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:

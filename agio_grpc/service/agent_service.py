@@ -25,6 +25,7 @@ import grpc
 from agio_grpc.config import MAX_STEPS_LIMIT, RequestLimitsConfig, ServerConfig
 from agio_grpc.domain import BusyPolicy, StopSignal
 from agio_grpc.engine.agents import AgentSpec, ClientTool, RunInput, RunOverrides, ToolOutput
+from agio_grpc.engine.approvals import ToolApproval
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.lifecycle import cancelled, server_fault
 from agio_grpc.engine.output import OutputSchemaError, schema_from_text
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RUN_PAGE = 50
 MAX_CANCEL_REASON_CHARS = 1000
+# A run names at most this many tools in `require_approval` (an agent offers fewer).
+MAX_REQUIRE_APPROVAL = 256
 DEADLINE_MARGIN_S = 0.25
 DEADLINE_MARGIN_SHARE = 0.1
 MAX_DEADLINE_MARGIN_S = 2.0
@@ -105,6 +108,10 @@ def _run_request_violations(
         *_metadata_violations(request.metadata, limits),
         *_client_tool_violations(request.client_tools, limits),
     ]
+    if len(request.require_approval) > MAX_REQUIRE_APPROVAL:
+        violations.append(
+            FieldViolation("require_approval", f"must name at most {MAX_REQUIRE_APPROVAL} tools")
+        )
     if not request.input.strip():
         violations.append(FieldViolation("input", "is required"))
     else:
@@ -188,6 +195,7 @@ def _to_run_input(request: pb.RunRequest, tenant: str) -> RunInput:
         metadata=dict(request.metadata),
         on_busy=_BUSY_POLICIES[request.on_busy],
         tenant=tenant,
+        require_approval=list(dict.fromkeys(request.require_approval)),
     )
 
 
@@ -330,17 +338,23 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
     ) -> None:
         limit = self._config.request_limits.max_tool_output_bytes
         violations = [check_id("run_id", request.run_id)]
-        if not request.tool_outputs:
-            violations.append(FieldViolation("tool_outputs", "is required"))
+        if not request.tool_outputs and not request.approvals:
+            violations.append(FieldViolation("tool_outputs", "is required (or approvals)"))
         for index, output in enumerate(request.tool_outputs):
             violations.append(check_size(f"tool_outputs[{index}].output", output.output, limit))
+        for index, approval in enumerate(request.approvals):
+            violations.append(check_size(f"approvals[{index}].reason", approval.reason, limit))
         raise_if_any(*violations)
         outputs = [ToolOutput(o.tool_call_id, o.output, o.is_error) for o in request.tool_outputs]
+        approvals = [ToolApproval(a.tool_call_id, a.approved, a.reason) for a in request.approvals]
+        caller = current_caller()
         handle = await self._runtime.submit_tool_outputs(
             request.run_id,
             outputs,
             deadline_at=_deadline_at(context),
-            tenant=current_caller().tenant,
+            tenant=caller.tenant,
+            approvals=approvals,
+            decided_by=caller.subject or caller.mode,
         )
         await self._relay(handle.run_id, handle.events(), context, owns_run=True)
 

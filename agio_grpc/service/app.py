@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agio_grpc.config import AgentConfig, Settings
+from agio_grpc.config import AgentConfig, Settings, approval_tools
 from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
@@ -148,6 +148,11 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             temperature=agent.temperature,
             max_tokens=agent.max_tokens,
             stop_on_error_tools=[config_tool_name(name) for name in agent.stop_on_error_tools()],
+            approval_tools=[
+                config_tool_name(name) for name in approval_tools(agent, settings.mcp_servers)
+            ],
+            approval_servers=[s.name for s in settings.mcp_servers if s.needs_approval is True],
+            approval_timeout_s=agent.approval_timeout_s,
             compaction=Compaction(
                 context_window_tokens=(
                     agent.context_window_tokens or default_context_window(agent.model)

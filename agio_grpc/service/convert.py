@@ -14,6 +14,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from agio_grpc import domain
 from agio_grpc.engine import events
+from agio_grpc.engine.approvals import approval_deadline
 from agio_grpc.v1 import events_pb2
 from agio_grpc.v1 import resources_pb2 as pb
 
@@ -93,6 +94,7 @@ def step_to_proto(step: domain.Step) -> pb.Step:
         span_id=step.span_id,
         summary_first_sequence=step.summary_first_sequence,
         summary_last_sequence=step.summary_last_sequence,
+        approval=approval_to_proto(step.approval),
     )
 
 
@@ -131,6 +133,34 @@ def run_to_proto(run: domain.Run) -> pb.Run:
         request_id=run.request_id,
         metadata=run.metadata,
         output=json_format.Parse(run.output_json, struct_pb2.Value()) if run.output_json else None,
+        required_action=required_action_to_proto(run),
+    )
+
+
+def required_action_to_proto(run: domain.Run) -> pb.RequiredAction | None:
+    """What a REQUIRES_ACTION run waits for, from its stop signal (engine/approvals.py)."""
+    if run.status is not domain.RunStatus.REQUIRES_ACTION or run.stop_signal is None:
+        return None
+    context = run.stop_signal.context
+    return pb.RequiredAction(
+        tool_calls=[_call_to_proto(entry) for entry in context.get("tool_calls", [])],
+        approvals=[_call_to_proto(entry) for entry in context.get("approvals", [])],
+        approval_deadline=timestamp(approval_deadline(run.stop_signal)),
+    )
+
+
+def _call_to_proto(entry: dict[str, str]) -> pb.ToolCall:
+    return pb.ToolCall(id=entry["id"], name=entry["name"], arguments=entry["arguments"])
+
+
+def approval_to_proto(decision: domain.ApprovalDecision | None) -> pb.ApprovalDecision | None:
+    if decision is None:
+        return None
+    return pb.ApprovalDecision(
+        approved=decision.approved,
+        reason=decision.reason,
+        decided_by=decision.decided_by,
+        decide_time=timestamp(decision.decide_time),
     )
 
 

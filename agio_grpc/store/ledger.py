@@ -24,6 +24,7 @@ Never imports SQLAlchemy or grpc.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Protocol
 
 from agio_grpc.domain import Run, Session, Step
@@ -181,6 +182,15 @@ class RunLedger(RunRecords, Protocol):
         """The QUEUED runs whose caller's stream this server instance held (`caller_instance`
         is the store's instance id): for a server starting, callers it no longer has. None
         without an instance id."""
+        ...
+
+    async def runs_past_approval_deadline(self, now: datetime, limit: int = 100) -> list[Run]:
+        """REQUIRES_ACTION runs whose calls waiting for approval are past their deadline at
+        `now` (`runs.approval_deadline`), earliest first: the server rejects those calls."""
+        ...
+
+    async def next_approval_deadline(self) -> datetime | None:
+        """The earliest deadline of a REQUIRES_ACTION run's calls waiting for approval."""
         ...
 
     async def recover_own_runs(self) -> list[str]:

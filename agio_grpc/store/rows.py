@@ -16,6 +16,7 @@ from sqlalchemy import Row
 
 from agio_grpc.domain import (
     DEFAULT_TENANT,
+    ApprovalDecision,
     Role,
     Run,
     RunStatus,
@@ -104,6 +105,7 @@ def step_row(step: Step) -> dict[str, Any]:
         "span_id": step.span_id,
         "summary_first_sequence": step.summary_first_sequence,
         "summary_last_sequence": step.summary_last_sequence,
+        "approval": approval_json(step.approval),
     }
     metrics = step.metrics
     # Flat fields: `dataclasses.asdict`'s deep copy cost more than the rest of the row.
@@ -132,6 +134,7 @@ STEP_READ_COLUMNS: Final = tuple(
         "span_id",
         *METRIC_FIELDS,
         *SUMMARY_FIELDS,
+        "approval",
     )
 )
 HISTORY_READ_COLUMNS: Final = (
@@ -183,6 +186,7 @@ def steps_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step
         retries,
         summary_first_sequence,
         summary_last_sequence,
+        approval,
     ) in rows:
         # Positional in `Step` field order; tests/store round-trip every field.
         append(
@@ -216,9 +220,36 @@ def steps_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Step
                 span_id,
                 summary_first_sequence,
                 summary_last_sequence,
+                _approval(approval) if approval else None,
             )
         )
     return steps
+
+
+def approval_json(decision: ApprovalDecision | None) -> str | None:
+    """A step's approval decision as its row stores it (`_approval` reads it back)."""
+    if decision is None:
+        return None
+    time = decision.decide_time
+    return json.dumps(
+        {
+            "approved": decision.approved,
+            "reason": clean_text(decision.reason),
+            "decided_by": clean_text(decision.decided_by),
+            "decide_time": None if time is None else time.astimezone(UTC).isoformat(),
+        }
+    )
+
+
+def _approval(value: str) -> ApprovalDecision:
+    data: dict[str, Any] = json.loads(value)
+    time = data.get("decide_time")
+    return ApprovalDecision(
+        bool(data["approved"]),
+        data.get("reason", ""),
+        data.get("decided_by", ""),
+        datetime.fromisoformat(time) if time else None,
+    )
 
 
 # The metrics of every step read as history: one empty instance, not one each (building a
@@ -324,6 +355,7 @@ RUN_MUTABLE_COLUMNS: Final = (
     "options",
     "last_event_seq",
     "output_json",
+    "approval_deadline",
 )
 
 
@@ -345,7 +377,19 @@ def run_mutable_values(run: Run) -> dict[str, Any]:
         "options": _json(run.options),
         "last_event_seq": run.last_event_seq,
         "output_json": run.output_json,
+        "approval_deadline": approval_deadline_of(run),
     }
+
+
+def approval_deadline_of(run: Run) -> datetime | None:
+    """When the server rejects the calls a waiting run holds for approval: the deadline its
+    stop signal names (engine/approvals.py), kept in a column of its own so that a sweep
+    finds the runs past it by index; None for any run not waiting for a decision."""
+    signal = run.stop_signal
+    if run.status is not RunStatus.REQUIRES_ACTION or signal is None:
+        return None
+    text = signal.context.get("approval_deadline")
+    return datetime.fromisoformat(text) if isinstance(text, str) else None
 
 
 def run_from_row(row: Row[Any]) -> Run:
@@ -542,6 +586,7 @@ def step_json(step: Step) -> list[Any]:
         *[getattr(metrics, name) for name in METRIC_FIELDS],
         step.summary_first_sequence,
         step.summary_last_sequence,
+        approval_json(step.approval),
     ]
 
 
@@ -549,7 +594,8 @@ _STEP_JSON_LENGTH: Final = 1 + len(STEP_READ_COLUMNS)
 
 
 def step_from_json(data: Sequence[Any]) -> Step:
-    # Records journaled before summary steps existed end before their range: 0, 0.
+    # Records journaled before summary steps existed end before their range: 0, 0 (and
+    # before approvals, without one: 0, read as none).
     row = [*data[1:], *[0] * (_STEP_JSON_LENGTH - len(data))]
     (step,) = steps_from_rows(data[0], [row])
     return step

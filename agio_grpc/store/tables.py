@@ -129,6 +129,8 @@ steps = Table(
     # A summary step's range (revision 0008; 0 on every other step).
     Column("summary_first_sequence", INT64, nullable=False, server_default="0"),
     Column("summary_last_sequence", INT64, nullable=False, server_default="0"),
+    # A tool step of a call that waited for approval: the decision as JSON (rows.py).
+    Column("approval", Text, nullable=True),
     UniqueConstraint("session_id", "sequence", name=STEP_SEQUENCE_CONSTRAINT),
     CheckConstraint("sequence >= 1", name="ck_steps_sequence_positive"),
 )
@@ -176,11 +178,15 @@ runs = Table(
     Column("caller_deadline", UTCDateTime, nullable=True),
     # A run with an output schema that completed (revision 0011): its answer as JSON text.
     Column("output_json", Text, nullable=False, server_default=""),
+    # A REQUIRES_ACTION run holding calls for approval with a timeout: when the server
+    # rejects them (revision 0012; the stop signal's `approval_deadline`, rows.py).
+    Column("approval_deadline", UTCDateTime, nullable=True),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),
     # A tenant's running or queued runs, counted against its quotas (revision 0007).
     Index("ix_runs_tenant_status", "tenant", "status"),
+    Index("ix_runs_approval_deadline", "approval_deadline"),
 )
 
 # The run event journal (revision 0004): the events a replay needs, under their live seq.

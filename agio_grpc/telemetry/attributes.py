@@ -49,6 +49,17 @@ MCP_TOOL: Final = "agio.mcp.tool"
 """On an MCP tool call's span: the tool's name on its server (the model calls it
 `server__tool`, `gen_ai.tool.name`)."""
 
+APPROVAL_EVENT: Final = "agio.approval"
+"""A span event per decision on a call that waited for approval: on the tool's span for an
+approved call, on the span of the segment that stored the rejection for a rejected one."""
+APPROVAL_APPROVED: Final = "agio.approval.approved"
+APPROVAL_WAIT_S: Final = "agio.approval.wait_s"
+"""Seconds from the run's wait to the decision."""
+APPROVAL_DECIDED_BY: Final = "agio.approval.decided_by"
+"""The deciding credential's id (`server` for a timeout)."""
+APPROVAL_OUTCOME: Final = "agio.approval.outcome"
+"""On `agio.approval.wait.duration`: `approved`, `rejected` or `timed_out`."""
+
 # Metrics of our own (the GenAI ones come from the semconv package).
 METRIC_TOOL_DURATION: Final = "agio.tool.duration"
 METRIC_RUNS_ENDED: Final = "agio.runs.ended"
@@ -74,3 +85,5 @@ OUTPUT_ERRORS: Final = "agio.output.errors"
 with content capture on, the validation errors' messages (which quote the answer)."""
 OUTPUT_REPAIRS: Final = "agio.output.repairs"
 """On an `output_invalid` span event: the repair calls asked for before this answer."""
+METRIC_APPROVAL_WAIT: Final = "agio.approval.wait.duration"
+"""How long each call waited for its decision, by outcome (its count: the decisions)."""

@@ -25,6 +25,8 @@ INSTRUMENTATION_NAME = "agio_grpc"
 DURATION_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
+# Seconds buckets for waits on a person: a second to a week.
+APPROVAL_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600)
 TOKEN_BUCKETS = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
 )  # fmt: skip
@@ -62,6 +64,7 @@ class Instruments:
     compaction_tokens: Histogram
     history_cache_usage: ObservableGauge
     output_invalid: Counter
+    approval_wait: Histogram
     history_cache_bytes: Observed = field(default_factory=Observed)
     """Where `history_cache_usage` reads the cache's size: the runtime's, once it exists
     (`history_cache_bytes.observe(runtime.history_cache_bytes)`)."""
@@ -147,5 +150,11 @@ class Instruments:
                 agio.METRIC_OUTPUT_INVALID,
                 unit="{answer}",
                 description="Final answers that failed their run's output schema",
+            ),
+            approval_wait=meter.create_histogram(
+                agio.METRIC_APPROVAL_WAIT,
+                unit="s",
+                description="Time tool calls waited for approval, by outcome",
+                explicit_bucket_boundaries_advisory=APPROVAL_BUCKETS,
             ),
         )

@@ -30,8 +30,9 @@ from opentelemetry.semconv.attributes import error_attributes, network_attribute
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from agio_grpc.domain import Role, Run, ToolCall
+from agio_grpc.domain import ApprovalDecision, Role, Run, ToolCall
 from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.approvals import SERVER_DECIDER
 from agio_grpc.engine.control import StopRequested
 from agio_grpc.engine.models import ModelError, ModelReply, ModelRequest
 from agio_grpc.engine.output import CheckedAnswer
@@ -68,6 +69,9 @@ class _CallSpan:
 
     def finished(self, result: ToolResult) -> None:
         self.run.tracer.tool_finished(self, result)
+
+    def approved(self, decision: ApprovalDecision, waited_s: float) -> None:
+        self.run.tracer.approval_decided(self.span, decision, waited_s, agent=self.run.agent)
 
 
 class OtelRunTrace:
@@ -164,6 +168,12 @@ class OtelRunTrace:
         self.tracer.instruments.context_build_duration.record(
             seconds, {gen_ai.GEN_AI_AGENT_NAME: self.agent}
         )
+
+    def rejected(self, call: ToolCall, decision: ApprovalDecision, waited_s: float) -> None:
+        if not self.ended:
+            self.tracer.approval_decided(
+                self.span, decision, waited_s, agent=self.agent, tool=call.name
+            )
 
     def compacted(self, trigger: str, tokens_before: int, tokens_after: int) -> None:
         self.tracer.compacted(trigger, tokens_before, tokens_after, agent=self.agent)
@@ -269,6 +279,34 @@ class OtelRunTracer:
         self.instruments.compaction_tokens.record(
             tokens_after, {**common, agio.COMPACTION_STAGE: "after"}
         )
+
+    def approval_decided(
+        self,
+        span: Span,
+        decision: ApprovalDecision,
+        waited_s: float,
+        *,
+        agent: str,
+        tool: str = "",
+    ) -> None:
+        """The `agio.approval` event on `span` and the wait in `agio.approval.wait.duration`."""
+        if decision.approved:
+            outcome = "approved"
+        else:
+            outcome = "timed_out" if decision.decided_by == SERVER_DECIDER else "rejected"
+        self.instruments.approval_wait.record(
+            waited_s, {gen_ai.GEN_AI_AGENT_NAME: agent, agio.APPROVAL_OUTCOME: outcome}
+        )
+        if span.is_recording():
+            attributes: dict[str, AttributeValue] = {
+                agio.APPROVAL_APPROVED: decision.approved,
+                agio.APPROVAL_OUTCOME: outcome,
+                agio.APPROVAL_WAIT_S: waited_s,
+                agio.APPROVAL_DECIDED_BY: decision.decided_by,
+            }
+            if tool:
+                attributes[gen_ai.GEN_AI_TOOL_NAME] = tool
+            span.add_event(agio.APPROVAL_EVENT, attributes)
 
     def run_ended(self, trace_: OtelRunTrace, run: Run) -> None:
         span = trace_.span

@@ -62,7 +62,7 @@ class RunOverrides(_message.Message):
     def __init__(self, model: _Optional[str] = ..., instructions: _Optional[str] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_steps: _Optional[int] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tools: _Optional[_Union[ToolSelection, _Mapping]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect", "output_schema_json")
+    __slots__ = ("session_id", "agent", "input", "overrides", "client_tools", "request_id", "metadata", "on_busy", "on_disconnect", "output_schema_json", "require_approval")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class RunRequest(_message.Message):
     ON_BUSY_FIELD_NUMBER: _ClassVar[int]
     ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     agent: str
     input: str
@@ -90,7 +91,8 @@ class RunRequest(_message.Message):
     on_busy: BusyPolicy
     on_disconnect: DisconnectPolicy
     output_schema_json: str
-    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ..., output_schema_json: _Optional[str] = ...) -> None: ...
+    require_approval: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., agent: _Optional[str] = ..., input: _Optional[str] = ..., overrides: _Optional[_Union[RunOverrides, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[_resources_pb2.ToolDefinition, _Mapping]]] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., on_busy: _Optional[_Union[BusyPolicy, str]] = ..., on_disconnect: _Optional[_Union[DisconnectPolicy, str]] = ..., output_schema_json: _Optional[str] = ..., require_approval: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ("run",)
@@ -108,13 +110,25 @@ class ToolOutput(_message.Message):
     is_error: bool
     def __init__(self, tool_call_id: _Optional[str] = ..., output: _Optional[str] = ..., is_error: _Optional[bool] = ...) -> None: ...
 
+class ToolApproval(_message.Message):
+    __slots__ = ("tool_call_id", "approved", "reason")
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tool_call_id: str
+    approved: bool
+    reason: str
+    def __init__(self, tool_call_id: _Optional[str] = ..., approved: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class SubmitToolOutputsRequest(_message.Message):
-    __slots__ = ("run_id", "tool_outputs")
+    __slots__ = ("run_id", "tool_outputs", "approvals")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool_outputs: _containers.RepeatedCompositeFieldContainer[ToolOutput]
-    def __init__(self, run_id: _Optional[str] = ..., tool_outputs: _Optional[_Iterable[_Union[ToolOutput, _Mapping]]] = ...) -> None: ...
+    approvals: _containers.RepeatedCompositeFieldContainer[ToolApproval]
+    def __init__(self, run_id: _Optional[str] = ..., tool_outputs: _Optional[_Iterable[_Union[ToolOutput, _Mapping]]] = ..., approvals: _Optional[_Iterable[_Union[ToolApproval, _Mapping]]] = ...) -> None: ...
 
 class RetryRequest(_message.Message):
     __slots__ = ("session_id", "sequence")

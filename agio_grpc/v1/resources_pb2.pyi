@@ -134,7 +134,7 @@ class StepMetrics(_message.Message):
     def __init__(self, duration_ms: _Optional[int] = ..., first_token_latency_ms: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., model_name: _Optional[str] = ..., provider: _Optional[str] = ..., tool_exec_time_ms: _Optional[int] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time", "trace_id", "span_id", "summary_first_sequence", "summary_last_sequence")
+    __slots__ = ("id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time", "trace_id", "span_id", "summary_first_sequence", "summary_last_sequence", "approval")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class Step(_message.Message):
     SPAN_ID_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     run_id: str
@@ -169,7 +170,20 @@ class Step(_message.Message):
     span_id: str
     summary_first_sequence: int
     summary_last_sequence: int
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., run_id: _Optional[str] = ..., sequence: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., is_error: _Optional[bool] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ..., summary_first_sequence: _Optional[int] = ..., summary_last_sequence: _Optional[int] = ...) -> None: ...
+    approval: ApprovalDecision
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., run_id: _Optional[str] = ..., sequence: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., reasoning_content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., is_error: _Optional[bool] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., span_id: _Optional[str] = ..., summary_first_sequence: _Optional[int] = ..., summary_last_sequence: _Optional[int] = ..., approval: _Optional[_Union[ApprovalDecision, _Mapping]] = ...) -> None: ...
+
+class ApprovalDecision(_message.Message):
+    __slots__ = ("approved", "reason", "decided_by", "decide_time")
+    APPROVED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_TIME_FIELD_NUMBER: _ClassVar[int]
+    approved: bool
+    reason: str
+    decided_by: str
+    decide_time: _timestamp_pb2.Timestamp
+    def __init__(self, approved: _Optional[bool] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., decide_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class StopSignal(_message.Message):
     __slots__ = ("reason", "message", "source", "context", "retryable", "resume_from_sequence")
@@ -198,7 +212,7 @@ class Usage(_message.Message):
     def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("id", "session_id", "agent", "status", "stop_signal", "usage", "step_count", "tool_call_count", "first_sequence", "last_sequence", "create_time", "end_time", "trace_id", "request_id", "metadata", "output")
+    __slots__ = ("id", "session_id", "agent", "status", "stop_signal", "usage", "step_count", "tool_call_count", "first_sequence", "last_sequence", "create_time", "end_time", "trace_id", "request_id", "metadata", "output", "required_action")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +236,7 @@ class Run(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_ACTION_FIELD_NUMBER: _ClassVar[int]
     id: str
     session_id: str
     agent: str
@@ -238,7 +253,18 @@ class Run(_message.Message):
     request_id: str
     metadata: _containers.ScalarMap[str, str]
     output: _struct_pb2.Value
-    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., stop_signal: _Optional[_Union[StopSignal, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., step_count: _Optional[int] = ..., tool_call_count: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    required_action: RequiredAction
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., stop_signal: _Optional[_Union[StopSignal, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., step_count: _Optional[int] = ..., tool_call_count: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., request_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., required_action: _Optional[_Union[RequiredAction, _Mapping]] = ...) -> None: ...
+
+class RequiredAction(_message.Message):
+    __slots__ = ("tool_calls", "approvals", "approval_deadline")
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    approvals: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    approval_deadline: _timestamp_pb2.Timestamp
+    def __init__(self, tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., approvals: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., approval_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("id", "parent_session_id", "fork_sequence", "create_time", "update_time", "step_count", "first_user_message")

@@ -334,6 +334,44 @@ func TestConformance(t *testing.T) {
 			t.Errorf("output %#v", output)
 		}
 	})
+
+	t.Run("approval", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		defer cancel()
+		stream, err := client.Run(ctx, &agiov1.RunRequest{Input: "What is 12 * 7?", RequireApproval: []string{"calculate"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := agio.Collect(stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := first.Run
+		if waiting.GetStatus() != agiov1.RunStatus_RUN_STATUS_REQUIRES_ACTION {
+			t.Fatalf("status %s", waiting.GetStatus())
+		}
+		held := waiting.GetRequiredAction().GetApprovals()
+		if len(held) != 1 || held[0].GetName() != "calculate" {
+			t.Fatalf("waiting for %v", held)
+		}
+		approved, err := client.Approve(ctx, waiting.GetId(), nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, err := agio.Collect(approved)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done.Run.GetId() != waiting.GetId() || done.Run.GetStopSignal().GetReason() != agiov1.StopReason_STOP_REASON_COMPLETED {
+			t.Fatalf("stop %s", done.Run.GetStopSignal().GetReason())
+		}
+		if len(done.Steps) == 0 || !done.Steps[0].GetApproval().GetApproved() {
+			t.Fatalf("the result keeps no approval: %v", done.Steps)
+		}
+		if !strings.Contains(done.Text, "84") {
+			t.Fatalf("final text %q", done.Text)
+		}
+	})
 }
 
 func dial(t *testing.T, address string) *agio.Client {

@@ -79,6 +79,43 @@ func (c *Client) SubmitToolOutputs(ctx context.Context, runID string, outputs []
 	return runStream(c.Agents.SubmitToolOutputs(ctx, req, opts...))
 }
 
+// SubmitAnswers continues a REQUIRES_ACTION run with everything its RequiredAction waits
+// for at once: an output per client tool call and a decision per call waiting for approval
+// (anything left out is INVALID_ARGUMENT, naming the ids, and changes nothing).
+func (c *Client) SubmitAnswers(ctx context.Context, runID string, outputs []*agiov1.ToolOutput, approvals []*agiov1.ToolApproval, opts ...grpc.CallOption) (*RunStream, error) {
+	req := &agiov1.SubmitToolOutputsRequest{RunId: runID, ToolOutputs: outputs, Approvals: approvals}
+	return runStream(c.Agents.SubmitToolOutputs(ctx, req, opts...))
+}
+
+// Approve approves calls of a run waiting for approval (every call it waits for when
+// callIDs is empty) and returns the continued run's stream.
+func (c *Client) Approve(ctx context.Context, runID string, callIDs []string, reason string, opts ...grpc.CallOption) (*RunStream, error) {
+	return c.decide(ctx, runID, callIDs, true, reason, opts)
+}
+
+// Reject rejects calls of a run waiting for approval (every one when callIDs is empty): the
+// model sees each was rejected, and reason. Returns the continued run's stream.
+func (c *Client) Reject(ctx context.Context, runID string, callIDs []string, reason string, opts ...grpc.CallOption) (*RunStream, error) {
+	return c.decide(ctx, runID, callIDs, false, reason, opts)
+}
+
+func (c *Client) decide(ctx context.Context, runID string, callIDs []string, approved bool, reason string, opts []grpc.CallOption) (*RunStream, error) {
+	if len(callIDs) == 0 {
+		run, err := c.GetRun(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		for _, call := range run.GetRequiredAction().GetApprovals() {
+			callIDs = append(callIDs, call.GetId())
+		}
+	}
+	approvals := make([]*agiov1.ToolApproval, 0, len(callIDs))
+	for _, id := range callIDs {
+		approvals = append(approvals, &agiov1.ToolApproval{ToolCallId: id, Approved: approved, Reason: reason})
+	}
+	return c.SubmitAnswers(ctx, runID, nil, approvals, opts...)
+}
+
 // Retry deletes a session's steps from sequence on and regenerates.
 func (c *Client) Retry(ctx context.Context, sessionID string, sequence int64, opts ...grpc.CallOption) (*RunStream, error) {
 	req := &agiov1.RetryRequest{SessionId: sessionID, Sequence: sequence}

@@ -226,6 +226,25 @@ class Scenario:
         expect(calls == ["calculate"], f"tool calls {calls}")
         expect(result.output == {"answer": 0}, f"output {result.output!r}")
 
+    async def approval(self) -> None:
+        async with self.connect(self.address) as client:
+            waiting = (
+                await client.run_to_end(
+                    "What is 12 * 7?", require_approval=["calculate"], timeout=RUN_TIMEOUT
+                )
+            ).run
+            status = resources_pb2.RunStatus.Name(waiting.status)
+            expect(status == "RUN_STATUS_REQUIRES_ACTION", f"status {status}")
+            held = [call.name for call in waiting.required_action.approvals]
+            expect(held == ["calculate"], f"waiting for {held}")
+            events = [event async for event in client.approve(waiting.id, timeout=RUN_TIMEOUT)]
+        done = events[-1].run_completed.run
+        reason = resources_pb2.StopReason.Name(done.stop_signal.reason)
+        expect(done.id == waiting.id and reason == "STOP_REASON_COMPLETED", f"stop {reason}")
+        steps = [e.step_completed.step for e in events if e.WhichOneof("event") == "step_completed"]
+        expect(bool(steps) and steps[0].approval.approved, "the result keeps no approval")
+        expect("84" in steps[-1].content, f"final text {steps[-1].content!r}")
+
 
 async def run_checks(scenario: Scenario) -> int:
     checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -239,6 +258,7 @@ async def run_checks(scenario: Scenario) -> int:
         ("follow_after_end", scenario.follow_after_end),
         ("tls_hint", scenario.tls_hint),
         ("structured_output", scenario.structured_output),
+        ("approval", scenario.approval),
     ]
     failed = 0
     for name, check in checks:

@@ -68,14 +68,30 @@ class Ref(enum.Enum):
     OPEN_CALL = "the first open tool call of the waiting run"
     OTHER_OPEN_CALL = "the second open tool call of the waiting run"
     ANSWERED_CALL = "the live session's answered tool call"
+    APPROVAL_SESSION = "a session whose run waits for decisions on a server call and a client call"
+    APPROVAL_RUN = "the run waiting for a decision (and a client output)"
+    HELD_CALL = "the server call that waits for approval"
+    HELD_CLIENT_CALL = "the client call of the same wait"
 
     def __repr__(self) -> str:
         return f"Ref.{self.name}"
 
 
-SESSION_REFS = (Ref.LIVE_SESSION, Ref.OTHER_SESSION, Ref.WAITING_SESSION, Ref.DELETED_SESSION)
-RUN_REFS = (Ref.ENDED_RUN, Ref.WAITING_RUN, Ref.OTHER_RUN, Ref.DELETED_RUN)
-CALL_REFS = (Ref.OPEN_CALL, Ref.OTHER_OPEN_CALL, Ref.ANSWERED_CALL)
+SESSION_REFS = (
+    Ref.LIVE_SESSION,
+    Ref.OTHER_SESSION,
+    Ref.WAITING_SESSION,
+    Ref.DELETED_SESSION,
+    Ref.APPROVAL_SESSION,
+)
+RUN_REFS = (Ref.ENDED_RUN, Ref.WAITING_RUN, Ref.OTHER_RUN, Ref.DELETED_RUN, Ref.APPROVAL_RUN)
+CALL_REFS = (
+    Ref.OPEN_CALL,
+    Ref.OTHER_OPEN_CALL,
+    Ref.ANSWERED_CALL,
+    Ref.HELD_CALL,
+    Ref.HELD_CLIENT_CALL,
+)
 
 TokenSource: TypeAlias = Literal["sessions", "steps", "runs"]
 
@@ -555,6 +571,8 @@ def _texts_by_name(name: str, shape: Shape) -> SearchStrategy[Any]:
         return either(st.sampled_from(["fake-model", "other-model"]), texts(shape))
     if name in ("name", "names"):
         return either(st.sampled_from(TOOL_NAMES), ids(shape))
+    if name == "require_approval":
+        return either(st.sampled_from((*TOOL_NAMES, "*")), ids(shape))
     if name == "input":
         return either(st.sampled_from(INPUTS), texts(shape, MIB + 1))
     if name == "request_id":

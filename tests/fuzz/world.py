@@ -138,6 +138,24 @@ class World:
         self._refs[Ref.WAITING_RUN] = run.id
         self._refs[Ref.OPEN_CALL], self._refs[Ref.OTHER_OPEN_CALL] = calls
 
+    async def _make_approval(self) -> None:
+        """A run whose `echo` call waits for a decision (`require_approval`) beside a call of
+        the client tool `lookup`: one submit must answer both."""
+        turn = Turn.tool_calls(
+            [ToolCallSpec("echo", '{"text": "held"}'), ToolCallSpec("lookup", '{"q": "c"}')]
+        )
+        request = agent_service_pb2.RunRequest(
+            input="send it", client_tools=[LOOKUP], require_approval=["echo"]
+        )
+        run, _ = await self._run(request, turn)
+        action = run.required_action
+        if run.status != RunStatus.RUN_STATUS_REQUIRES_ACTION or len(action.approvals) != 1:
+            raise SetupError(f"the approval session's run: {run}")
+        self._refs[Ref.APPROVAL_SESSION] = run.session_id
+        self._refs[Ref.APPROVAL_RUN] = run.id
+        self._refs[Ref.HELD_CALL] = action.approvals[0].id
+        self._refs[Ref.HELD_CLIENT_CALL] = action.tool_calls[0].id
+
     async def _make_deleted(self) -> None:
         run, _ = await self._run(agent_service_pb2.RunRequest(input="goodbye"))
         await self.sessions.DeleteSession(
@@ -327,6 +345,10 @@ _MAKERS: dict[Ref, Callable[[World], Awaitable[None]]] = {
     Ref.OTHER_OPEN_CALL: World._make_waiting,
     Ref.DELETED_SESSION: World._make_deleted,
     Ref.DELETED_RUN: World._make_deleted,
+    Ref.APPROVAL_SESSION: World._make_approval,
+    Ref.APPROVAL_RUN: World._make_approval,
+    Ref.HELD_CALL: World._make_approval,
+    Ref.HELD_CLIENT_CALL: World._make_approval,
 }
 
 

@@ -25,7 +25,7 @@ from agio_grpc.client import AgioClient, AgioError, collect
 from agio_grpc.config import AgentConfig, McpServerConfig
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
-from agio_grpc.v1 import agent_service_pb2
+from agio_grpc.v1 import agent_service_pb2, resources_pb2
 from tests.mcp.conftest import TOOLBOX
 from tests.roles import open_roles
 from tests.service.auth_helpers import auth_settings, serving
@@ -458,3 +458,83 @@ async def test_a_runs_structured_output_shows_as_formatted_json(
     await expect(output).to_have_count(1)
     assert json.loads(await output.inner_text()) == {"city": "Paris", "population": 2100000}
     await expect(output).to_contain_text('\n  "city": "Paris"')
+
+
+async def a_run_waiting_for_approval(client: AgioClient, fake_model: FakeModelServer) -> str:
+    """A session whose run waits for decisions on two `calculate` calls; its id."""
+    fake_model.enqueue(
+        Turn.tool_calls(
+            [
+                ToolCallSpec("calculate", '{"expression": "12 * 7"}', id="call_yes"),
+                ToolCallSpec("calculate", '{"expression": "1 / 0"}', id="call_no"),
+            ]
+        )
+    )
+    waiting = await client.run_to_end("Two sums", require_approval=["calculate"])
+    assert waiting.run.status == resources_pb2.RUN_STATUS_REQUIRES_ACTION
+    return waiting.session_id
+
+
+async def test_approve_and_reject_the_calls_a_run_waits_for_then_it_goes_on(
+    browser: Browser, console_app: AgioApp, fake_model: FakeModelServer
+) -> None:
+    async with AgioClient(console_app.address) as client:
+        session_id = await a_run_waiting_for_approval(client, fake_model)
+    page = await open_console(browser, console_app)
+    await open_session(page, session_id)
+    panel = page.locator("#steps .approvals")
+    await expect(panel.locator(".pending")).to_have_count(2)
+    await expect(panel.locator(".pending .tool")).to_have_text(["calculate", "calculate"])
+    await expect(panel.locator("[data-call='call_yes'] code")).to_have_text(
+        '{"expression": "12 * 7"}'
+    )
+
+    fake_model.enqueue(Turn.text("84, and the other one was refused."))
+    await panel.locator("[data-call='call_yes'] .approve").click()
+    await expect(panel.locator("[data-call='call_yes'] .choice")).to_have_text("approved")
+    # One decision of two: nothing is submitted yet (a submit puts what it sent in #live at
+    # once, in the click's own handler).
+    assert await page.locator("#live .sent").count() == 0
+    await panel.locator("[data-call='call_no'] .reason").fill("no dividing by zero")
+    await panel.locator("[data-call='call_no'] .reject").click()
+
+    await expect(page.locator("#live .status")).to_have_text("COMPLETED", timeout=WAIT_MS)
+    await settled(page)
+    await expect(page.locator("#steps .approvals")).to_have_count(0)
+    tools = page.locator("#steps .step.tool")
+    await expect(tools.locator(".decision")).to_have_count(2)
+    await expect(tools.filter(has_text="84").locator(".decision")).to_contain_text("approved by")
+    rejected = tools.filter(has_text="was rejected")
+    await expect(rejected.locator(".decision")).to_contain_text("rejected by")
+    await expect(rejected.locator(".decision")).to_contain_text("no dividing by zero")
+    seen = {
+        m["tool_call_id"]: m["content"]
+        for m in fake_model.requests[-1]["messages"]
+        if m["role"] == "tool"
+    }
+    assert seen["call_yes"] == "84"
+    assert "no dividing by zero" in seen["call_no"]
+
+
+async def test_a_wait_that_also_needs_client_outputs_is_shown_but_left_to_its_client(
+    browser: Browser, console_app: AgioApp, fake_model: FakeModelServer
+) -> None:
+    lookup = {"name": "lookup", "description": "Look it up.", "parameters_json": "{}"}
+    fake_model.enqueue(
+        Turn.tool_calls(
+            [
+                ToolCallSpec("calculate", '{"expression": "2 + 2"}', id="call_calc"),
+                ToolCallSpec("lookup", "{}", id="call_client"),
+            ]
+        )
+    )
+    async with AgioClient(console_app.address) as client:
+        waiting = await client.run_to_end(
+            "Both", require_approval=["calculate"], client_tools=[lookup]
+        )
+    page = await open_console(browser, console_app)
+    await open_session(page, waiting.session_id)
+    panel = page.locator("#steps .approvals")
+    await expect(panel.locator(".note")).to_contain_text("client tool outputs")
+    await expect(panel.locator(".approve")).to_be_disabled()
+    await expect(panel.locator(".reject")).to_be_disabled()

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, insert, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
+    ApprovalDecision,
     Role,
     Run,
     RunStatus,
@@ -304,6 +305,22 @@ async def test_step_round_trips_every_field(store: StoreRoles) -> None:
     assert loaded == stored
     assert loaded.tool_calls == draft.tool_calls
     assert loaded.metrics == draft.metrics
+
+
+async def test_a_tool_step_keeps_its_approval_decision(store: StoreRoles) -> None:
+    session = await store.new_session()
+    decision = ApprovalDecision(
+        False, "too risky \u00e9 \u2603", "key_7", datetime(2026, 11, 27, 13, 0, 1, 250000, UTC)
+    )
+    stored = await store.append_one(
+        Step(session.id, "run_9", Role.TOOL, content="rejected", tool_call_id="call_a",
+             name="send_mail", is_error=True, approval=decision)
+    )  # fmt: skip
+    plain = await store.append_one(Step(session.id, "run_9", Role.USER, content="next"))
+
+    assert (await store.get_step(session.id, stored.sequence)).approval == decision
+    assert (await store.get_step(session.id, plain.sequence)).approval is None
+    assert [step.approval for step in await store.get_steps(session.id)] == [decision, None]
 
 
 async def test_every_read_returns_steps_exactly_as_appended(store: StoreRoles) -> None:
@@ -1282,7 +1299,7 @@ def test_the_store_knows_every_field_of_the_domain_types() -> None:
     assert {f.name for f in dataclasses.fields(Step)} == {
         "id", "session_id", "run_id", "sequence", "role", "content", "reasoning_content",
         "tool_calls", "tool_call_id", "name", "is_error", "metrics", "create_time",
-        "trace_id", "span_id", "summary_first_sequence", "summary_last_sequence",
+        "trace_id", "span_id", "summary_first_sequence", "summary_last_sequence", "approval",
     }  # fmt: skip
     assert {f.name for f in dataclasses.fields(StepMetrics)} <= set(steps.c.keys())
     assert {f.name for f in dataclasses.fields(Run)} - {"usage"} <= set(runs.c.keys())

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from agio_grpc.domain import (
+    ApprovalDecision,
     Role,
     Run,
     RunStatus,
@@ -92,6 +93,7 @@ async def test_steps_and_a_run_end_journal_with_their_write(store: StoreRoles) -
         run.id,
         Role.ASSISTANT,
         tool_calls=[ToolCall("call_1", "calc", '{"x": 1}')],
+        approval=ApprovalDecision(True, "fine", "key_1", NOW),  # any step round-trips it
     )
 
     def completed(_: Run | None, steps: Sequence[Step]) -> list[JournalRecord]:
@@ -122,6 +124,7 @@ async def test_steps_and_a_run_end_journal_with_their_write(store: StoreRoles) -
     ]
     assert records[0].data == {"step_id": stored.id}
     assert records[1].step == stored
+    assert records[1].step.approval == reply.approval
     assert records[2].run is not None
     assert records[2].run.stop_signal == signal
     assert records[2].run.status is RunStatus.FAILED

@@ -10,6 +10,7 @@ from typing import Any, Final, cast
 
 from sqlalchemy import (
     Connection,
+    func,
     or_,
     select,
     update,
@@ -198,8 +199,7 @@ class SqlRunLedger(SqlRole):
         expect: HistoryMark | None = None,
         journal: Journal | None = None,
     ) -> RunContinuation:
-        if not steps:
-            raise ValueError("continue_run needs the steps that continue the run")
+        # No steps: every call it waited for was approved, and runs in the continued segment.
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("continue_run takes steps of the run's session")
 
@@ -214,12 +214,12 @@ class SqlRunLedger(SqlRole):
             if status != RunStatus.REQUIRES_ACTION.value:
                 raise RunStateConflictError(run.id, str(status))
             self._quotas.check_running(conn, run.tenant)
-            stored = append(conn, run.session_id, steps, held_by=run.id)
+            stored = append(conn, run.session_id, steps, held_by=run.id) if steps else []
             continued = stored_run(
                 replace(
                     run.resumed(),
                     step_count=run.step_count + len(stored),
-                    last_sequence=stored[-1].sequence,
+                    last_sequence=stored[-1].sequence if stored else run.last_sequence,
                 )
             )
             if CONTINUE_RUN.execute(conn, run_update(continued)) != 1:
@@ -476,6 +476,26 @@ class SqlRunLedger(SqlRole):
 
         row = await self._read(work)
         return run_from_row(row) if row is not None else None
+
+    async def runs_past_approval_deadline(self, now: datetime, limit: int = 100) -> list[Run]:
+        query = (
+            select(run_table)
+            .where(
+                run_table.c.approval_deadline <= now,
+                run_table.c.status == RunStatus.REQUIRES_ACTION.value,
+            )
+            .order_by(run_table.c.approval_deadline, run_table.c.id)
+            .limit(limit)
+        )
+        rows = await self._read(lambda conn: conn.execute(query).all())
+        return [run_from_row(row) for row in rows]
+
+    async def next_approval_deadline(self) -> datetime | None:
+        query = select(func.min(run_table.c.approval_deadline)).where(
+            run_table.c.status == RunStatus.REQUIRES_ACTION.value
+        )
+        deadline: datetime | None = await self._read(lambda conn: conn.execute(query).scalar())
+        return deadline
 
     async def queued_runs_called_here(self) -> list[Run]:
         owner = self._lease.owner

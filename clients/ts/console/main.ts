@@ -264,7 +264,7 @@ class Console {
       if (sessionId !== this.session) return;
       this.steps = steps;
       this.runs = runs.runs;
-      byId("steps").replaceChildren(...this.timeline(sessionId));
+      byId("steps").replaceChildren(...this.timeline(sessionId), ...this.approvalPanel(this.runs[0]));
       byId("runs").replaceChildren(...this.runs.flatMap((run) => this.runItems(run)));
       this.pickAgent(this.runs[0]?.agent ?? "");
     } catch (error) {
@@ -317,6 +317,11 @@ class Console {
       item.append(element("div", { class: "reasoning" }, step.reasoningContent));
     }
     if (step.content) item.append(element("div", { class: "content" }, step.content));
+    if (step.approval) {
+      const { approved, decidedBy, reason, decideTime } = step.approval;
+      const verdict = `${approved ? "approved" : "rejected"} by ${decidedBy || "-"} ${when(decideTime?.seconds)}`;
+      item.append(element("div", { class: "decision" }, reason ? `${verdict}: ${reason}` : verdict));
+    }
     for (const call of step.toolCalls) {
       item.append(
         element("div", { class: "tool-call" }, element("span", { class: "tool" }, call.name), element("code", {}, call.arguments)),
@@ -324,6 +329,68 @@ class Console {
     }
     item.append(this.metrics(step), this.stepActions(item, index));
     return item;
+  }
+
+  /**
+   * The calls the session's newest run waits to have decided, each with Approve and Reject
+   * and a reason. A submit must decide them all at once: each choice is kept until the last
+   * call has one, then they go together. A run that also waits for client tool outputs is
+   * the client's to answer: only shown.
+   */
+  private approvalPanel(run: Run | undefined): HTMLElement[] {
+    const action = run?.status === RunStatus.REQUIRES_ACTION ? run.requiredAction : undefined;
+    if (!run || !action?.approvals.length) return [];
+    const panel = element(
+      "li",
+      { class: "approvals", role: "group", "aria-label": "Calls waiting for approval" },
+      element("p", { class: "title" }, `Run ${run.id} waits for a decision`),
+    );
+    const byClient = action.toolCalls.length > 0;
+    if (byClient) {
+      panel.append(element("p", { class: "note" }, "It also waits for client tool outputs: its client decides."));
+    }
+    const chosen = new Map<string, { approved: boolean; reason: string }>();
+    for (const call of action.approvals) {
+      const reason = element("input", {
+        type: "text",
+        class: "reason",
+        placeholder: "reason (the model sees it on a rejection)",
+        "aria-label": `Reason for ${call.name}`,
+      });
+      const choice = element("span", { class: "choice" });
+      const decide = (approved: boolean): void => {
+        chosen.set(call.id, { approved, reason: reason.value.trim() });
+        choice.textContent = approved ? "approved" : "rejected";
+        if (chosen.size === action.approvals.length) void this.act(() => this.decide(run.id, chosen));
+      };
+      const approve = element("button", { type: "button", class: "approve" }, "Approve");
+      const reject = element("button", { type: "button", class: "reject" }, "Reject");
+      approve.addEventListener("click", () => decide(true));
+      reject.addEventListener("click", () => decide(false));
+      approve.disabled = reject.disabled = byClient;
+      panel.append(
+        element(
+          "div",
+          { class: "pending", "data-call": call.id },
+          element("span", { class: "tool" }, call.name),
+          element("code", {}, call.arguments),
+          reason,
+          approve,
+          reject,
+          choice,
+        ),
+      );
+    }
+    return [panel];
+  }
+
+  private async decide(runId: string, chosen: Map<string, { approved: boolean; reason: string }>): Promise<void> {
+    if (this.abort) return;
+    const approvals = Array.from(chosen, ([toolCallId, { approved, reason }]) => ({ toolCallId, approved, reason }));
+    const said = approvals.map((a) => `${a.approved ? "approved" : "rejected"} ${a.toolCallId}`).join(", ");
+    await this.stream(element("div", { class: "sent decision" }, said), (signal) =>
+      this.clients.agents.submitToolOutputs({ runId, approvals }, { signal }),
+    );
   }
 
   private unfinishedItem(output: Unfinished): HTMLElement {

@@ -22,6 +22,7 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import {
   AgentService,
   RunRequestSchema,
+  type ToolApprovalSchema,
   type ToolOutputSchema,
 } from "./gen/agio/v1/agent_service_pb.js";
 import type { StepEvent } from "./gen/agio/v1/events_pb.js";
@@ -223,6 +224,63 @@ export class AgioClient {
       (call) => this.agents.submitToolOutputs({ runId, toolOutputs }, call),
       options,
     );
+  }
+
+  /**
+   * Continues a REQUIRES_ACTION run with everything its `requiredAction` waits for at once:
+   * an output per client tool call and a decision per call waiting for approval (anything
+   * left out is INVALID_ARGUMENT, naming the ids, and changes nothing).
+   */
+  submitAnswers(
+    runId: string,
+    toolOutputs: MessageInitShape<typeof ToolOutputSchema>[],
+    approvals: MessageInitShape<typeof ToolApprovalSchema>[],
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.events(
+      (call) => this.agents.submitToolOutputs({ runId, toolOutputs, approvals }, call),
+      options,
+    );
+  }
+
+  /**
+   * Approves calls of a run waiting for approval (every call it waits for when `callIds` is
+   * empty) and yields the continued run's events.
+   */
+  approve(
+    runId: string,
+    callIds: string[] = [],
+    reason = "",
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.decide(runId, callIds, true, reason, options);
+  }
+
+  /**
+   * Rejects calls of a run waiting for approval (every one when `callIds` is empty): the model
+   * sees each was rejected, and `reason`. Yields the continued run's events.
+   */
+  reject(
+    runId: string,
+    callIds: string[] = [],
+    reason = "",
+    options: CallOptions = {},
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    return this.decide(runId, callIds, false, reason, options);
+  }
+
+  private async *decide(
+    runId: string,
+    callIds: string[],
+    approved: boolean,
+    reason: string,
+    options: CallOptions,
+  ): AsyncGenerator<StepEvent, void, undefined> {
+    const ids = callIds.length
+      ? callIds
+      : ((await this.getRun(runId))?.requiredAction?.approvals ?? []).map((call) => call.id);
+    const approvals = ids.map((toolCallId) => ({ toolCallId, approved, reason }));
+    yield* this.submitAnswers(runId, [], approvals, options);
   }
 
   /** Deletes a session's steps from `sequence` on and regenerates. */

@@ -248,6 +248,27 @@ class Scenario {
     );
   }
 
+  async approval(): Promise<void> {
+    const waiting = (
+      await this.client.runToEnd({ input: "What is 12 * 7?", requireApproval: ["calculate"] })
+    ).run;
+    expect(waiting?.status === RunStatus.REQUIRES_ACTION, `status ${waiting?.status}`);
+    const held = (waiting.requiredAction?.approvals ?? []).map((call) => call.name);
+    expect(held.join(",") === "calculate", `waiting for ${held.join(",")}`);
+    const events: StepEvent[] = [];
+    for await (const event of this.client.approve(waiting.id)) events.push(event);
+    const done = terminalRun(events[events.length - 1]);
+    expect(
+      done?.id === waiting.id && done.stopSignal?.reason === StopReason.COMPLETED,
+      `stop ${done?.stopSignal?.reason}`,
+    );
+    const steps = events.flatMap((e) =>
+      e.event.case === "stepCompleted" ? [e.event.value.step] : [],
+    );
+    expect(steps[0]?.approval?.approved === true, "the result keeps no approval");
+    expect((steps[steps.length - 1]?.content ?? "").includes("84"), "final text");
+  }
+
   async listSteps(): Promise<void> {
     expect(this.toolRun !== undefined, "no session to list (run_with_tool failed)");
     const sequences: bigint[] = [];
@@ -292,6 +313,7 @@ async function main(): Promise<number> {
     ["background_resume", () => scenario.backgroundResume()],
     ["follow_after_end", () => scenario.followAfterEnd()],
     ["structured_output", () => scenario.structuredOutput()],
+    ["approval", () => scenario.approval()],
   ];
   if (protocol === "grpc") {
     // The web transport's TLS is the browser's (or fetch's) business.

@@ -322,8 +322,11 @@ type RunRequest struct {
 	// replaces the agent's `output_schema`. Empty keeps the agent's. The valid answer is the
 	// run's `output`; an answer that stays invalid ends the run STOP_REASON_OUTPUT_INVALID.
 	OutputSchemaJson string `protobuf:"bytes,10,opt,name=output_schema_json,json=outputSchemaJson,proto3" json:"output_schema_json,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Server tools whose calls wait for a decision before they run (besides the agent's
+	// `needs_approval` tools); `*` names every server tool of the run.
+	RequireApproval []string `protobuf:"bytes,11,rep,name=require_approval,json=requireApproval,proto3" json:"require_approval,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
@@ -424,6 +427,13 @@ func (x *RunRequest) GetOutputSchemaJson() string {
 		return x.OutputSchemaJson
 	}
 	return ""
+}
+
+func (x *RunRequest) GetRequireApproval() []string {
+	if x != nil {
+		return x.RequireApproval
+	}
+	return nil
 }
 
 // StartRunResponse returns the run StartRun started (or queued).
@@ -536,20 +546,89 @@ func (x *ToolOutput) GetIsError() bool {
 	return false
 }
 
-// SubmitToolOutputsRequest supplies the results of a run's pending client tool calls.
+// ToolApproval decides one call waiting for approval.
+type ToolApproval struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call it decides (`RequiredAction.approvals[].id`).
+	ToolCallId string `protobuf:"bytes,1,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	// Run the call (true), or reject it (false): the model then sees that it was rejected,
+	// and `reason`.
+	Approved bool `protobuf:"varint,2,opt,name=approved,proto3" json:"approved,omitempty"`
+	// Why; shown to the model for a rejection, and kept with the decision.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolApproval) Reset() {
+	*x = ToolApproval{}
+	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolApproval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolApproval) ProtoMessage() {}
+
+func (x *ToolApproval) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolApproval.ProtoReflect.Descriptor instead.
+func (*ToolApproval) Descriptor() ([]byte, []int) {
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ToolApproval) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+func (x *ToolApproval) GetApproved() bool {
+	if x != nil {
+		return x.Approved
+	}
+	return false
+}
+
+func (x *ToolApproval) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// SubmitToolOutputsRequest supplies what a REQUIRES_ACTION run waits for: the results of
+// its pending client tool calls and the decisions on its calls waiting for approval, all
+// at once.
 type SubmitToolOutputsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run waiting in REQUIRES_ACTION.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// One output per pending call.
-	ToolOutputs   []*ToolOutput `protobuf:"bytes,2,rep,name=tool_outputs,json=toolOutputs,proto3" json:"tool_outputs,omitempty"`
+	// One output per pending client call (`RequiredAction.tool_calls`).
+	ToolOutputs []*ToolOutput `protobuf:"bytes,2,rep,name=tool_outputs,json=toolOutputs,proto3" json:"tool_outputs,omitempty"`
+	// One decision per call waiting for approval (`RequiredAction.approvals`).
+	Approvals     []*ToolApproval `protobuf:"bytes,3,rep,name=approvals,proto3" json:"approvals,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SubmitToolOutputsRequest) Reset() {
 	*x = SubmitToolOutputsRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +640,7 @@ func (x *SubmitToolOutputsRequest) String() string {
 func (*SubmitToolOutputsRequest) ProtoMessage() {}
 
 func (x *SubmitToolOutputsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[5]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +653,7 @@ func (x *SubmitToolOutputsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitToolOutputsRequest.ProtoReflect.Descriptor instead.
 func (*SubmitToolOutputsRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{5}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SubmitToolOutputsRequest) GetRunId() string {
@@ -587,6 +666,13 @@ func (x *SubmitToolOutputsRequest) GetRunId() string {
 func (x *SubmitToolOutputsRequest) GetToolOutputs() []*ToolOutput {
 	if x != nil {
 		return x.ToolOutputs
+	}
+	return nil
+}
+
+func (x *SubmitToolOutputsRequest) GetApprovals() []*ToolApproval {
+	if x != nil {
+		return x.Approvals
 	}
 	return nil
 }
@@ -604,7 +690,7 @@ type RetryRequest struct {
 
 func (x *RetryRequest) Reset() {
 	*x = RetryRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +702,7 @@ func (x *RetryRequest) String() string {
 func (*RetryRequest) ProtoMessage() {}
 
 func (x *RetryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[6]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +715,7 @@ func (x *RetryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRequest.ProtoReflect.Descriptor instead.
 func (*RetryRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RetryRequest) GetSessionId() string {
@@ -659,7 +745,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +757,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[7]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +770,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -714,7 +800,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +812,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[8]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +825,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -767,7 +853,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +865,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[9]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +878,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CancelRunResponse) GetRun() *Run {
@@ -813,7 +899,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +911,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[10]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +924,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -859,7 +945,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +957,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[11]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +970,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -909,7 +995,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1007,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[12]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1020,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRunsRequest) GetSessionId() string {
@@ -971,7 +1057,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1069,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[13]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1082,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -1022,7 +1108,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1120,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[14]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1133,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 // ListAgentsResponse holds the configured agents.
@@ -1061,7 +1147,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_agio_v1_agent_service_proto_msgTypes[15]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1159,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_agent_service_proto_msgTypes[15]
+	mi := &file_agio_v1_agent_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1172,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{15}
+	return file_agio_v1_agent_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -1119,7 +1205,7 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\v_max_tokensB\f\n" +
 	"\n" +
 	"_max_stepsB\x0f\n" +
-	"\r_token_budget\"\xff\x03\n" +
+	"\r_token_budget\"\xaa\x04\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -1134,7 +1220,8 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\aon_busy\x18\b \x01(\x0e2\x13.agio.v1.BusyPolicyR\x06onBusy\x12>\n" +
 	"\ron_disconnect\x18\t \x01(\x0e2\x19.agio.v1.DisconnectPolicyR\fonDisconnect\x12,\n" +
 	"\x12output_schema_json\x18\n" +
-	" \x01(\tR\x10outputSchemaJson\x1a;\n" +
+	" \x01(\tR\x10outputSchemaJson\x12)\n" +
+	"\x10require_approval\x18\v \x03(\tR\x0frequireApproval\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +
@@ -1145,10 +1232,16 @@ const file_agio_v1_agent_service_proto_rawDesc = "" +
 	"\ftool_call_id\x18\x01 \x01(\tR\n" +
 	"toolCallId\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x19\n" +
-	"\bis_error\x18\x03 \x01(\bR\aisError\"i\n" +
+	"\bis_error\x18\x03 \x01(\bR\aisError\"d\n" +
+	"\fToolApproval\x12 \n" +
+	"\ftool_call_id\x18\x01 \x01(\tR\n" +
+	"toolCallId\x12\x1a\n" +
+	"\bapproved\x18\x02 \x01(\bR\bapproved\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x9e\x01\n" +
 	"\x18SubmitToolOutputsRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
-	"\ftool_outputs\x18\x02 \x03(\v2\x13.agio.v1.ToolOutputR\vtoolOutputs\"I\n" +
+	"\ftool_outputs\x18\x02 \x03(\v2\x13.agio.v1.ToolOutputR\vtoolOutputs\x123\n" +
+	"\tapprovals\x18\x03 \x03(\v2\x15.agio.v1.ToolApprovalR\tapprovals\"I\n" +
 	"\fRetryRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1a\n" +
@@ -1214,7 +1307,7 @@ func file_agio_v1_agent_service_proto_rawDescGZIP() []byte {
 }
 
 var file_agio_v1_agent_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_agio_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_agio_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_agio_v1_agent_service_proto_goTypes = []any{
 	(BusyPolicy)(0),                  // 0: agio.v1.BusyPolicy
 	(DisconnectPolicy)(0),            // 1: agio.v1.DisconnectPolicy
@@ -1223,61 +1316,63 @@ var file_agio_v1_agent_service_proto_goTypes = []any{
 	(*RunRequest)(nil),               // 4: agio.v1.RunRequest
 	(*StartRunResponse)(nil),         // 5: agio.v1.StartRunResponse
 	(*ToolOutput)(nil),               // 6: agio.v1.ToolOutput
-	(*SubmitToolOutputsRequest)(nil), // 7: agio.v1.SubmitToolOutputsRequest
-	(*RetryRequest)(nil),             // 8: agio.v1.RetryRequest
-	(*WatchRunRequest)(nil),          // 9: agio.v1.WatchRunRequest
-	(*CancelRunRequest)(nil),         // 10: agio.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),        // 11: agio.v1.CancelRunResponse
-	(*GetRunRequest)(nil),            // 12: agio.v1.GetRunRequest
-	(*GetRunResponse)(nil),           // 13: agio.v1.GetRunResponse
-	(*ListRunsRequest)(nil),          // 14: agio.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),         // 15: agio.v1.ListRunsResponse
-	(*ListAgentsRequest)(nil),        // 16: agio.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),       // 17: agio.v1.ListAgentsResponse
-	nil,                              // 18: agio.v1.RunRequest.MetadataEntry
-	(*durationpb.Duration)(nil),      // 19: google.protobuf.Duration
-	(*ToolDefinition)(nil),           // 20: agio.v1.ToolDefinition
-	(*Run)(nil),                      // 21: agio.v1.Run
-	(*Agent)(nil),                    // 22: agio.v1.Agent
-	(*StepEvent)(nil),                // 23: agio.v1.StepEvent
+	(*ToolApproval)(nil),             // 7: agio.v1.ToolApproval
+	(*SubmitToolOutputsRequest)(nil), // 8: agio.v1.SubmitToolOutputsRequest
+	(*RetryRequest)(nil),             // 9: agio.v1.RetryRequest
+	(*WatchRunRequest)(nil),          // 10: agio.v1.WatchRunRequest
+	(*CancelRunRequest)(nil),         // 11: agio.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),        // 12: agio.v1.CancelRunResponse
+	(*GetRunRequest)(nil),            // 13: agio.v1.GetRunRequest
+	(*GetRunResponse)(nil),           // 14: agio.v1.GetRunResponse
+	(*ListRunsRequest)(nil),          // 15: agio.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),         // 16: agio.v1.ListRunsResponse
+	(*ListAgentsRequest)(nil),        // 17: agio.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),       // 18: agio.v1.ListAgentsResponse
+	nil,                              // 19: agio.v1.RunRequest.MetadataEntry
+	(*durationpb.Duration)(nil),      // 20: google.protobuf.Duration
+	(*ToolDefinition)(nil),           // 21: agio.v1.ToolDefinition
+	(*Run)(nil),                      // 22: agio.v1.Run
+	(*Agent)(nil),                    // 23: agio.v1.Agent
+	(*StepEvent)(nil),                // 24: agio.v1.StepEvent
 }
 var file_agio_v1_agent_service_proto_depIdxs = []int32{
-	19, // 0: agio.v1.RunOverrides.timeout:type_name -> google.protobuf.Duration
+	20, // 0: agio.v1.RunOverrides.timeout:type_name -> google.protobuf.Duration
 	2,  // 1: agio.v1.RunOverrides.tools:type_name -> agio.v1.ToolSelection
 	3,  // 2: agio.v1.RunRequest.overrides:type_name -> agio.v1.RunOverrides
-	20, // 3: agio.v1.RunRequest.client_tools:type_name -> agio.v1.ToolDefinition
-	18, // 4: agio.v1.RunRequest.metadata:type_name -> agio.v1.RunRequest.MetadataEntry
+	21, // 3: agio.v1.RunRequest.client_tools:type_name -> agio.v1.ToolDefinition
+	19, // 4: agio.v1.RunRequest.metadata:type_name -> agio.v1.RunRequest.MetadataEntry
 	0,  // 5: agio.v1.RunRequest.on_busy:type_name -> agio.v1.BusyPolicy
 	1,  // 6: agio.v1.RunRequest.on_disconnect:type_name -> agio.v1.DisconnectPolicy
-	21, // 7: agio.v1.StartRunResponse.run:type_name -> agio.v1.Run
+	22, // 7: agio.v1.StartRunResponse.run:type_name -> agio.v1.Run
 	6,  // 8: agio.v1.SubmitToolOutputsRequest.tool_outputs:type_name -> agio.v1.ToolOutput
-	21, // 9: agio.v1.CancelRunResponse.run:type_name -> agio.v1.Run
-	21, // 10: agio.v1.GetRunResponse.run:type_name -> agio.v1.Run
-	21, // 11: agio.v1.ListRunsResponse.runs:type_name -> agio.v1.Run
-	22, // 12: agio.v1.ListAgentsResponse.agents:type_name -> agio.v1.Agent
-	4,  // 13: agio.v1.AgentService.Run:input_type -> agio.v1.RunRequest
-	4,  // 14: agio.v1.AgentService.StartRun:input_type -> agio.v1.RunRequest
-	7,  // 15: agio.v1.AgentService.SubmitToolOutputs:input_type -> agio.v1.SubmitToolOutputsRequest
-	8,  // 16: agio.v1.AgentService.Retry:input_type -> agio.v1.RetryRequest
-	9,  // 17: agio.v1.AgentService.WatchRun:input_type -> agio.v1.WatchRunRequest
-	10, // 18: agio.v1.AgentService.CancelRun:input_type -> agio.v1.CancelRunRequest
-	12, // 19: agio.v1.AgentService.GetRun:input_type -> agio.v1.GetRunRequest
-	14, // 20: agio.v1.AgentService.ListRuns:input_type -> agio.v1.ListRunsRequest
-	16, // 21: agio.v1.AgentService.ListAgents:input_type -> agio.v1.ListAgentsRequest
-	23, // 22: agio.v1.AgentService.Run:output_type -> agio.v1.StepEvent
-	5,  // 23: agio.v1.AgentService.StartRun:output_type -> agio.v1.StartRunResponse
-	23, // 24: agio.v1.AgentService.SubmitToolOutputs:output_type -> agio.v1.StepEvent
-	23, // 25: agio.v1.AgentService.Retry:output_type -> agio.v1.StepEvent
-	23, // 26: agio.v1.AgentService.WatchRun:output_type -> agio.v1.StepEvent
-	11, // 27: agio.v1.AgentService.CancelRun:output_type -> agio.v1.CancelRunResponse
-	13, // 28: agio.v1.AgentService.GetRun:output_type -> agio.v1.GetRunResponse
-	15, // 29: agio.v1.AgentService.ListRuns:output_type -> agio.v1.ListRunsResponse
-	17, // 30: agio.v1.AgentService.ListAgents:output_type -> agio.v1.ListAgentsResponse
-	22, // [22:31] is the sub-list for method output_type
-	13, // [13:22] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 9: agio.v1.SubmitToolOutputsRequest.approvals:type_name -> agio.v1.ToolApproval
+	22, // 10: agio.v1.CancelRunResponse.run:type_name -> agio.v1.Run
+	22, // 11: agio.v1.GetRunResponse.run:type_name -> agio.v1.Run
+	22, // 12: agio.v1.ListRunsResponse.runs:type_name -> agio.v1.Run
+	23, // 13: agio.v1.ListAgentsResponse.agents:type_name -> agio.v1.Agent
+	4,  // 14: agio.v1.AgentService.Run:input_type -> agio.v1.RunRequest
+	4,  // 15: agio.v1.AgentService.StartRun:input_type -> agio.v1.RunRequest
+	8,  // 16: agio.v1.AgentService.SubmitToolOutputs:input_type -> agio.v1.SubmitToolOutputsRequest
+	9,  // 17: agio.v1.AgentService.Retry:input_type -> agio.v1.RetryRequest
+	10, // 18: agio.v1.AgentService.WatchRun:input_type -> agio.v1.WatchRunRequest
+	11, // 19: agio.v1.AgentService.CancelRun:input_type -> agio.v1.CancelRunRequest
+	13, // 20: agio.v1.AgentService.GetRun:input_type -> agio.v1.GetRunRequest
+	15, // 21: agio.v1.AgentService.ListRuns:input_type -> agio.v1.ListRunsRequest
+	17, // 22: agio.v1.AgentService.ListAgents:input_type -> agio.v1.ListAgentsRequest
+	24, // 23: agio.v1.AgentService.Run:output_type -> agio.v1.StepEvent
+	5,  // 24: agio.v1.AgentService.StartRun:output_type -> agio.v1.StartRunResponse
+	24, // 25: agio.v1.AgentService.SubmitToolOutputs:output_type -> agio.v1.StepEvent
+	24, // 26: agio.v1.AgentService.Retry:output_type -> agio.v1.StepEvent
+	24, // 27: agio.v1.AgentService.WatchRun:output_type -> agio.v1.StepEvent
+	12, // 28: agio.v1.AgentService.CancelRun:output_type -> agio.v1.CancelRunResponse
+	14, // 29: agio.v1.AgentService.GetRun:output_type -> agio.v1.GetRunResponse
+	16, // 30: agio.v1.AgentService.ListRuns:output_type -> agio.v1.ListRunsResponse
+	18, // 31: agio.v1.AgentService.ListAgents:output_type -> agio.v1.ListAgentsResponse
+	23, // [23:32] is the sub-list for method output_type
+	14, // [14:23] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_agent_service_proto_init() }
@@ -1294,7 +1389,7 @@ func file_agio_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agio_v1_agent_service_proto_rawDesc), len(file_agio_v1_agent_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -607,8 +607,10 @@ type Step struct {
 	// For a summary step: the last sequence of the steps it summarizes; the context goes on
 	// with the steps after it.
 	SummaryLastSequence int64 `protobuf:"varint,17,opt,name=summary_last_sequence,json=summaryLastSequence,proto3" json:"summary_last_sequence,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// For a tool step of a call that waited for approval: the decision.
+	Approval      *ApprovalDecision `protobuf:"bytes,18,opt,name=approval,proto3" json:"approval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -760,6 +762,87 @@ func (x *Step) GetSummaryLastSequence() int64 {
 	return 0
 }
 
+func (x *Step) GetApproval() *ApprovalDecision {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+// ApprovalDecision records who decided a call that needed approval, how and when.
+type ApprovalDecision struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call ran (true) or was rejected (false).
+	Approved bool `protobuf:"varint,1,opt,name=approved,proto3" json:"approved,omitempty"`
+	// The reason given; "timed out" for a rejection by the server.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The id of the credential that decided (an API key's id, a JWT subject, a certificate's
+	// name); `server` for a timeout.
+	DecidedBy string `protobuf:"bytes,3,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	// When the decision was submitted.
+	DecideTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=decide_time,json=decideTime,proto3" json:"decide_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApprovalDecision) Reset() {
+	*x = ApprovalDecision{}
+	mi := &file_agio_v1_resources_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApprovalDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApprovalDecision) ProtoMessage() {}
+
+func (x *ApprovalDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_resources_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApprovalDecision.ProtoReflect.Descriptor instead.
+func (*ApprovalDecision) Descriptor() ([]byte, []int) {
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ApprovalDecision) GetApproved() bool {
+	if x != nil {
+		return x.Approved
+	}
+	return false
+}
+
+func (x *ApprovalDecision) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ApprovalDecision) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *ApprovalDecision) GetDecideTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecideTime
+	}
+	return nil
+}
+
 // StopSignal says why a run stopped, who stopped it and whether it can be retried.
 type StopSignal struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -781,7 +864,7 @@ type StopSignal struct {
 
 func (x *StopSignal) Reset() {
 	*x = StopSignal{}
-	mi := &file_agio_v1_resources_proto_msgTypes[4]
+	mi := &file_agio_v1_resources_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +876,7 @@ func (x *StopSignal) String() string {
 func (*StopSignal) ProtoMessage() {}
 
 func (x *StopSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_resources_proto_msgTypes[4]
+	mi := &file_agio_v1_resources_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +889,7 @@ func (x *StopSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSignal.ProtoReflect.Descriptor instead.
 func (*StopSignal) Descriptor() ([]byte, []int) {
-	return file_agio_v1_resources_proto_rawDescGZIP(), []int{4}
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StopSignal) GetReason() StopReason {
@@ -866,7 +949,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_agio_v1_resources_proto_msgTypes[5]
+	mi := &file_agio_v1_resources_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +961,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_resources_proto_msgTypes[5]
+	mi := &file_agio_v1_resources_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +974,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_agio_v1_resources_proto_rawDescGZIP(), []int{5}
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Usage) GetInputTokens() int64 {
@@ -950,14 +1033,16 @@ type Run struct {
 	Metadata map[string]string `protobuf:"bytes,15,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// A run with an output schema that completed: its final answer, parsed and valid against
 	// the schema (the final step's text keeps the raw JSON). Unset otherwise.
-	Output        *structpb.Value `protobuf:"bytes,16,opt,name=output,proto3" json:"output,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Output *structpb.Value `protobuf:"bytes,16,opt,name=output,proto3" json:"output,omitempty"`
+	// What a REQUIRES_ACTION run waits for; unset in any other status.
+	RequiredAction *RequiredAction `protobuf:"bytes,17,opt,name=required_action,json=requiredAction,proto3" json:"required_action,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_agio_v1_resources_proto_msgTypes[6]
+	mi := &file_agio_v1_resources_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1054,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_resources_proto_msgTypes[6]
+	mi := &file_agio_v1_resources_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1067,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_agio_v1_resources_proto_rawDescGZIP(), []int{6}
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Run) GetId() string {
@@ -1097,6 +1182,79 @@ func (x *Run) GetOutput() *structpb.Value {
 	return nil
 }
 
+func (x *Run) GetRequiredAction() *RequiredAction {
+	if x != nil {
+		return x.RequiredAction
+	}
+	return nil
+}
+
+// RequiredAction is what a run waiting in REQUIRES_ACTION needs before it goes on: one
+// SubmitToolOutputs answering all of it at once.
+type RequiredAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Calls of client tools: the caller runs them and submits their outputs.
+	ToolCalls []*ToolCall `protobuf:"bytes,1,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// Calls of server tools waiting for a decision (`SubmitToolOutputsRequest.approvals`).
+	Approvals []*ToolCall `protobuf:"bytes,2,rep,name=approvals,proto3" json:"approvals,omitempty"`
+	// When the server rejects the pending approvals itself ("timed out"); unset without an
+	// `approval_timeout_s`.
+	ApprovalDeadline *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=approval_deadline,json=approvalDeadline,proto3" json:"approval_deadline,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *RequiredAction) Reset() {
+	*x = RequiredAction{}
+	mi := &file_agio_v1_resources_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequiredAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequiredAction) ProtoMessage() {}
+
+func (x *RequiredAction) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_resources_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequiredAction.ProtoReflect.Descriptor instead.
+func (*RequiredAction) Descriptor() ([]byte, []int) {
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RequiredAction) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *RequiredAction) GetApprovals() []*ToolCall {
+	if x != nil {
+		return x.Approvals
+	}
+	return nil
+}
+
+func (x *RequiredAction) GetApprovalDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ApprovalDeadline
+	}
+	return nil
+}
+
 // Session is a conversation: an ordered log of steps.
 type Session struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1122,7 +1280,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_agio_v1_resources_proto_msgTypes[7]
+	mi := &file_agio_v1_resources_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1292,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_resources_proto_msgTypes[7]
+	mi := &file_agio_v1_resources_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1305,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_agio_v1_resources_proto_rawDescGZIP(), []int{7}
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Session) GetId() string {
@@ -1224,7 +1382,7 @@ type ContextSummary struct {
 
 func (x *ContextSummary) Reset() {
 	*x = ContextSummary{}
-	mi := &file_agio_v1_resources_proto_msgTypes[8]
+	mi := &file_agio_v1_resources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1394,7 @@ func (x *ContextSummary) String() string {
 func (*ContextSummary) ProtoMessage() {}
 
 func (x *ContextSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_resources_proto_msgTypes[8]
+	mi := &file_agio_v1_resources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1407,7 @@ func (x *ContextSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextSummary.ProtoReflect.Descriptor instead.
 func (*ContextSummary) Descriptor() ([]byte, []int) {
-	return file_agio_v1_resources_proto_rawDescGZIP(), []int{8}
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ContextSummary) GetTotalSteps() int64 {
@@ -1325,7 +1483,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_agio_v1_resources_proto_msgTypes[9]
+	mi := &file_agio_v1_resources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1495,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_resources_proto_msgTypes[9]
+	mi := &file_agio_v1_resources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1508,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_resources_proto_rawDescGZIP(), []int{9}
+	return file_agio_v1_resources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Agent) GetName() string {
@@ -1411,7 +1569,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\bprovider\x18\t \x01(\tR\bprovider\x12)\n" +
 	"\x11tool_exec_time_ms\x18\n" +
 	" \x01(\x03R\x0etoolExecTimeMs\x12\x18\n" +
-	"\aretries\x18\v \x01(\x05R\aretries\"\xe0\x04\n" +
+	"\aretries\x18\v \x01(\x05R\aretries\"\x97\x05\n" +
 	"\x04Step\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -1434,7 +1592,15 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\btrace_id\x18\x0e \x01(\tR\atraceId\x12\x17\n" +
 	"\aspan_id\x18\x0f \x01(\tR\x06spanId\x124\n" +
 	"\x16summary_first_sequence\x18\x10 \x01(\x03R\x14summaryFirstSequence\x122\n" +
-	"\x15summary_last_sequence\x18\x11 \x01(\x03R\x13summaryLastSequence\"\xee\x01\n" +
+	"\x15summary_last_sequence\x18\x11 \x01(\x03R\x13summaryLastSequence\x125\n" +
+	"\bapproval\x18\x12 \x01(\v2\x19.agio.v1.ApprovalDecisionR\bapproval\"\xa2\x01\n" +
+	"\x10ApprovalDecision\x12\x1a\n" +
+	"\bapproved\x18\x01 \x01(\bR\bapproved\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\x03 \x01(\tR\tdecidedBy\x12;\n" +
+	"\vdecide_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"decideTime\"\xee\x01\n" +
 	"\n" +
 	"StopSignal\x12+\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x13.agio.v1.StopReasonR\x06reason\x12\x18\n" +
@@ -1446,7 +1612,7 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12!\n" +
-	"\ftotal_tokens\x18\x03 \x01(\x03R\vtotalTokens\"\xb8\x05\n" +
+	"\ftotal_tokens\x18\x03 \x01(\x03R\vtotalTokens\"\xfa\x05\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -1469,10 +1635,16 @@ const file_agio_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x0e \x01(\tR\trequestId\x126\n" +
 	"\bmetadata\x18\x0f \x03(\v2\x1a.agio.v1.Run.MetadataEntryR\bmetadata\x12.\n" +
-	"\x06output\x18\x10 \x01(\v2\x16.google.protobuf.ValueR\x06output\x1a;\n" +
+	"\x06output\x18\x10 \x01(\v2\x16.google.protobuf.ValueR\x06output\x12@\n" +
+	"\x0frequired_action\x18\x11 \x01(\v2\x17.agio.v1.RequiredActionR\x0erequiredAction\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x01\n" +
+	"\x0eRequiredAction\x120\n" +
+	"\n" +
+	"tool_calls\x18\x01 \x03(\v2\x11.agio.v1.ToolCallR\ttoolCalls\x12/\n" +
+	"\tapprovals\x18\x02 \x03(\v2\x11.agio.v1.ToolCallR\tapprovals\x12G\n" +
+	"\x11approval_deadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10approvalDeadline\"\xb1\x02\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
 	"\x11parent_session_id\x18\x02 \x01(\tR\x0fparentSessionId\x12#\n" +
@@ -1552,7 +1724,7 @@ func file_agio_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_agio_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_agio_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_agio_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_agio_v1_resources_proto_goTypes = []any{
 	(Role)(0),                     // 0: agio.v1.Role
 	(StopReason)(0),               // 1: agio.v1.StopReason
@@ -1561,39 +1733,47 @@ var file_agio_v1_resources_proto_goTypes = []any{
 	(*ToolDefinition)(nil),        // 4: agio.v1.ToolDefinition
 	(*StepMetrics)(nil),           // 5: agio.v1.StepMetrics
 	(*Step)(nil),                  // 6: agio.v1.Step
-	(*StopSignal)(nil),            // 7: agio.v1.StopSignal
-	(*Usage)(nil),                 // 8: agio.v1.Usage
-	(*Run)(nil),                   // 9: agio.v1.Run
-	(*Session)(nil),               // 10: agio.v1.Session
-	(*ContextSummary)(nil),        // 11: agio.v1.ContextSummary
-	(*Agent)(nil),                 // 12: agio.v1.Agent
-	nil,                           // 13: agio.v1.Run.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 15: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 16: google.protobuf.Value
+	(*ApprovalDecision)(nil),      // 7: agio.v1.ApprovalDecision
+	(*StopSignal)(nil),            // 8: agio.v1.StopSignal
+	(*Usage)(nil),                 // 9: agio.v1.Usage
+	(*Run)(nil),                   // 10: agio.v1.Run
+	(*RequiredAction)(nil),        // 11: agio.v1.RequiredAction
+	(*Session)(nil),               // 12: agio.v1.Session
+	(*ContextSummary)(nil),        // 13: agio.v1.ContextSummary
+	(*Agent)(nil),                 // 14: agio.v1.Agent
+	nil,                           // 15: agio.v1.Run.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 17: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 18: google.protobuf.Value
 }
 var file_agio_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: agio.v1.Step.role:type_name -> agio.v1.Role
 	3,  // 1: agio.v1.Step.tool_calls:type_name -> agio.v1.ToolCall
 	5,  // 2: agio.v1.Step.metrics:type_name -> agio.v1.StepMetrics
-	14, // 3: agio.v1.Step.create_time:type_name -> google.protobuf.Timestamp
-	1,  // 4: agio.v1.StopSignal.reason:type_name -> agio.v1.StopReason
-	15, // 5: agio.v1.StopSignal.context:type_name -> google.protobuf.Struct
-	2,  // 6: agio.v1.Run.status:type_name -> agio.v1.RunStatus
-	7,  // 7: agio.v1.Run.stop_signal:type_name -> agio.v1.StopSignal
-	8,  // 8: agio.v1.Run.usage:type_name -> agio.v1.Usage
-	14, // 9: agio.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	14, // 10: agio.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	13, // 11: agio.v1.Run.metadata:type_name -> agio.v1.Run.MetadataEntry
-	16, // 12: agio.v1.Run.output:type_name -> google.protobuf.Value
-	14, // 13: agio.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	14, // 14: agio.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	4,  // 15: agio.v1.Agent.tools:type_name -> agio.v1.ToolDefinition
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	16, // 3: agio.v1.Step.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 4: agio.v1.Step.approval:type_name -> agio.v1.ApprovalDecision
+	16, // 5: agio.v1.ApprovalDecision.decide_time:type_name -> google.protobuf.Timestamp
+	1,  // 6: agio.v1.StopSignal.reason:type_name -> agio.v1.StopReason
+	17, // 7: agio.v1.StopSignal.context:type_name -> google.protobuf.Struct
+	2,  // 8: agio.v1.Run.status:type_name -> agio.v1.RunStatus
+	8,  // 9: agio.v1.Run.stop_signal:type_name -> agio.v1.StopSignal
+	9,  // 10: agio.v1.Run.usage:type_name -> agio.v1.Usage
+	16, // 11: agio.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	16, // 12: agio.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	15, // 13: agio.v1.Run.metadata:type_name -> agio.v1.Run.MetadataEntry
+	18, // 14: agio.v1.Run.output:type_name -> google.protobuf.Value
+	11, // 15: agio.v1.Run.required_action:type_name -> agio.v1.RequiredAction
+	3,  // 16: agio.v1.RequiredAction.tool_calls:type_name -> agio.v1.ToolCall
+	3,  // 17: agio.v1.RequiredAction.approvals:type_name -> agio.v1.ToolCall
+	16, // 18: agio.v1.RequiredAction.approval_deadline:type_name -> google.protobuf.Timestamp
+	16, // 19: agio.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	16, // 20: agio.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	4,  // 21: agio.v1.Agent.tools:type_name -> agio.v1.ToolDefinition
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_resources_proto_init() }
@@ -1607,7 +1787,7 @@ func file_agio_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agio_v1_resources_proto_rawDesc), len(file_agio_v1_resources_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/agent_service.proto.
  */
 export const file_agio_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("ChthZ2lvL3YxL2FnZW50X3NlcnZpY2UucHJvdG8SB2FnaW8udjEiHgoNVG9vbFNlbGVjdGlvbhINCgVuYW1lcxgBIAMoCSLPAgoMUnVuT3ZlcnJpZGVzEhIKBW1vZGVsGAEgASgJSACIAQESGQoMaW5zdHJ1Y3Rpb25zGAIgASgJSAGIAQESGAoLdGVtcGVyYXR1cmUYAyABKAFIAogBARIXCgptYXhfdG9rZW5zGAQgASgFSAOIAQESFgoJbWF4X3N0ZXBzGAUgASgFSASIAQESKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgV0b29scxgHIAEoCzIWLmFnaW8udjEuVG9vbFNlbGVjdGlvbhIZCgx0b2tlbl9idWRnZXQYCCABKANIBYgBAUIICgZfbW9kZWxCDwoNX2luc3RydWN0aW9uc0IOCgxfdGVtcGVyYXR1cmVCDQoLX21heF90b2tlbnNCDAoKX21heF9zdGVwc0IPCg1fdG9rZW5fYnVkZ2V0IoUDCgpSdW5SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSDQoFaW5wdXQYAyABKAkSKAoJb3ZlcnJpZGVzGAQgASgLMhUuYWdpby52MS5SdW5PdmVycmlkZXMSLQoMY2xpZW50X3Rvb2xzGAUgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbhISCgpyZXF1ZXN0X2lkGAYgASgJEjMKCG1ldGFkYXRhGAcgAygLMiEuYWdpby52MS5SdW5SZXF1ZXN0Lk1ldGFkYXRhRW50cnkSJAoHb25fYnVzeRgIIAEoDjITLmFnaW8udjEuQnVzeVBvbGljeRIwCg1vbl9kaXNjb25uZWN0GAkgASgOMhkuYWdpby52MS5EaXNjb25uZWN0UG9saWN5EhoKEm91dHB1dF9zY2hlbWFfanNvbhgKIAEoCRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiLQoQU3RhcnRSdW5SZXNwb25zZRIZCgNydW4YASABKAsyDC5hZ2lvLnYxLlJ1biJECgpUb29sT3V0cHV0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIOCgZvdXRwdXQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgiVQoYU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIpCgx0b29sX291dHB1dHMYAiADKAsyEy5hZ2lvLnYxLlRvb2xPdXRwdXQiNAoMUmV0cnlSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMiNAoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAMiMgoQQ2FuY2VsUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGcmVhc29uGAIgASgJIi4KEUNhbmNlbFJ1blJlc3BvbnNlEhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIisKDkdldFJ1blJlc3BvbnNlEhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIkwKD0xpc3RSdW5zUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIkcKEExpc3RSdW5zUmVzcG9uc2USGgoEcnVucxgBIAMoCzIMLmFnaW8udjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSITChFMaXN0QWdlbnRzUmVxdWVzdCI0ChJMaXN0QWdlbnRzUmVzcG9uc2USHgoGYWdlbnRzGAEgAygLMg4uYWdpby52MS5BZ2VudCqPAQoKQnVzeVBvbGljeRIbChdCVVNZX1BPTElDWV9VTlNQRUNJRklFRBAAEhYKEkJVU1lfUE9MSUNZX1JFSkVDVBABEhcKE0JVU1lfUE9MSUNZX0VOUVVFVUUQAhIZChVCVVNZX1BPTElDWV9JTlRFUlJVUFQQAxIYChRCVVNZX1BPTElDWV9ST0xMQkFDSxAEKnMKEERpc2Nvbm5lY3RQb2xpY3kSIQodRElTQ09OTkVDVF9QT0xJQ1lfVU5TUEVDSUZJRUQQABIcChhESVNDT05ORUNUX1BPTElDWV9DQU5DRUwQARIeChpESVNDT05ORUNUX1BPTElDWV9DT05USU5VRRACMsMECgxBZ2VudFNlcnZpY2USMAoDUnVuEhMuYWdpby52MS5SdW5SZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARI6CghTdGFydFJ1bhITLmFnaW8udjEuUnVuUmVxdWVzdBoZLmFnaW8udjEuU3RhcnRSdW5SZXNwb25zZRJMChFTdWJtaXRUb29sT3V0cHV0cxIhLmFnaW8udjEuU3VibWl0VG9vbE91dHB1dHNSZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARI0CgVSZXRyeRIVLmFnaW8udjEuUmV0cnlSZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARI6CghXYXRjaFJ1bhIYLmFnaW8udjEuV2F0Y2hSdW5SZXF1ZXN0GhIuYWdpby52MS5TdGVwRXZlbnQwARJCCglDYW5jZWxSdW4SGS5hZ2lvLnYxLkNhbmNlbFJ1blJlcXVlc3QaGi5hZ2lvLnYxLkNhbmNlbFJ1blJlc3BvbnNlEjkKBkdldFJ1bhIWLmFnaW8udjEuR2V0UnVuUmVxdWVzdBoXLmFnaW8udjEuR2V0UnVuUmVzcG9uc2USPwoITGlzdFJ1bnMSGC5hZ2lvLnYxLkxpc3RSdW5zUmVxdWVzdBoZLmFnaW8udjEuTGlzdFJ1bnNSZXNwb25zZRJFCgpMaXN0QWdlbnRzEhouYWdpby52MS5MaXN0QWdlbnRzUmVxdWVzdBobLmFnaW8udjEuTGlzdEFnZW50c1Jlc3BvbnNlQpsBCgtjb20uYWdpby52MUIRQWdlbnRTZXJ2aWNlUHJvdG9QAVo8Z2l0aHViLmNvbS9hZ2lvLWdycGMvYWdpby1ncnBjL2NsaWVudHMvZ28vZ2VuL2FnaW8vdjE7YWdpb3YxogIDQVhYqgIHQWdpby5WMcoCB0FnaW9cVjHiAhNBZ2lvXFYxXEdQQk1ldGFkYXRh6gIIQWdpbzo6VjFiBnByb3RvMw", [file_agio_v1_events, file_agio_v1_resources, file_google_protobuf_duration]);
+  fileDesc("ChthZ2lvL3YxL2FnZW50X3NlcnZpY2UucHJvdG8SB2FnaW8udjEiHgoNVG9vbFNlbGVjdGlvbhINCgVuYW1lcxgBIAMoCSLPAgoMUnVuT3ZlcnJpZGVzEhIKBW1vZGVsGAEgASgJSACIAQESGQoMaW5zdHJ1Y3Rpb25zGAIgASgJSAGIAQESGAoLdGVtcGVyYXR1cmUYAyABKAFIAogBARIXCgptYXhfdG9rZW5zGAQgASgFSAOIAQESFgoJbWF4X3N0ZXBzGAUgASgFSASIAQESKgoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgV0b29scxgHIAEoCzIWLmFnaW8udjEuVG9vbFNlbGVjdGlvbhIZCgx0b2tlbl9idWRnZXQYCCABKANIBYgBAUIICgZfbW9kZWxCDwoNX2luc3RydWN0aW9uc0IOCgxfdGVtcGVyYXR1cmVCDQoLX21heF90b2tlbnNCDAoKX21heF9zdGVwc0IPCg1fdG9rZW5fYnVkZ2V0Ip8DCgpSdW5SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDQoFYWdlbnQYAiABKAkSDQoFaW5wdXQYAyABKAkSKAoJb3ZlcnJpZGVzGAQgASgLMhUuYWdpby52MS5SdW5PdmVycmlkZXMSLQoMY2xpZW50X3Rvb2xzGAUgAygLMhcuYWdpby52MS5Ub29sRGVmaW5pdGlvbhISCgpyZXF1ZXN0X2lkGAYgASgJEjMKCG1ldGFkYXRhGAcgAygLMiEuYWdpby52MS5SdW5SZXF1ZXN0Lk1ldGFkYXRhRW50cnkSJAoHb25fYnVzeRgIIAEoDjITLmFnaW8udjEuQnVzeVBvbGljeRIwCg1vbl9kaXNjb25uZWN0GAkgASgOMhkuYWdpby52MS5EaXNjb25uZWN0UG9saWN5EhoKEm91dHB1dF9zY2hlbWFfanNvbhgKIAEoCRIYChByZXF1aXJlX2FwcHJvdmFsGAsgAygJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASItChBTdGFydFJ1blJlc3BvbnNlEhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIkQKClRvb2xPdXRwdXQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg4KBm91dHB1dBgCIAEoCRIQCghpc19lcnJvchgDIAEoCCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSJ/ChhTdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEikKDHRvb2xfb3V0cHV0cxgCIAMoCzITLmFnaW8udjEuVG9vbE91dHB1dBIoCglhcHByb3ZhbHMYAyADKAsyFS5hZ2lvLnYxLlRvb2xBcHByb3ZhbCI0CgxSZXRyeVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAyI0Cg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiLgoRQ2FuY2VsUnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiKwoOR2V0UnVuUmVzcG9uc2USGQoDcnVuGAEgASgLMgwuYWdpby52MS5SdW4iTAoPTGlzdFJ1bnNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiRwoQTGlzdFJ1bnNSZXNwb25zZRIaCgRydW5zGAEgAygLMgwuYWdpby52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhMKEUxpc3RBZ2VudHNSZXF1ZXN0IjQKEkxpc3RBZ2VudHNSZXNwb25zZRIeCgZhZ2VudHMYASADKAsyDi5hZ2lvLnYxLkFnZW50Ko8BCgpCdXN5UG9saWN5EhsKF0JVU1lfUE9MSUNZX1VOU1BFQ0lGSUVEEAASFgoSQlVTWV9QT0xJQ1lfUkVKRUNUEAESFwoTQlVTWV9QT0xJQ1lfRU5RVUVVRRACEhkKFUJVU1lfUE9MSUNZX0lOVEVSUlVQVBADEhgKFEJVU1lfUE9MSUNZX1JPTExCQUNLEAQqcwoQRGlzY29ubmVjdFBvbGljeRIhCh1ESVNDT05ORUNUX1BPTElDWV9VTlNQRUNJRklFRBAAEhwKGERJU0NPTk5FQ1RfUE9MSUNZX0NBTkNFTBABEh4KGkRJU0NPTk5FQ1RfUE9MSUNZX0NPTlRJTlVFEAIywwQKDEFnZW50U2VydmljZRIwCgNSdW4SEy5hZ2lvLnYxLlJ1blJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjoKCFN0YXJ0UnVuEhMuYWdpby52MS5SdW5SZXF1ZXN0GhkuYWdpby52MS5TdGFydFJ1blJlc3BvbnNlEkwKEVN1Ym1pdFRvb2xPdXRwdXRzEiEuYWdpby52MS5TdWJtaXRUb29sT3V0cHV0c1JlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjQKBVJldHJ5EhUuYWdpby52MS5SZXRyeVJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEjoKCFdhdGNoUnVuEhguYWdpby52MS5XYXRjaFJ1blJlcXVlc3QaEi5hZ2lvLnYxLlN0ZXBFdmVudDABEkIKCUNhbmNlbFJ1bhIZLmFnaW8udjEuQ2FuY2VsUnVuUmVxdWVzdBoaLmFnaW8udjEuQ2FuY2VsUnVuUmVzcG9uc2USOQoGR2V0UnVuEhYuYWdpby52MS5HZXRSdW5SZXF1ZXN0GhcuYWdpby52MS5HZXRSdW5SZXNwb25zZRI/CghMaXN0UnVucxIYLmFnaW8udjEuTGlzdFJ1bnNSZXF1ZXN0GhkuYWdpby52MS5MaXN0UnVuc1Jlc3BvbnNlEkUKCkxpc3RBZ2VudHMSGi5hZ2lvLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GhsuYWdpby52MS5MaXN0QWdlbnRzUmVzcG9uc2VCmwEKC2NvbS5hZ2lvLnYxQhFBZ2VudFNlcnZpY2VQcm90b1ABWjxnaXRodWIuY29tL2FnaW8tZ3JwYy9hZ2lvLWdycGMvY2xpZW50cy9nby9nZW4vYWdpby92MTthZ2lvdjGiAgNBWFiqAgdBZ2lvLlYxygIHQWdpb1xWMeICE0FnaW9cVjFcR1BCTWV0YWRhdGHqAghBZ2lvOjpWMWIGcHJvdG8z", [file_agio_v1_events, file_agio_v1_resources, file_google_protobuf_duration]);
 
 /**
  * ToolSelection restricts the agent's server tools for one run.
@@ -187,6 +187,14 @@ export type RunRequest = Message<"agio.v1.RunRequest"> & {
    * @generated from field: string output_schema_json = 10;
    */
   outputSchemaJson: string;
+
+  /**
+   * Server tools whose calls wait for a decision before they run (besides the agent's
+   * `needs_approval` tools); `*` names every server tool of the run.
+   *
+   * @generated from field: repeated string require_approval = 11;
+   */
+  requireApproval: string[];
 };
 
 /**
@@ -253,7 +261,45 @@ export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
   messageDesc(file_agio_v1_agent_service, 4);
 
 /**
- * SubmitToolOutputsRequest supplies the results of a run's pending client tool calls.
+ * ToolApproval decides one call waiting for approval.
+ *
+ * @generated from message agio.v1.ToolApproval
+ */
+export type ToolApproval = Message<"agio.v1.ToolApproval"> & {
+  /**
+   * The call it decides (`RequiredAction.approvals[].id`).
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * Run the call (true), or reject it (false): the model then sees that it was rejected,
+   * and `reason`.
+   *
+   * @generated from field: bool approved = 2;
+   */
+  approved: boolean;
+
+  /**
+   * Why; shown to the model for a rejection, and kept with the decision.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message agio.v1.ToolApproval.
+ * Use `create(ToolApprovalSchema)` to create a new message.
+ */
+export const ToolApprovalSchema: GenMessage<ToolApproval> = /*@__PURE__*/
+  messageDesc(file_agio_v1_agent_service, 5);
+
+/**
+ * SubmitToolOutputsRequest supplies what a REQUIRES_ACTION run waits for: the results of
+ * its pending client tool calls and the decisions on its calls waiting for approval, all
+ * at once.
  *
  * @generated from message agio.v1.SubmitToolOutputsRequest
  */
@@ -266,11 +312,18 @@ export type SubmitToolOutputsRequest = Message<"agio.v1.SubmitToolOutputsRequest
   runId: string;
 
   /**
-   * One output per pending call.
+   * One output per pending client call (`RequiredAction.tool_calls`).
    *
    * @generated from field: repeated agio.v1.ToolOutput tool_outputs = 2;
    */
   toolOutputs: ToolOutput[];
+
+  /**
+   * One decision per call waiting for approval (`RequiredAction.approvals`).
+   *
+   * @generated from field: repeated agio.v1.ToolApproval approvals = 3;
+   */
+  approvals: ToolApproval[];
 };
 
 /**
@@ -278,7 +331,7 @@ export type SubmitToolOutputsRequest = Message<"agio.v1.SubmitToolOutputsRequest
  * Use `create(SubmitToolOutputsRequestSchema)` to create a new message.
  */
 export const SubmitToolOutputsRequestSchema: GenMessage<SubmitToolOutputsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 5);
+  messageDesc(file_agio_v1_agent_service, 6);
 
 /**
  * RetryRequest regenerates a session from a sequence.
@@ -306,7 +359,7 @@ export type RetryRequest = Message<"agio.v1.RetryRequest"> & {
  * Use `create(RetryRequestSchema)` to create a new message.
  */
 export const RetryRequestSchema: GenMessage<RetryRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 6);
+  messageDesc(file_agio_v1_agent_service, 7);
 
 /**
  * WatchRunRequest resumes a run's event stream.
@@ -334,7 +387,7 @@ export type WatchRunRequest = Message<"agio.v1.WatchRunRequest"> & {
  * Use `create(WatchRunRequestSchema)` to create a new message.
  */
 export const WatchRunRequestSchema: GenMessage<WatchRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 7);
+  messageDesc(file_agio_v1_agent_service, 8);
 
 /**
  * CancelRunRequest cancels a run.
@@ -362,7 +415,7 @@ export type CancelRunRequest = Message<"agio.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 8);
+  messageDesc(file_agio_v1_agent_service, 9);
 
 /**
  * CancelRunResponse returns the run after the cancel was recorded.
@@ -383,7 +436,7 @@ export type CancelRunResponse = Message<"agio.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 9);
+  messageDesc(file_agio_v1_agent_service, 10);
 
 /**
  * GetRunRequest names a run.
@@ -404,7 +457,7 @@ export type GetRunRequest = Message<"agio.v1.GetRunRequest"> & {
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 10);
+  messageDesc(file_agio_v1_agent_service, 11);
 
 /**
  * GetRunResponse holds one run.
@@ -425,7 +478,7 @@ export type GetRunResponse = Message<"agio.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 11);
+  messageDesc(file_agio_v1_agent_service, 12);
 
 /**
  * ListRunsRequest pages through a session's runs.
@@ -460,7 +513,7 @@ export type ListRunsRequest = Message<"agio.v1.ListRunsRequest"> & {
  * Use `create(ListRunsRequestSchema)` to create a new message.
  */
 export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 12);
+  messageDesc(file_agio_v1_agent_service, 13);
 
 /**
  * ListRunsResponse is one page of runs.
@@ -488,7 +541,7 @@ export type ListRunsResponse = Message<"agio.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 13);
+  messageDesc(file_agio_v1_agent_service, 14);
 
 /**
  * ListAgentsRequest lists the configured agents.
@@ -503,7 +556,7 @@ export type ListAgentsRequest = Message<"agio.v1.ListAgentsRequest"> & {
  * Use `create(ListAgentsRequestSchema)` to create a new message.
  */
 export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 14);
+  messageDesc(file_agio_v1_agent_service, 15);
 
 /**
  * ListAgentsResponse holds the configured agents.
@@ -524,7 +577,7 @@ export type ListAgentsResponse = Message<"agio.v1.ListAgentsResponse"> & {
  * Use `create(ListAgentsResponseSchema)` to create a new message.
  */
 export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse> = /*@__PURE__*/
-  messageDesc(file_agio_v1_agent_service, 15);
+  messageDesc(file_agio_v1_agent_service, 16);
 
 /**
  * BusyPolicy says what a new run does when its session has a RUNNING, QUEUED or

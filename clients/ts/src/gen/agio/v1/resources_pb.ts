@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/resources.proto.
  */
 export const file_agio_v1_resources: GenFile = /*@__PURE__*/
-  fileDesc("ChdhZ2lvL3YxL3Jlc291cmNlcy5wcm90bxIHYWdpby52MSI3CghUb29sQ2FsbBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSKNAQoOVG9vbERlZmluaXRpb24SDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIXCg9wYXJhbWV0ZXJzX2pzb24YAyABKAkSEwoLdW5hdmFpbGFibGUYBCABKAgSDgoGc291cmNlGAUgASgJEhoKEnVuYXZhaWxhYmxlX3JlYXNvbhgGIAEoCSKOAgoLU3RlcE1ldHJpY3MSEwoLZHVyYXRpb25fbXMYASABKAMSHgoWZmlyc3RfdG9rZW5fbGF0ZW5jeV9tcxgCIAEoAxIUCgxpbnB1dF90b2tlbnMYAyABKAMSFQoNb3V0cHV0X3Rva2VucxgEIAEoAxIUCgx0b3RhbF90b2tlbnMYBSABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgGIAEoAxIYChByZWFzb25pbmdfdG9rZW5zGAcgASgDEhIKCm1vZGVsX25hbWUYCCABKAkSEAoIcHJvdmlkZXIYCSABKAkSGQoRdG9vbF9leGVjX3RpbWVfbXMYCiABKAMSDwoHcmV0cmllcxgLIAEoBSKoAwoEU3RlcBIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRIQCghzZXF1ZW5jZRgEIAEoAxIbCgRyb2xlGAUgASgOMg0uYWdpby52MS5Sb2xlEg8KB2NvbnRlbnQYBiABKAkSGQoRcmVhc29uaW5nX2NvbnRlbnQYByABKAkSJQoKdG9vbF9jYWxscxgIIAMoCzIRLmFnaW8udjEuVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAkgASgJEgwKBG5hbWUYCiABKAkSEAoIaXNfZXJyb3IYCyABKAgSJQoHbWV0cmljcxgMIAEoCzIULmFnaW8udjEuU3RlcE1ldHJpY3MSLwoLY3JlYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHRyYWNlX2lkGA4gASgJEg8KB3NwYW5faWQYDyABKAkSHgoWc3VtbWFyeV9maXJzdF9zZXF1ZW5jZRgQIAEoAxIdChVzdW1tYXJ5X2xhc3Rfc2VxdWVuY2UYESABKAMirQEKClN0b3BTaWduYWwSIwoGcmVhc29uGAEgASgOMhMuYWdpby52MS5TdG9wUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEigKB2NvbnRleHQYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhEKCXJldHJ5YWJsZRgFIAEoCBIcChRyZXN1bWVfZnJvbV9zZXF1ZW5jZRgGIAEoAyJKCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIUCgx0b3RhbF90b2tlbnMYAyABKAMiiQQKA1J1bhIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg0KBWFnZW50GAMgASgJEiIKBnN0YXR1cxgEIAEoDjISLmFnaW8udjEuUnVuU3RhdHVzEigKC3N0b3Bfc2lnbmFsGAUgASgLMhMuYWdpby52MS5TdG9wU2lnbmFsEh0KBXVzYWdlGAYgASgLMg4uYWdpby52MS5Vc2FnZRISCgpzdGVwX2NvdW50GAcgASgFEhcKD3Rvb2xfY2FsbF9jb3VudBgIIAEoBRIWCg5maXJzdF9zZXF1ZW5jZRgJIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAogASgDEi8KC2NyZWF0ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIdHJhY2VfaWQYDSABKAkSEgoKcmVxdWVzdF9pZBgOIAEoCRIsCghtZXRhZGF0YRgPIAMoCzIaLmFnaW8udjEuUnVuLk1ldGFkYXRhRW50cnkSJgoGb3V0cHV0GBAgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLZAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIZChFwYXJlbnRfc2Vzc2lvbl9pZBgCIAEoCRIVCg1mb3JrX3NlcXVlbmNlGAMgASgDEi8KC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKc3RlcF9jb3VudBgGIAEoAxIaChJmaXJzdF91c2VyX21lc3NhZ2UYByABKAkivAEKDkNvbnRleHRTdW1tYXJ5EhMKC3RvdGFsX3N0ZXBzGAEgASgDEhIKCnVzZXJfc3RlcHMYAiABKAMSFwoPYXNzaXN0YW50X3N0ZXBzGAMgASgDEhIKCnRvb2xfc3RlcHMYBCABKAMSEgoKdG9vbF9jYWxscxgFIAEoAxIUCgxtaW5fc2VxdWVuY2UYBiABKAMSFAoMbWF4X3NlcXVlbmNlGAcgASgDEhQKDHRvdGFsX3Rva2VucxgIIAEoAyJiCgVBZ2VudBIMCgRuYW1lGAEgASgJEg0KBW1vZGVsGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRImCgV0b29scxgEIAMoCzIXLmFnaW8udjEuVG9vbERlZmluaXRpb24qcQoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9TWVNURU0QARINCglST0xFX1VTRVIQAhISCg5ST0xFX0FTU0lTVEFOVBADEg0KCVJPTEVfVE9PTBAEEhAKDFJPTEVfU1VNTUFSWRAFKt8DCgpTdG9wUmVhc29uEhsKF1NUT1BfUkVBU09OX1VOU1BFQ0lGSUVEEAASHgoaU1RPUF9SRUFTT05fSU5URVJOQUxfRVJST1IQARIbChdTVE9QX1JFQVNPTl9JTlRFUlJVUFRFRBACEhkKFVNUT1BfUkVBU09OX0NBTkNFTExFRBADEhcKE1NUT1BfUkVBU09OX1RJTUVPVVQQBBIbChdTVE9QX1JFQVNPTl9NT0RFTF9FUlJPUhAFEhoKFlNUT1BfUkVBU09OX1RPT0xfRVJST1IQBhIeChpTVE9QX1JFQVNPTl9DT05URU5UX0ZJTFRFUhAHEhwKGFNUT1BfUkVBU09OX1RPS0VOX0JVREdFVBAIEhoKFlNUT1BfUkVBU09OX01BWF9UT0tFTlMQCRIZChVTVE9QX1JFQVNPTl9UT09MX1NUT1AQChIfChtTVE9QX1JFQVNPTl9SRVFVSVJFU19BQ1RJT04QCxIZChVTVE9QX1JFQVNPTl9NQVhfU1RFUFMQDBIZChVTVE9QX1JFQVNPTl9DT01QTEVURUQQDRIeChpTVE9QX1JFQVNPTl9DT05URVhUX1dJTkRPVxAOEh4KGlNUT1BfUkVBU09OX09VVFBVVF9JTlZBTElEEA8q3QEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIeChpSVU5fU1RBVFVTX1JFUVVJUkVTX0FDVElPThADEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAQSFQoRUlVOX1NUQVRVU19GQUlMRUQQBRIaChZSVU5fU1RBVFVTX0lOVEVSUlVQVEVEEAYSFQoRUlVOX1NUQVRVU19RVUVVRUQQB0KYAQoLY29tLmFnaW8udjFCDlJlc291cmNlc1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChdhZ2lvL3YxL3Jlc291cmNlcy5wcm90bxIHYWdpby52MSI3CghUb29sQ2FsbBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSKNAQoOVG9vbERlZmluaXRpb24SDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIXCg9wYXJhbWV0ZXJzX2pzb24YAyABKAkSEwoLdW5hdmFpbGFibGUYBCABKAgSDgoGc291cmNlGAUgASgJEhoKEnVuYXZhaWxhYmxlX3JlYXNvbhgGIAEoCSKOAgoLU3RlcE1ldHJpY3MSEwoLZHVyYXRpb25fbXMYASABKAMSHgoWZmlyc3RfdG9rZW5fbGF0ZW5jeV9tcxgCIAEoAxIUCgxpbnB1dF90b2tlbnMYAyABKAMSFQoNb3V0cHV0X3Rva2VucxgEIAEoAxIUCgx0b3RhbF90b2tlbnMYBSABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgGIAEoAxIYChByZWFzb25pbmdfdG9rZW5zGAcgASgDEhIKCm1vZGVsX25hbWUYCCABKAkSEAoIcHJvdmlkZXIYCSABKAkSGQoRdG9vbF9leGVjX3RpbWVfbXMYCiABKAMSDwoHcmV0cmllcxgLIAEoBSLVAwoEU3RlcBIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRIQCghzZXF1ZW5jZRgEIAEoAxIbCgRyb2xlGAUgASgOMg0uYWdpby52MS5Sb2xlEg8KB2NvbnRlbnQYBiABKAkSGQoRcmVhc29uaW5nX2NvbnRlbnQYByABKAkSJQoKdG9vbF9jYWxscxgIIAMoCzIRLmFnaW8udjEuVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAkgASgJEgwKBG5hbWUYCiABKAkSEAoIaXNfZXJyb3IYCyABKAgSJQoHbWV0cmljcxgMIAEoCzIULmFnaW8udjEuU3RlcE1ldHJpY3MSLwoLY3JlYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHRyYWNlX2lkGA4gASgJEg8KB3NwYW5faWQYDyABKAkSHgoWc3VtbWFyeV9maXJzdF9zZXF1ZW5jZRgQIAEoAxIdChVzdW1tYXJ5X2xhc3Rfc2VxdWVuY2UYESABKAMSKwoIYXBwcm92YWwYEiABKAsyGS5hZ2lvLnYxLkFwcHJvdmFsRGVjaXNpb24ieQoQQXBwcm92YWxEZWNpc2lvbhIQCghhcHByb3ZlZBgBIAEoCBIOCgZyZWFzb24YAiABKAkSEgoKZGVjaWRlZF9ieRgDIAEoCRIvCgtkZWNpZGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAirQEKClN0b3BTaWduYWwSIwoGcmVhc29uGAEgASgOMhMuYWdpby52MS5TdG9wUmVhc29uEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEigKB2NvbnRleHQYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhEKCXJldHJ5YWJsZRgFIAEoCBIcChRyZXN1bWVfZnJvbV9zZXF1ZW5jZRgGIAEoAyJKCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIUCgx0b3RhbF90b2tlbnMYAyABKAMiuwQKA1J1bhIKCgJpZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg0KBWFnZW50GAMgASgJEiIKBnN0YXR1cxgEIAEoDjISLmFnaW8udjEuUnVuU3RhdHVzEigKC3N0b3Bfc2lnbmFsGAUgASgLMhMuYWdpby52MS5TdG9wU2lnbmFsEh0KBXVzYWdlGAYgASgLMg4uYWdpby52MS5Vc2FnZRISCgpzdGVwX2NvdW50GAcgASgFEhcKD3Rvb2xfY2FsbF9jb3VudBgIIAEoBRIWCg5maXJzdF9zZXF1ZW5jZRgJIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAogASgDEi8KC2NyZWF0ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIdHJhY2VfaWQYDSABKAkSEgoKcmVxdWVzdF9pZBgOIAEoCRIsCghtZXRhZGF0YRgPIAMoCzIaLmFnaW8udjEuUnVuLk1ldGFkYXRhRW50cnkSJgoGb3V0cHV0GBAgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEjAKD3JlcXVpcmVkX2FjdGlvbhgRIAEoCzIXLmFnaW8udjEuUmVxdWlyZWRBY3Rpb24aLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIpQBCg5SZXF1aXJlZEFjdGlvbhIlCgp0b29sX2NhbGxzGAEgAygLMhEuYWdpby52MS5Ub29sQ2FsbBIkCglhcHByb3ZhbHMYAiADKAsyES5hZ2lvLnYxLlRvb2xDYWxsEjUKEWFwcHJvdmFsX2RlYWRsaW5lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLZAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIZChFwYXJlbnRfc2Vzc2lvbl9pZBgCIAEoCRIVCg1mb3JrX3NlcXVlbmNlGAMgASgDEi8KC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKc3RlcF9jb3VudBgGIAEoAxIaChJmaXJzdF91c2VyX21lc3NhZ2UYByABKAkivAEKDkNvbnRleHRTdW1tYXJ5EhMKC3RvdGFsX3N0ZXBzGAEgASgDEhIKCnVzZXJfc3RlcHMYAiABKAMSFwoPYXNzaXN0YW50X3N0ZXBzGAMgASgDEhIKCnRvb2xfc3RlcHMYBCABKAMSEgoKdG9vbF9jYWxscxgFIAEoAxIUCgxtaW5fc2VxdWVuY2UYBiABKAMSFAoMbWF4X3NlcXVlbmNlGAcgASgDEhQKDHRvdGFsX3Rva2VucxgIIAEoAyJiCgVBZ2VudBIMCgRuYW1lGAEgASgJEg0KBW1vZGVsGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRImCgV0b29scxgEIAMoCzIXLmFnaW8udjEuVG9vbERlZmluaXRpb24qcQoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9TWVNURU0QARINCglST0xFX1VTRVIQAhISCg5ST0xFX0FTU0lTVEFOVBADEg0KCVJPTEVfVE9PTBAEEhAKDFJPTEVfU1VNTUFSWRAFKt8DCgpTdG9wUmVhc29uEhsKF1NUT1BfUkVBU09OX1VOU1BFQ0lGSUVEEAASHgoaU1RPUF9SRUFTT05fSU5URVJOQUxfRVJST1IQARIbChdTVE9QX1JFQVNPTl9JTlRFUlJVUFRFRBACEhkKFVNUT1BfUkVBU09OX0NBTkNFTExFRBADEhcKE1NUT1BfUkVBU09OX1RJTUVPVVQQBBIbChdTVE9QX1JFQVNPTl9NT0RFTF9FUlJPUhAFEhoKFlNUT1BfUkVBU09OX1RPT0xfRVJST1IQBhIeChpTVE9QX1JFQVNPTl9DT05URU5UX0ZJTFRFUhAHEhwKGFNUT1BfUkVBU09OX1RPS0VOX0JVREdFVBAIEhoKFlNUT1BfUkVBU09OX01BWF9UT0tFTlMQCRIZChVTVE9QX1JFQVNPTl9UT09MX1NUT1AQChIfChtTVE9QX1JFQVNPTl9SRVFVSVJFU19BQ1RJT04QCxIZChVTVE9QX1JFQVNPTl9NQVhfU1RFUFMQDBIZChVTVE9QX1JFQVNPTl9DT01QTEVURUQQDRIeChpTVE9QX1JFQVNPTl9DT05URVhUX1dJTkRPVxAOEh4KGlNUT1BfUkVBU09OX09VVFBVVF9JTlZBTElEEA8q3QEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAhIeChpSVU5fU1RBVFVTX1JFUVVJUkVTX0FDVElPThADEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAQSFQoRUlVOX1NUQVRVU19GQUlMRUQQBRIaChZSVU5fU1RBVFVTX0lOVEVSUlVQVEVEEAYSFQoRUlVOX1NUQVRVU19RVUVVRUQQB0KYAQoLY29tLmFnaW8udjFCDlJlc291cmNlc1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ToolCall is one function call requested by the model.
@@ -325,6 +325,13 @@ export type Step = Message<"agio.v1.Step"> & {
    * @generated from field: int64 summary_last_sequence = 17;
    */
   summaryLastSequence: bigint;
+
+  /**
+   * For a tool step of a call that waited for approval: the decision.
+   *
+   * @generated from field: agio.v1.ApprovalDecision approval = 18;
+   */
+  approval?: ApprovalDecision | undefined;
 };
 
 /**
@@ -333,6 +340,49 @@ export type Step = Message<"agio.v1.Step"> & {
  */
 export const StepSchema: GenMessage<Step> = /*@__PURE__*/
   messageDesc(file_agio_v1_resources, 3);
+
+/**
+ * ApprovalDecision records who decided a call that needed approval, how and when.
+ *
+ * @generated from message agio.v1.ApprovalDecision
+ */
+export type ApprovalDecision = Message<"agio.v1.ApprovalDecision"> & {
+  /**
+   * The call ran (true) or was rejected (false).
+   *
+   * @generated from field: bool approved = 1;
+   */
+  approved: boolean;
+
+  /**
+   * The reason given; "timed out" for a rejection by the server.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * The id of the credential that decided (an API key's id, a JWT subject, a certificate's
+   * name); `server` for a timeout.
+   *
+   * @generated from field: string decided_by = 3;
+   */
+  decidedBy: string;
+
+  /**
+   * When the decision was submitted.
+   *
+   * @generated from field: google.protobuf.Timestamp decide_time = 4;
+   */
+  decideTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message agio.v1.ApprovalDecision.
+ * Use `create(ApprovalDecisionSchema)` to create a new message.
+ */
+export const ApprovalDecisionSchema: GenMessage<ApprovalDecision> = /*@__PURE__*/
+  messageDesc(file_agio_v1_resources, 4);
 
 /**
  * StopSignal says why a run stopped, who stopped it and whether it can be retried.
@@ -388,7 +438,7 @@ export type StopSignal = Message<"agio.v1.StopSignal"> & {
  * Use `create(StopSignalSchema)` to create a new message.
  */
 export const StopSignalSchema: GenMessage<StopSignal> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 4);
+  messageDesc(file_agio_v1_resources, 5);
 
 /**
  * Usage counts the tokens of a run.
@@ -423,7 +473,7 @@ export type Usage = Message<"agio.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 5);
+  messageDesc(file_agio_v1_resources, 6);
 
 /**
  * Run is one invocation of the agent loop on a session.
@@ -543,6 +593,13 @@ export type Run = Message<"agio.v1.Run"> & {
    * @generated from field: google.protobuf.Value output = 16;
    */
   output?: Value | undefined;
+
+  /**
+   * What a REQUIRES_ACTION run waits for; unset in any other status.
+   *
+   * @generated from field: agio.v1.RequiredAction required_action = 17;
+   */
+  requiredAction?: RequiredAction | undefined;
 };
 
 /**
@@ -550,7 +607,44 @@ export type Run = Message<"agio.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 6);
+  messageDesc(file_agio_v1_resources, 7);
+
+/**
+ * RequiredAction is what a run waiting in REQUIRES_ACTION needs before it goes on: one
+ * SubmitToolOutputs answering all of it at once.
+ *
+ * @generated from message agio.v1.RequiredAction
+ */
+export type RequiredAction = Message<"agio.v1.RequiredAction"> & {
+  /**
+   * Calls of client tools: the caller runs them and submits their outputs.
+   *
+   * @generated from field: repeated agio.v1.ToolCall tool_calls = 1;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * Calls of server tools waiting for a decision (`SubmitToolOutputsRequest.approvals`).
+   *
+   * @generated from field: repeated agio.v1.ToolCall approvals = 2;
+   */
+  approvals: ToolCall[];
+
+  /**
+   * When the server rejects the pending approvals itself ("timed out"); unset without an
+   * `approval_timeout_s`.
+   *
+   * @generated from field: google.protobuf.Timestamp approval_deadline = 3;
+   */
+  approvalDeadline?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message agio.v1.RequiredAction.
+ * Use `create(RequiredActionSchema)` to create a new message.
+ */
+export const RequiredActionSchema: GenMessage<RequiredAction> = /*@__PURE__*/
+  messageDesc(file_agio_v1_resources, 8);
 
 /**
  * Session is a conversation: an ordered log of steps.
@@ -615,7 +709,7 @@ export type Session = Message<"agio.v1.Session"> & {
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 7);
+  messageDesc(file_agio_v1_resources, 9);
 
 /**
  * ContextSummary describes the steps a session's next model call would see.
@@ -685,7 +779,7 @@ export type ContextSummary = Message<"agio.v1.ContextSummary"> & {
  * Use `create(ContextSummarySchema)` to create a new message.
  */
 export const ContextSummarySchema: GenMessage<ContextSummary> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 8);
+  messageDesc(file_agio_v1_resources, 10);
 
 /**
  * Agent is a named agent configuration.
@@ -727,7 +821,7 @@ export type Agent = Message<"agio.v1.Agent"> & {
  * Use `create(AgentSchema)` to create a new message.
  */
 export const AgentSchema: GenMessage<Agent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_resources, 9);
+  messageDesc(file_agio_v1_resources, 11);
 
 /**
  * Role is the chat role of a step's message.
