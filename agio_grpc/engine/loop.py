@@ -48,7 +48,7 @@ import asyncio
 import copy
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -79,7 +79,6 @@ from agio_grpc.engine.context_window import LEARNED_WINDOWS, context_refusal
 from agio_grpc.engine.control import RunControl, StopRequested
 from agio_grpc.engine.events import (
     ErrorNotice,
-    StepDelta,
     StepStarted,
 )
 from agio_grpc.engine.executor import execute_tool_calls, unfinished_result
@@ -93,14 +92,11 @@ from agio_grpc.engine.lifecycle import (
     lease_lost,
     task_cancelled,
 )
-from agio_grpc.engine.model_call import ModelCall, model_request
+from agio_grpc.engine.model_call import ModelCall, model_request, streamed_to
 from agio_grpc.engine.models import (
-    ModelDelta,
     ModelDriver,
     ModelError,
-    ModelEvent,
     ModelReply,
-    ModelRetry,
 )
 from agio_grpc.engine.output import OutputAttempts, answer_of
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
@@ -265,7 +261,7 @@ class RunLoop:
         self.channel.publish(StepStarted(step_id=call.step_id, role=Role.ASSISTANT))
         self.model_calls += 1
         try:
-            called = await call.reply(self._model_listener(call.step_id))
+            called = await call.reply(streamed_to(self.channel, call.step_id))
         except ModelError as error:
             refusal = context_refusal(error)
             if refusal is None:
@@ -275,7 +271,7 @@ class RunLoop:
                 raise _Stop(context_window_signal(error)) from None
             call = await self._model_call(call.step_id)
             try:
-                called = await call.reply(self._model_listener(call.step_id))
+                called = await call.reply(streamed_to(self.channel, call.step_id))
             except ModelError as again:
                 if context_refusal(again) is not None:
                     raise _Stop(context_window_signal(again)) from None
@@ -368,39 +364,6 @@ class RunLoop:
         await self._store_steps([summary.step], announce=summary.announce)
         self.trace.compacted(trigger, summary.tokens_before, summary.tokens_after)
         return summary
-
-    def _model_listener(self, step_id: str) -> Callable[[ModelEvent], None]:
-        def on_event(event: ModelEvent) -> None:
-            if isinstance(event, ModelDelta):
-                self.channel.publish(
-                    StepDelta(
-                        step_id=step_id,
-                        content=event.content,
-                        reasoning_content=event.reasoning_content,
-                        tool_calls=event.tool_calls,
-                    )
-                )
-            elif isinstance(event, ModelRetry):
-                self.channel.publish(
-                    ErrorNotice(
-                        "MODEL_RETRY",
-                        f"retry {event.attempt} in {event.delay_s:.1f}s: {event.message}",
-                        "model",
-                        retryable=True,
-                    )
-                )
-            else:
-                self.channel.publish(
-                    ErrorNotice(
-                        "MODEL_STREAM_RESTART",
-                        f"the model stream broke; discard step {step_id}'s deltas, "
-                        f"it restarts: {event.message}",
-                        "model",
-                        retryable=True,
-                    )
-                )
-
-        return on_event
 
     def _reply_signal(self, assistant: Step, reply: ModelReply) -> StopSignal | None:
         """The stop signal a model reply raises by itself (None: run its tool calls)."""

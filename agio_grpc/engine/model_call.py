@@ -15,8 +15,18 @@ from dataclasses import dataclass
 
 from agio_grpc.domain import Step
 from agio_grpc.engine.agents import RunSettings
+from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import build_context
-from agio_grpc.engine.models import ModelDriver, ModelListener, ModelReply, ModelRequest
+from agio_grpc.engine.events import ErrorNotice, StepDelta
+from agio_grpc.engine.models import (
+    ModelDelta,
+    ModelDriver,
+    ModelEvent,
+    ModelListener,
+    ModelReply,
+    ModelRequest,
+    ModelRetry,
+)
 from agio_grpc.engine.output import RequestShape, request_shape
 from agio_grpc.engine.tools import ToolRegistry
 from agio_grpc.engine.tracing import RunTrace
@@ -80,3 +90,40 @@ class ModelCall:
             reply = await self._model.complete(self.request, listener)
             span.replied(reply)
         return CallReply(reply, span.trace_id, span.span_id)
+
+
+def streamed_to(channel: RunChannel, step_id: str) -> ModelListener:
+    """What a model call tells the run's channel as it goes: each delta of step `step_id`,
+    and notices of a retry or of a broken stream starting over (whose deltas are void)."""
+
+    def on_event(event: ModelEvent) -> None:
+        if isinstance(event, ModelDelta):
+            channel.publish(
+                StepDelta(
+                    step_id=step_id,
+                    content=event.content,
+                    reasoning_content=event.reasoning_content,
+                    tool_calls=event.tool_calls,
+                )
+            )
+        elif isinstance(event, ModelRetry):
+            channel.publish(
+                ErrorNotice(
+                    "MODEL_RETRY",
+                    f"retry {event.attempt} in {event.delay_s:.1f}s: {event.message}",
+                    "model",
+                    retryable=True,
+                )
+            )
+        else:
+            channel.publish(
+                ErrorNotice(
+                    "MODEL_STREAM_RESTART",
+                    f"the model stream broke; discard step {step_id}'s deltas, "
+                    f"it restarts: {event.message}",
+                    "model",
+                    retryable=True,
+                )
+            )
+
+    return on_event

@@ -852,7 +852,7 @@ async def test_a_run_s_end_does_not_move_its_identity_fields(store: StoreRoles) 
     )
 
 
-async def test_create_run_on_a_missing_session_raises_not_found(store: StoreRoles) -> None:
+async def test_a_run_on_a_missing_session_raises_not_found(store: StoreRoles) -> None:
     with pytest.raises(NotFoundError):
         await store.seed_run(Run(session_id="sess_missing", agent="default"))
 

@@ -135,7 +135,7 @@ async def test_a_busy_session_of_another_tenant_is_missing_not_busy(store: Store
             "start_run, queued",
         ),
         (lambda _, run: store.restart_run(run, 1), "restart_run"),
-        (lambda _, run: store.seed_run(run), "create_run"),
+        (lambda _, run: store.seed_run(run), "seed_run"),
     ]
     for write, name in writes:
         theirs = await refused(write(session_id, other))

@@ -24,21 +24,30 @@ Over TLS, with a token (mutual TLS: the client's certificate and key as well):
 from __future__ import annotations
 
 import asyncio
-import enum
-import ipaddress
-import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
-from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pydantic import BaseModel
 
+from agio_grpc.client.channels import (
+    ROUND_ROBIN,
+    AddressError,
+    TlsConfig,
+    TlsFileError,
+    channel_target,
+    open_channel,
+)
+from agio_grpc.client.errors import TLS_HINTS, AgioError, TlsFailure, decode_error, tls_failure
+from agio_grpc.client.runs import (
+    OutputSchema,
+    RunResult,
+    collect,
+    output_schema_json,
+    output_value,
+    run_request,
+)
 from agio_grpc.telemetry.propagation import trace_metadata
 from agio_grpc.v1 import (
     agent_service_pb2,
@@ -49,309 +58,29 @@ from agio_grpc.v1 import (
     session_service_pb2_grpc,
 )
 
+__all__ = [
+    "ROUND_ROBIN",
+    "TLS_HINTS",
+    "AddressError",
+    "AgioClient",
+    "AgioError",
+    "OutputSchema",
+    "RunResult",
+    "StepEvent",
+    "TlsConfig",
+    "TlsFailure",
+    "TlsFileError",
+    "channel_target",
+    "collect",
+    "decode_error",
+    "open_channel",
+    "output_schema_json",
+    "output_value",
+    "tls_failure",
+]
+
+
 StepEvent = events_pb2.StepEvent
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
-
-
-class TlsFailure(enum.Enum):
-    """Why the client could not connect, when it failed in or around the TLS handshake
-    (read from gRPC's message: no call reached the server)."""
-
-    SERVER_WANTS_TLS = "the server may speak TLS"
-    """A plaintext client whose connection the server closed at once."""
-    UNTRUSTED_CERTIFICATE = "the server's certificate is not signed by a CA the client trusts"
-    SERVER_WITHOUT_TLS = "the server speaks plaintext"
-    """A TLS client that got no TLS answer."""
-    HANDSHAKE_REFUSED = "the server refused the TLS handshake"
-    """A TLS client whose connection the server closed in the handshake: most often a mutual
-    TLS server and a client without a certificate its CA signed."""
-
-
-TLS_HINTS = {
-    TlsFailure.SERVER_WANTS_TLS: "connect with tls=TlsConfig(ca_file=...) naming the CA that "
-    "signed its certificate (tls=True for a public CA)",
-    TlsFailure.UNTRUSTED_CERTIFICATE: "name the CA that signed it in TlsConfig(ca_file=...)",
-    TlsFailure.SERVER_WITHOUT_TLS: "connect without tls",
-    TlsFailure.HANDSHAKE_REFUSED: "with mutual TLS it wants a client certificate a CA it "
-    "accepts signed: TlsConfig(cert_file=..., key_file=...), and ca_file for the server's CA",
-}
-"""What to change in the client for each TlsFailure (the CLI says it with its options)."""
-
-
-@dataclass(slots=True)
-class AgioError(Exception):
-    """A call that failed, with its status and the server's stable `reason`."""
-
-    code: grpc.StatusCode
-    message: str
-    reason: str = ""
-    domain: str = ""
-    """The ErrorInfo domain (`agio-grpc` for errors raised by the service)."""
-    metadata: dict[str, str] = field(default_factory=dict)
-    field_violations: list[tuple[str, str]] = field(default_factory=list)
-    tls_failure: TlsFailure | None = None
-    """Set when the connection failed in the TLS handshake (or, plaintext, looks as if the
-    server wanted one): `__str__` then says what to change."""
-
-    def __str__(self) -> str:
-        reason = f" [{self.reason}]" if self.reason else ""
-        text = f"{self.code.name}{reason}: {self.message}"
-        if self.tls_failure is not None:
-            text += f" ({self.tls_failure.value}: {TLS_HINTS[self.tls_failure]})"
-        return text
-
-
-def tls_failure(code: grpc.StatusCode, message: str, tls: bool | None) -> TlsFailure | None:
-    """The TlsFailure a failed connection's status says, if any. `tls`: whether the channel
-    speaks TLS (None: unknown, a channel the caller made)."""
-    # Only failures to connect (gRPC's round robin and pick-first say so each its way): a
-    # connection that broke later says nothing about TLS.
-    connecting = "all backends failing" in message or "failed to connect to all" in message
-    if code is not grpc.StatusCode.UNAVAILABLE or not connecting:
-        return None
-    if "CERTIFICATE_VERIFY_FAILED" in message:
-        return TlsFailure.UNTRUSTED_CERTIFICATE
-    if "WRONG_VERSION_NUMBER" in message:
-        return TlsFailure.SERVER_WITHOUT_TLS
-    if "Socket closed" in message or "handshake failed" in message.lower():
-        if tls is None:
-            return None
-        return TlsFailure.HANDSHAKE_REFUSED if tls else TlsFailure.SERVER_WANTS_TLS
-    return None
-
-
-def decode_error(error: grpc.aio.AioRpcError, *, tls: bool | None = None) -> AgioError:
-    """The AgioError for a failed call, with ErrorInfo and BadRequest details when sent, and
-    the TlsFailure of a connection that failed in its handshake (`tls`: whether the channel
-    speaks TLS; None: unknown)."""
-    message = error.details() or ""
-    decoded = AgioError(
-        code=error.code(), message=message, tls_failure=tls_failure(error.code(), message, tls)
-    )
-    for key, value in error.trailing_metadata() or ():
-        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                decoded.reason = info.reason
-                decoded.domain = info.domain
-                decoded.metadata = dict(info.metadata)
-            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                decoded.field_violations = [(v.field, v.description) for v in bad.field_violations]
-    return decoded
-
-
-@dataclass(slots=True)
-class RunResult:
-    """What a whole run produced, collected by `AgioClient.run_to_end`."""
-
-    run: resources_pb2.Run
-    text: str
-    steps: list[resources_pb2.Step]
-    events: int
-    output: Any = None
-    """A run with an output schema that completed: its answer (`Run.output`) as Python
-    values (JSON numbers without a fraction as `int`), or an instance of the pydantic model
-    given as `output_schema`; None otherwise."""
-
-    @property
-    def stop_signal(self) -> resources_pb2.StopSignal:
-        return self.run.stop_signal
-
-    @property
-    def session_id(self) -> str:
-        return self.run.session_id
-
-
-def _tool_definitions(
-    tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]],
-) -> list[resources_pb2.ToolDefinition]:
-    return [
-        tool
-        if isinstance(tool, resources_pb2.ToolDefinition)
-        else resources_pb2.ToolDefinition(
-            name=tool["name"],
-            description=tool.get("description", ""),
-            parameters_json=tool.get("parameters_json", ""),
-        )
-        for tool in tools
-    ]
-
-
-OutputSchema = Mapping[str, Any] | str | type[BaseModel]
-"""A run's output schema: a JSON Schema (a mapping, or JSON text) or a pydantic model class
-(its `model_json_schema()`)."""
-
-
-def output_schema_json(schema: OutputSchema | None) -> str:
-    """`RunRequest.output_schema_json` for `schema` ("" for none)."""
-    if schema is None:
-        return ""
-    if isinstance(schema, str):
-        return schema
-    if isinstance(schema, type):
-        return json.dumps(schema.model_json_schema())
-    return json.dumps(dict(schema))
-
-
-def output_value(run: resources_pb2.Run) -> Any:
-    """The run's output as Python values (None when it has none); a JSON number without a
-    fraction is an `int`, as it was in the answer (`google.protobuf.Value` holds doubles)."""
-    if not run.HasField("output"):
-        return None
-    return _whole_numbers(json_format.MessageToDict(run.output))
-
-
-_EXACT_INTEGERS = 2**53
-
-
-def _whole_numbers(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_INTEGERS:
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _whole_numbers(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_whole_numbers(item) for item in value]
-    return value
-
-
-def _run_request(
-    input: str,
-    *,
-    session_id: str,
-    agent: str,
-    overrides: agent_service_pb2.RunOverrides | None,
-    client_tools: Iterable[resources_pb2.ToolDefinition | Mapping[str, str]],
-    request_id: str,
-    metadata: Mapping[str, str] | None,
-    on_busy: agent_service_pb2.BusyPolicy,
-    on_disconnect: agent_service_pb2.DisconnectPolicy = (
-        agent_service_pb2.DISCONNECT_POLICY_UNSPECIFIED
-    ),
-    output_schema: OutputSchema | None = None,
-    require_approval: Iterable[str] = (),
-) -> agent_service_pb2.RunRequest:
-    return agent_service_pb2.RunRequest(
-        session_id=session_id,
-        agent=agent,
-        input=input,
-        overrides=overrides,
-        client_tools=_tool_definitions(client_tools),
-        request_id=request_id,
-        metadata=dict(metadata or {}),
-        on_busy=on_busy,
-        on_disconnect=on_disconnect,
-        output_schema_json=output_schema_json(output_schema),
-        require_approval=list(require_approval),
-    )
-
-
-class TlsFileError(ValueError):
-    """A TLS file of the client that cannot be used (unreadable, or a certificate without
-    its key)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """How the client reaches the server over TLS."""
-
-    ca_file: str | Path | None = None
-    """PEM certificates of the CAs that signed the server's certificate; None: gRPC's
-    default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the ones grpcio ships)."""
-    cert_file: str | Path | None = None
-    """The client's PEM certificate chain, for a server that asks for one (mutual TLS)."""
-    key_file: str | Path | None = None
-    """The PEM private key of `cert_file`."""
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        """Read the files; raises TlsFileError."""
-        if (self.cert_file is None) != (self.key_file is None):
-            raise TlsFileError("a client certificate goes with its key: give both or neither")
-        return grpc.ssl_channel_credentials(
-            root_certificates=_read_tls_file(self.ca_file, "CA"),
-            private_key=_read_tls_file(self.key_file, "key"),
-            certificate_chain=_read_tls_file(self.cert_file, "certificate"),
-        )
-
-
-def _read_tls_file(path: str | Path | None, what: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_bytes()
-    except OSError as error:
-        raise TlsFileError(f"cannot read the {what} file {path}: {error.strerror}") from None
-
-
-class AddressError(ValueError):
-    """Server addresses that make no gRPC target."""
-
-
-ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-"""The channel's service config: calls spread over every address the target names (or a
-DNS name resolves to), one after the other, skipping those not connected."""
-
-_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:", "xds:")
-"""gRPC target schemes, whose targets are passed to gRPC as they are."""
-
-
-def channel_target(address: str | Sequence[str]) -> str:
-    """The gRPC target for one address (`host:port`, or a target with its scheme such as
-    `dns:///agio.internal:50051`), or for several `host:port` given as a list or as one
-    comma-separated string (`AGIO_ADDRESS`): IP addresses of one family, which become one
-    `ipv4:` or `ipv6:` target (several host names: use one DNS name that resolves to all)."""
-    if isinstance(address, str):
-        if address.startswith(_SCHEMES):
-            return address
-        address = address.split(",")
-    parts = [part.strip() for part in address if part.strip()]
-    if not parts:
-        raise AddressError("no server address given")
-    if len(parts) == 1:
-        return parts[0]
-    families = {_ip_family(part) for part in parts}
-    if len(families) != 1 or None in families:
-        raise AddressError(
-            f"several addresses must be IP addresses of one family ({', '.join(parts)}); "
-            "for host names, give one dns:///NAME:PORT that resolves to them all"
-        )
-    return f"{families.pop()}:{','.join(parts)}"
-
-
-def _ip_family(address: str) -> str | None:
-    """`ipv4` or `ipv6` for `IP:PORT` (`[IPv6]:PORT`), else None."""
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return None
-    try:
-        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
-    except ValueError:
-        return None
-    if ip.version == 6 and not host.startswith("["):
-        return None
-    return f"ipv{ip.version}"
-
-
-def open_channel(target: str | Sequence[str], tls: TlsConfig | bool = False) -> grpc.aio.Channel:
-    """A channel to `target` (see `channel_target`) balancing calls round robin over its
-    addresses: plaintext, or TLS (`True`: with gRPC's default roots). Each channel has
-    connections of its own: two channels to one address are two connections."""
-    options: list[tuple[str, str | int]] = [
-        ("grpc.service_config", ROUND_ROBIN),
-        # gRPC shares one connection per address among every channel of the process
-        # (its global subchannel pool): several clients of `serve --workers N` would all
-        # land on the worker that took the first connection.
-        ("grpc.use_local_subchannel_pool", 1),
-    ]
-    if tls is False:
-        return grpc.aio.insecure_channel(channel_target(target), options)
-    config = TlsConfig() if tls is True else tls
-    return grpc.aio.secure_channel(channel_target(target), config.channel_credentials(), options)
 
 
 class AgioClient:
@@ -449,7 +178,7 @@ class AgioClient:
         ROLLBACK). `output_schema` (a JSON Schema, or a pydantic model class) is what the
         final answer must be: the terminal event's run carries it as `output`.
         """
-        request = _run_request(
+        request = run_request(
             input,
             session_id=session_id,
             agent=agent,
@@ -481,7 +210,7 @@ class AgioClient:
     ) -> resources_pb2.Run:
         """Start a run in the background and return it at once (RUNNING, or QUEUED behind a
         busy session); follow it with `follow_run`, stop it with `cancel_run`."""
-        request = _run_request(
+        request = run_request(
             input,
             session_id=session_id,
             agent=agent,
@@ -761,28 +490,3 @@ class AgioClient:
             self._health.Check, health_pb2.HealthCheckRequest(service=service)
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
-
-
-async def collect(events: AsyncIterator[events_pb2.StepEvent]) -> RunResult:
-    """Drain a run stream into a RunResult; raises if the stream ends without a terminal event."""
-    steps: list[resources_pb2.Step] = []
-    count = 0
-    async for event in events:
-        count += 1
-        kind = event.WhichOneof("event")
-        if kind == "step_completed":
-            steps.append(event.step_completed.step)
-        elif kind in ("run_completed", "run_failed"):
-            run = getattr(event, kind).run
-            text = next(
-                (
-                    s.content
-                    for s in reversed(steps)
-                    if s.role == resources_pb2.ROLE_ASSISTANT and s.content
-                ),
-                "",
-            )
-            return RunResult(
-                run=run, text=text, steps=steps, events=count, output=output_value(run)
-            )
-    raise AgioError(grpc.StatusCode.UNKNOWN, "the run stream ended without a terminal event")
