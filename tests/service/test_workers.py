@@ -292,6 +292,7 @@ async def test_clients_of_one_address_spread_over_the_workers(tmp_path: Path) ->
             "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
             "AGIO_SERVER__WORKERS": "2",
             "AGIO_SERVER__GRACE_PERIOD_S": "1",
+            "AGIO_LOG_LEVEL": "DEBUG",  # each response names its worker (x-agio-worker)
         },
     )
     assert process.stderr is not None
