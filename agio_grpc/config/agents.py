@@ -4,6 +4,7 @@ checking an output schema."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -139,18 +140,17 @@ class AgentConfig(Strict):
 
     def approval_tools(self) -> list[str]:
         """The tools whose calls wait for approval (`needs_approval: true`), in `tools` order."""
-        return [
-            name
-            for name in self.tools
-            if name in self.tool_options and self.tool_options[name].needs_approval
-        ]
+        return self._tools_with(lambda options: options.needs_approval)
 
     def stop_on_error_tools(self) -> list[str]:
         """The tools whose error result ends the run (`on_error: stop`), in `tools` order."""
+        return self._tools_with(lambda options: options.on_error == "stop")
+
+    def _tools_with(self, wanted: Callable[[ToolOptionsConfig], bool]) -> list[str]:
         return [
             name
             for name in self.tools
-            if name in self.tool_options and self.tool_options[name].on_error == "stop"
+            if name in self.tool_options and wanted(self.tool_options[name])
         ]
 
 

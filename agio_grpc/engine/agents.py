@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run
 from agio_grpc.engine.errors import AgentNotFoundError, InvalidInputError
 from agio_grpc.engine.output import FINAL_OUTPUT_TOOL, OutputSpec
-from agio_grpc.engine.tools import ToolRegistry
+from agio_grpc.engine.tools import ToolRegistry, mcp_server_of
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -100,8 +100,7 @@ class AgentSpec:
 
     def needs_approval(self, tool: str) -> bool:
         """Whether the agent's calls of `tool` wait for a decision."""
-        server, separator, _ = tool.partition("__")
-        return tool in self.approval_tools or bool(separator and server in self.approval_servers)
+        return tool in self.approval_tools or mcp_server_of(tool) in self.approval_servers
 
     def __post_init__(self) -> None:
         strangers = [name for name in self.stop_on_error_tools if name not in self.tools]

@@ -38,6 +38,13 @@ def model_tool_name(server: str, tool: str) -> str:
     return f"{server}__{_NOT_IN_NAME.sub('_', tool)}"
 
 
+def mcp_server_of(model_name: str) -> str:
+    """The MCP server whose tool the model calls `model_name` (`model_tool_name`'s `server`);
+    "" for a name of no server's tool."""
+    server, separator, _ = model_name.partition("__")
+    return server if separator else ""
+
+
 def config_tool_name(name: str) -> str:
     """A config's `server.tool` as the model sees it (`server__tool`); other names as they are."""
     server, dot, tool = name.partition(".")
