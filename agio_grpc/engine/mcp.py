@@ -300,12 +300,12 @@ class McpServer:
             )
         return "its connection closed" + last_words, "its connection closed"
 
-    def _process_ended(self) -> None:
-        """The stdio server's process exited (or closed its stdout): its tools are unavailable
-        from this moment on, and the owner task restarts it."""
+    def _process_ended(self, how: str) -> None:
+        """The stdio server's process exited (or closed its stdout), as `how` says: its tools
+        are unavailable from this moment on, and the owner task restarts it."""
         self._session = None
         self._lost = True
-        self.down_reason = "its process ended"
+        self.down_reason = f"its process {how}"
         self._attention.set()
 
     async def _connect_and_serve(self) -> None:

@@ -39,6 +39,9 @@ Streams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
 ]
 """What a `ClientSession` reads from and writes to."""
+EXIT_AFTER_STDOUT_S = 1.0
+"""How long a process that closed its stdout is given to exit before its end is told
+without its exit code (it closed its stdout and goes on running)."""
 _CLOSED = (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError)
 """A pipe or stream that closed under a read or write: the process went, or `stop` closed it."""
 
@@ -74,12 +77,14 @@ class StdioProcess:
     """One started server process: `streams` for the SDK's `ClientSession`, and once it is
     stopped, `end`."""
 
-    def __init__(self, process: Process, on_end: Callable[[], None]) -> None:
+    def __init__(self, process: Process, on_end: Callable[[str], None]) -> None:
         """`on_end` is called once, in the event loop, when the process exits or closes its
-        stdout before `stop` (not for an end `stop` causes)."""
+        stdout before `stop` (not for an end `stop` causes), with how it ended
+        (`ProcessEnd.describe`: its exit code when it exited)."""
         self._process = process
         self._on_end = on_end
         self._ended_by_itself = False
+        self._told = False
         self._stopping = False
         self._last_stderr_line = ""
         self._writer_done = anyio.Event()
@@ -108,14 +113,19 @@ class StdioProcess:
         tasks.start_soon(self._wait_for_exit)
 
     def _ended(self) -> None:
-        if self._stopping or self._ended_by_itself:
-            return
-        self._ended_by_itself = True
-        self._on_end()
+        if not self._stopping:
+            self._ended_by_itself = True
+
+    def _tell_end(self) -> None:
+        """`on_end`, once, for an end the process came to by itself."""
+        if self._ended_by_itself and not self._told:
+            self._told = True
+            self._on_end(ProcessEnd(True, self._process.returncode, "").describe())
 
     async def _wait_for_exit(self) -> None:
         await self._process.wait()
         self._ended()
+        self._tell_end()
 
     async def _read_stdout(self) -> None:
         stdout = self._process.stdout
@@ -133,8 +143,12 @@ class StdioProcess:
                     for line in lines:
                         if delivering and line.strip():
                             delivering = await self._deliver(_parse_message(line))
-        # The end of stdout is the end of the connection, usually a moment before the exit.
+        # The end of stdout is the end of the connection, usually a moment before the exit:
+        # told once the process exits (with its code), or once it has not for a while.
         self._ended()
+        with anyio.move_on_after(EXIT_AFTER_STDOUT_S):
+            await self._process.wait()
+        self._tell_end()
 
     async def _deliver(self, message: SessionMessage | Exception) -> bool:
         try:
@@ -218,7 +232,7 @@ async def started_process(
     args: Sequence[str],
     env: Mapping[str, str],
     cwd: Path | None,
-    on_end: Callable[[], None],
+    on_end: Callable[[str], None],
 ) -> AsyncIterator[StdioProcess]:
     """Start `command` with `args` and exactly `env` as its environment, in a session of its
     own; stop it on the way out (`StdioProcess.stop`). Raises OSError when it cannot be
