@@ -47,7 +47,16 @@ class LevelResult:
     """CPU seconds of every process of the level (server, model, load) per wall second."""
 
 
-async def generate(kind: str, target: str, runs: int, per_channel: int = 100) -> LoadResult:
+async def generate(
+    kind: str,
+    target: str,
+    runs: int,
+    per_channel: int = 100,
+    *,
+    concurrency: int = 0,
+    warmup: int = 0,
+) -> LoadResult:
+    """One load generator process (bench/loadgen.py) and what it measured."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -58,6 +67,10 @@ async def generate(kind: str, target: str, runs: int, per_channel: int = 100) ->
         str(runs),
         "--runs-per-channel",
         str(per_channel),
+        "--concurrency",
+        str(concurrency),
+        "--warmup",
+        str(warmup),
         env=procs.clean_env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

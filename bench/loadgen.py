@@ -1,7 +1,12 @@
-"""A load generator process for B4: K concurrent runs, one JSON line of results on stdout.
+"""A load generator process for B4 and B6: runs, one JSON line of results on stdout.
 
     python -m bench.loadgen agio ADDRESS --runs 500
     python -m bench.loadgen sdk MODEL_URL --runs 500
+    python -m bench.loadgen sdk MODEL_URL --runs 1000 --concurrency 25 --warmup 50
+
+Every run starts at once, or with `--concurrency`, at most that many at a time (each run
+that ends starts the next). `--warmup` runs first, unmeasured: the CPU and wall time
+reported are the measured runs' alone (the SDK's imports and first calls excluded).
 
 `agio` drives `AgentService.Run` over a lean `grpc.aio` stub (no client-side conversion);
 `sdk` runs the OpenAI Agents SDK in this process, the same agent shape (one tool, then the
@@ -17,6 +22,7 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
 RUN_TIMEOUT_S = 120.0
@@ -39,7 +45,43 @@ class LoadResult:
             self.error_samples.append(why[:300])
 
 
-async def agio_load(address: str, runs: int, result: LoadResult, per_channel: int = 100) -> None:
+async def bounded(runs: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> None:
+    """`one(0)` ... `one(runs - 1)`, at most `concurrency` at a time (0: all at once)."""
+    if concurrency <= 0 or concurrency >= runs:
+        await asyncio.gather(*(one(index) for index in range(runs)))
+        return
+    indexes = iter(range(runs))
+
+    async def worker() -> None:
+        for index in indexes:
+            await one(index)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def measured(
+    result: LoadResult, warmup: int, concurrency: int, one: Callable[[int], Awaitable[None]]
+) -> None:
+    """`warmup` runs into a throwaway result, then `result.runs` measured ones."""
+    if warmup:
+        before = LoadResult(**asdict(result))
+        await bounded(warmup, concurrency, one)
+        for name in ("errors", "error_samples", "gaps_ms", "ttft_ms"):
+            setattr(result, name, getattr(before, name))
+    cpu = time.process_time()
+    started = time.perf_counter()
+    await bounded(result.runs, concurrency, one)
+    result.wall_s = time.perf_counter() - started
+    result.cpu_s = time.process_time() - cpu
+
+
+async def agio_load(
+    address: str,
+    result: LoadResult,
+    per_channel: int = 100,
+    concurrency: int = 0,
+    warmup: int = 0,
+) -> None:
     import grpc
 
     from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
@@ -48,7 +90,7 @@ async def agio_load(address: str, runs: int, result: LoadResult, per_channel: in
     # callers would. A local subchannel pool per channel: otherwise channels to one target
     # share a single connection in this process.
     options = [("grpc.use_local_subchannel_pool", 1)]
-    count = max(1, runs // per_channel)
+    count = max(1, (concurrency or result.runs) // per_channel)
     channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
     stubs = [agent_service_pb2_grpc.AgentServiceStub(channel) for channel in channels]
 
@@ -78,13 +120,15 @@ async def agio_load(address: str, runs: int, result: LoadResult, per_channel: in
             result.failed(f"{error.code().name}: {error.details()} ({error.debug_error_string()})")
 
     try:
-        await asyncio.gather(*(one(index) for index in range(runs)))
+        await measured(result, warmup, concurrency, one)
     finally:
         for channel in channels:
             await channel.close()
 
 
-async def sdk_load(model_url: str, runs: int, result: LoadResult) -> None:
+async def sdk_load(
+    model_url: str, result: LoadResult, concurrency: int = 0, warmup: int = 0
+) -> None:
     import openai
 
     from bench import sdk
@@ -92,7 +136,7 @@ async def sdk_load(model_url: str, runs: int, result: LoadResult) -> None:
     client = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
     agent = sdk.make_agent(client, tools=True)
 
-    async def one() -> None:
+    async def one(_index: int) -> None:
         try:
             run = await asyncio.wait_for(sdk.sdk_run(agent, "what is 2 + 2?"), RUN_TIMEOUT_S)
         except Exception as error:
@@ -105,7 +149,7 @@ async def sdk_load(model_url: str, runs: int, result: LoadResult) -> None:
         result.gaps_ms.extend(round(gap * 1000, 2) for gap in run.gaps_s)
 
     try:
-        await asyncio.gather(*(one() for _ in range(runs)))
+        await measured(result, warmup, concurrency, one)
     finally:
         await client.close()
 
@@ -118,16 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs-per-channel", type=int, default=100, help="agio: streams per connection"
     )
+    parser.add_argument("--concurrency", type=int, default=0, help="runs at a time (0: all)")
+    parser.add_argument("--warmup", type=int, default=0, help="unmeasured runs first")
     args = parser.parse_args(argv)
     result = LoadResult(runs=args.runs)
-    cpu = time.process_time()
-    started = time.perf_counter()
     if args.kind == "agio":
-        asyncio.run(agio_load(args.target, args.runs, result, args.runs_per_channel))
+        load = agio_load(args.target, result, args.runs_per_channel, args.concurrency, args.warmup)
     else:
-        asyncio.run(sdk_load(args.target, args.runs, result))
-    result.wall_s = time.perf_counter() - started
-    result.cpu_s = time.process_time() - cpu
+        load = sdk_load(args.target, result, args.concurrency, args.warmup)
+    asyncio.run(load)
     result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sys.stdout.write(json.dumps(asdict(result)) + "\n")
     return 0

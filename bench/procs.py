@@ -60,9 +60,15 @@ def process_tree(pid: int) -> list[int]:
 
 
 def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(cpu_times(Path(f"/proc/{pid}")))
+
+
+def cpu_times(proc: Path) -> tuple[float, float]:
+    """User and system CPU seconds so far of a /proc/PID folder (all its threads) or a
+    /proc/PID/task/TID one (that thread)."""
+    fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
     # After the command: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return int(fields[11]) / _CLOCK_TICKS, int(fields[12]) / _CLOCK_TICKS
 
 
 def clean_env() -> dict[str, str]:

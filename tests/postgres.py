@@ -111,7 +111,7 @@ class ThrowawayCluster:
         return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
 
     @classmethod
-    def start(cls) -> ThrowawayCluster:
+    def start(cls, *, tls: bool = False) -> ThrowawayCluster:
         bin_dir = find_postgres_bin_dir()
         if bin_dir is None:
             raise PostgresUnavailableError(
@@ -130,6 +130,8 @@ class ThrowawayCluster:
         cluster = cls(bin_dir=bin_dir, root=root, port=0, run_as=run_as)
         try:
             cluster._initdb()
+            if tls:
+                cluster._serve_tls()
             cluster._start_listening()
         except BaseException:
             cluster.stop()
@@ -167,6 +169,19 @@ class ThrowawayCluster:
         ]
         with (self.data_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# agio-grpc tests\n" + "\n".join(settings) + "\n")
+
+    def _serve_tls(self) -> None:
+        """`ssl = on` with a certificate for 127.0.0.1 from a throwaway CA (the benchmarks
+        measure the database connection over TLS, as managed PostgreSQL serves it)."""
+        from agio_grpc.testing.certificates import CertificateAuthority
+
+        cert_file, key_file = CertificateAuthority().issue_server().write(self.data_dir, "server")
+        if self.run_as:
+            user = pwd.getpwnam("postgres")
+            for path in (cert_file, key_file):
+                os.chown(path, user.pw_uid, user.pw_gid)
+        with (self.data_dir / "postgresql.conf").open("a") as conf:
+            conf.write(f"ssl = on\nssl_cert_file = '{cert_file}'\nssl_key_file = '{key_file}'\n")
 
     def _start_listening(self) -> None:
         # The port is free when picked but could be taken before the server binds it.
@@ -352,12 +367,14 @@ async def _tables_of(connection: asyncpg.Connection) -> frozenset[str]:
     return frozenset(row["tablename"] for row in rows)
 
 
-def start_postgres() -> tuple[str, ThrowawayCluster | None]:
+def start_postgres(*, tls: bool = False) -> tuple[str, ThrowawayCluster | None]:
     """The admin URL to use, and the cluster started for it (None for AGIO_TEST_POSTGRES_URL).
+    With `tls`, a cluster started here serves TLS too (the server in AGIO_TEST_POSTGRES_URL
+    is taken as it is).
 
     Raises PostgresUnavailableError with the reason when neither works.
     """
     if url := os.environ.get(ENV_URL):
         return url, None
-    cluster = ThrowawayCluster.start()
+    cluster = ThrowawayCluster.start(tls=tls)
     return cluster.admin_url, cluster

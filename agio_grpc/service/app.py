@@ -248,6 +248,7 @@ class AgioApp:
                 sql_store = await open_store(
                     settings.database_url,
                     sqlite_synchronous=settings.sqlite_synchronous,
+                    pool_size=settings.database_pool_size,
                     session_lease_s=settings.server.session_lease_s,
                     instance_id=own_id,
                     quotas=TenantQuotas(

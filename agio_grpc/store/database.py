@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 from collections.abc import Callable
@@ -24,9 +25,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
 
 from agio_grpc.store.errors import SequenceConflictError, StoreError, StoreUnavailableError
 from agio_grpc.store.tables import STEP_SEQUENCE_CONSTRAINT
+
+logger = logging.getLogger(__name__)
 
 SQLITE_SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 SQLITE_BUSY_TIMEOUT_MS: Final = 5_000
@@ -110,8 +114,12 @@ class Database(Protocol):
         """The dialect name: `sqlite` or `postgresql`."""
         ...
 
-    async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
-        """Run `work` in one transaction; driver errors leave as StoreError subclasses."""
+    async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
+        """Run `work` in one transaction; driver errors leave as StoreError subclasses.
+
+        `brief`: a write of a few rows (a run's transitions, a step), which SQLite may run
+        on the calling thread when the write lock is free at once: handing it to a thread
+        costs more CPU than the transaction itself."""
         ...
 
     async def dispose(self) -> None:
@@ -127,23 +135,52 @@ def executes_directly(dialect: Dialect) -> bool:
     return dialect.name == "sqlite"
 
 
-def open_database(url: URL, sqlite_synchronous: str) -> Database:
-    """The database for a URL from `parse_url`, tuned for its backend."""
+DEFAULT_POOL_SIZE: Final = 40
+"""PostgreSQL connections a process keeps open once it has needed them: as many as its
+transactions at once under load. A transaction that finds them all busy opens one more
+(up to POOL_OVERFLOW), closed again when it ends: a connection, a TLS handshake and a
+login per transaction, what a pool too small for the load costs (docs/benchmarks/NOTES.md)."""
+POOL_OVERFLOW: Final = 10
+
+
+def open_database(
+    url: URL, sqlite_synchronous: str, pool_size: int = DEFAULT_POOL_SIZE
+) -> Database:
+    """The database for a URL from `parse_url`, tuned for its backend (`pool_size`:
+    PostgreSQL's connections kept open)."""
     if url.get_backend_name() == "sqlite":
         return SqliteDatabase(url, sqlite_synchronous)
-    return PostgresDatabase(url)
+    return PostgresDatabase(url, pool_size)
 
 
 # SQLite readers run beside the one writer (WAL lets them); two keep a slow read from
 # queueing the others without piling up connections on a 2-core machine.
 SQLITE_READER_THREADS: Final = 2
+BRIEF_SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL"})
+"""The modes in which a commit never waits for the disk (WAL), so a brief write may run on
+the event loop's thread; FULL and EXTRA sync every commit, which belongs on a thread."""
+CHECKPOINT_EVERY: Final = 200
+"""Brief commits between two checkpoints of the WAL (run on the writer thread): the brief
+writes' connection checkpoints nothing itself, so no commit on the event loop's thread ever
+copies the log into the database."""
+
+
+class WriteLockTakenError(Exception):
+    """A brief write found the database's write lock held (by this process's writer thread
+    or another process): it waits its turn on the writer thread instead."""
 
 
 class SqliteDatabase:
-    """A SQLite file through stdlib sqlite3, each transaction run whole in a thread.
+    """A SQLite file through stdlib sqlite3, each transaction run whole in a thread, or a
+    brief write on the caller's.
 
     One writer thread: this process's writers queue there rather than contend for the file
-    lock; BEGIN IMMEDIATE covers other processes. Readers use threads of their own.
+    lock; BEGIN IMMEDIATE covers other processes. Readers use threads of their own. A brief
+    write (`run(brief=True)`: a run's transitions and steps, every run's path) runs at once
+    on the event loop's thread when the write lock is free, on a connection that never
+    waits for it (busy_timeout 0) and never checkpoints; a held lock sends it to the writer
+    thread. Per run this saves the thread hops and the GIL hand-offs around each statement,
+    which cost several times the statements themselves (docs/benchmarks/NOTES.md).
     """
 
     def __init__(self, url: URL, synchronous: str) -> None:
@@ -161,6 +198,18 @@ class SqliteDatabase:
             hide_parameters=True,  # a statement's error never carries user content
         )
         _install_sqlite_hooks(self._engine, mode)
+        self._brief: Engine | None = None
+        if mode in BRIEF_SYNCHRONOUS_MODES:
+            self._brief = create_engine(
+                url.set(drivername="sqlite+pysqlite"),
+                connect_args={"check_same_thread": False},
+                poolclass=StaticPool,  # one connection, only ever used by the event loop
+                hide_parameters=True,
+            )
+            _install_sqlite_hooks(self._brief, mode, busy_timeout_ms=0, autocheckpoint=False)
+        self._brief_open = False
+        self._brief_commits = 0
+        self._checkpoint: asyncio.Future[None] | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="agio-sqlite-writer")
         self._readers = ThreadPoolExecutor(
             SQLITE_READER_THREADS, thread_name_prefix="agio-sqlite-reader"
@@ -170,43 +219,89 @@ class SqliteDatabase:
     def backend(self) -> str:
         return "sqlite"
 
-    async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+    async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
+        if write and brief and self._brief is not None:
+            if not self._brief_open:  # opening may wait for the lock: not on this thread
+                await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
+            try:
+                done = _transact(self._brief, work, write=True)
+            except WriteLockTakenError:
+                pass  # another writer holds the lock: wait for it on the writer thread
+            else:
+                self._brief_committed()
+                return done
         executor = self._writer if write else self._readers
         return await asyncio.get_running_loop().run_in_executor(
-            executor, self._transact, work, write
+            executor, _transact, self._engine, work, write
         )
 
-    def _transact(self, work: Callable[[Connection], T], write: bool) -> T:
+    def _open_brief(self) -> None:
+        if self._brief is None or self._brief_open:
+            return
         try:
-            try:
-                conn = self._engine.connect()
-            except DRIVER_ERRORS as error:
-                raise as_store_error(error, connecting=True) from error
-            with conn:
-                if write:
-                    conn.execution_options(**{WRITE_OPTION: True})
-                with conn.begin():
-                    return work(conn)
-        except StoreError:
-            raise
+            self._brief.connect().close()  # kept open by its StaticPool
         except DRIVER_ERRORS as error:
-            raise as_store_error(error) from error
+            raise as_store_error(error, connecting=True) from error
+        self._brief_open = True
+
+    def _brief_committed(self) -> None:
+        """Checkpoint the WAL on the writer thread every CHECKPOINT_EVERY brief commits."""
+        self._brief_commits += 1
+        if self._brief_commits % CHECKPOINT_EVERY or self._checkpoint is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._checkpoint = loop.run_in_executor(self._writer, self._checkpoint_wal)
+        self._checkpoint.add_done_callback(self._checkpointed)
+
+    def _checkpoint_wal(self) -> None:
+        # PASSIVE: copies what no reader still needs, waiting for no one; writers go on.
+        with self._engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _checkpointed(self, done: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if not done.cancelled() and (error := done.exception()) is not None:
+            # Harmless: the next one copies what this one did not.
+            logger.warning("SQLite WAL checkpoint failed: %s", _describe(error))
 
     async def dispose(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._brief is not None:
+            self._brief.dispose()
         await loop.run_in_executor(self._writer, self._engine.dispose)
         self._writer.shutdown(wait=False)
         self._readers.shutdown(wait=False)
 
 
+def _transact(engine: Engine, work: Callable[[Connection], T], write: bool) -> T:
+    """`work` in one transaction on a connection of `engine`, driver errors as StoreError
+    (WriteLockTakenError passes: nothing was done)."""
+    try:
+        try:
+            conn = engine.connect()
+        except DRIVER_ERRORS as error:
+            raise as_store_error(error, connecting=True) from error
+        with conn:
+            if write:
+                conn.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                return work(conn)
+    except StoreError:
+        raise
+    except DRIVER_ERRORS as error:
+        raise as_store_error(error) from error
+
+
 class PostgresDatabase:
     """PostgreSQL through asyncpg; a transaction's statements run in one `run_sync`."""
 
-    def __init__(self, url: URL) -> None:
+    def __init__(self, url: URL, pool_size: int = DEFAULT_POOL_SIZE) -> None:
+        if pool_size < 1:
+            raise ValueError(f"the PostgreSQL pool needs a connection at least, got {pool_size}")
         self._engine: AsyncEngine = create_async_engine(
             url,
-            pool_size=10,
-            max_overflow=10,
+            pool_size=pool_size,
+            max_overflow=POOL_OVERFLOW,
             pool_timeout=30,
             # Connections a restarted server dropped are replaced before use, not failed.
             pool_pre_ping=True,
@@ -219,7 +314,7 @@ class PostgresDatabase:
     def backend(self) -> str:
         return "postgresql"
 
-    async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+    async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
@@ -245,8 +340,17 @@ def _in_transaction(conn: Connection, work: Callable[[Connection], T]) -> T:
         return work(conn)
 
 
-def _install_sqlite_hooks(engine: Engine, synchronous: str) -> None:
-    """Per-connection pragmas, and BEGIN chosen by us (the SQLAlchemy docs' recipe)."""
+def _install_sqlite_hooks(
+    engine: Engine,
+    synchronous: str,
+    *,
+    busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    autocheckpoint: bool = True,
+) -> None:
+    """Per-connection pragmas, and BEGIN chosen by us (the SQLAlchemy docs' recipe).
+
+    `busy_timeout_ms=0`: a BEGIN IMMEDIATE that finds the write lock held raises
+    WriteLockTakenError at once. `autocheckpoint=False`: commits never checkpoint the WAL."""
 
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -254,10 +358,16 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
+            # Waiting for the lock the pragmas may need (a new file's WAL switch) is fine:
+            # a connection opens on a thread of its own. Its transactions then wait as long
+            # as `busy_timeout_ms` says.
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA synchronous={synchronous}")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute("PRAGMA foreign_keys=ON")
+            if not autocheckpoint:
+                cursor.execute("PRAGMA wal_autocheckpoint=0")
+            cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         finally:
             cursor.close()
 
@@ -266,7 +376,17 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str) -> None:
         # A writer takes the write lock at BEGIN, so it waits (busy_timeout) for another
         # process's writer instead of failing mid-transaction on a lock upgrade.
         writes = connection.get_execution_options().get(WRITE_OPTION, False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN DEFERRED")
+        try:
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN DEFERRED")
+        except sa_exc.OperationalError as error:
+            if busy_timeout_ms == 0 and _sqlite_busy(error.orig):
+                raise WriteLockTakenError from error
+            raise
+
+
+def _sqlite_busy(error: BaseException | None) -> bool:
+    # The primary code: SQLITE_BUSY_RECOVERY, _SNAPSHOT and _TIMEOUT are busy too.
+    return isinstance(error, sqlite3.Error) and error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
 
 
 # -- errors --------------------------------------------------------------------------------

@@ -5,13 +5,20 @@ The behaviour both backends share lives in test_conformance.py.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection
 
 from agio_grpc.domain import Role, Step
+from agio_grpc.store import StoreError
+from agio_grpc.store import database as database_module
+from agio_grpc.store.database import SqliteDatabase, parse_url
 from tests.roles import open_roles
 
 
@@ -63,3 +70,117 @@ async def test_a_new_sqlite_file_is_readable_by_its_owner_only(tmp_path: Path) -
 
 def file_modes(directory: Path) -> dict[str, int]:
     return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()}
+
+
+# -- brief writes: on the event loop's thread when the write lock is free ----------------
+
+
+def sqlite_database(path: Path, synchronous: str = "NORMAL") -> SqliteDatabase:
+    database = SqliteDatabase(parse_url(f"sqlite:///{path}"), synchronous)
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, body TEXT)")
+    return database
+
+
+def writing(body: str, threads: list[int]) -> Callable[[Connection], int]:
+    def work(conn: Connection) -> int:
+        threads.append(threading.get_ident())
+        conn.exec_driver_sql("INSERT INTO notes (body) VALUES (?)", (body,))
+        return int(conn.exec_driver_sql("SELECT count(*) FROM notes").scalar_one())
+
+    return work
+
+
+def notes(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return [body for (body,) in conn.execute("SELECT body FROM notes ORDER BY id")]
+
+
+async def test_a_brief_write_runs_on_the_event_loops_thread_when_the_lock_is_free(
+    tmp_path: Path,
+) -> None:
+    database = sqlite_database(tmp_path / "agio.db")
+    threads: list[int] = []
+    try:
+        assert await database.run(writing("brief", threads), write=True, brief=True) == 1
+        assert await database.run(writing("long", threads), write=True) == 2
+    finally:
+        await database.dispose()
+
+    assert threads[0] == threading.get_ident()
+    assert threads[1] != threading.get_ident()  # the writer thread's
+    assert notes(tmp_path / "agio.db") == ["brief", "long"]
+
+
+async def test_a_brief_write_waits_on_the_writer_thread_while_another_process_writes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "agio.db"
+    database = sqlite_database(path)
+    threads: list[int] = []
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await database.run(writing("first", []), write=True, brief=True)  # its connection open
+        other.execute("BEGIN IMMEDIATE")  # the write lock, as another process would hold it
+        other.execute("INSERT INTO notes (body) VALUES ('other')")
+        write = asyncio.create_task(database.run(writing("brief", threads), write=True, brief=True))
+        await asyncio.sleep(0)  # the brief write found the lock held: now it waits, queued
+        assert not write.done()
+        other.execute("COMMIT")
+        assert await write == 3
+    finally:
+        other.close()
+        await database.dispose()
+
+    assert threads == [threads[0]] and threads[0] != threading.get_ident()
+    assert notes(path) == ["first", "other", "brief"]
+
+
+async def test_a_brief_write_that_fails_writes_nothing_and_says_why(tmp_path: Path) -> None:
+    database = sqlite_database(tmp_path / "agio.db")
+
+    def clash(conn: Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO notes (id, body) VALUES (1, 'first')")
+        conn.exec_driver_sql("INSERT INTO notes (id, body) VALUES (1, 'again')")
+
+    try:
+        with pytest.raises(StoreError, match="constraint violated"):
+            await database.run(clash, write=True, brief=True)
+        assert await database.run(writing("after", []), write=True, brief=True) == 1
+    finally:
+        await database.dispose()
+    assert notes(tmp_path / "agio.db") == ["after"]
+
+
+async def test_brief_writes_under_full_sync_stay_on_the_writer_thread(tmp_path: Path) -> None:
+    # FULL syncs every commit to the disk: never on the event loop's thread.
+    database = sqlite_database(tmp_path / "agio.db", "FULL")
+    threads: list[int] = []
+    try:
+        await database.run(writing("synced", threads), write=True, brief=True)
+    finally:
+        await database.dispose()
+    assert threads[0] != threading.get_ident()
+
+
+async def test_brief_writes_checkpoint_the_wal_on_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The brief writes' connection never checkpoints (a commit on the event loop's thread
+    # would copy the log into the file); every CHECKPOINT_EVERY of them, the writer
+    # thread does, so the log starts over instead of growing.
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    path = tmp_path / "agio.db"
+    database = sqlite_database(path)
+    try:
+        for index in range(5):
+            await database.run(writing("x" * 3000 + str(index), []), write=True, brief=True)
+        while (checkpoint := database._checkpoint) is not None:
+            await checkpoint
+        await database.run(writing("after", []), write=True, brief=True)
+        with sqlite3.connect(path) as conn:
+            # Frames in the log now (the last commit's only, once it started over).
+            _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        await database.dispose()
+    assert 0 < frames < 5

@@ -40,6 +40,7 @@ from sqlalchemy import Connection, select, text
 
 from agio_grpc.domain import utc_now
 from agio_grpc.store.database import (
+    DEFAULT_POOL_SIZE,
     DRIVER_ERRORS,
     Database,
     insert_ignoring_conflicts,
@@ -74,6 +75,7 @@ async def open_store(
     url: str,
     *,
     sqlite_synchronous: str = "NORMAL",
+    pool_size: int = DEFAULT_POOL_SIZE,
     session_lease_s: float = DEFAULT_SESSION_LEASE_S,
     instance_id: str = "",
     quotas: TenantQuotas | None = None,
@@ -83,7 +85,8 @@ async def open_store(
     `url` is `sqlite+aiosqlite:///path` or `postgresql+asyncpg://user@host/db` (the plain
     `sqlite://` and `postgresql://` forms work too). `sqlite_synchronous` is SQLite's
     `PRAGMA synchronous`: NORMAL survives an application crash, FULL also a power loss, at
-    several times the cost per commit. `session_lease_s` is how long a take or renewal holds
+    several times the cost per commit. `pool_size` is how many PostgreSQL connections stay
+    open (store/database.py). `session_lease_s` is how long a take or renewal holds
     a session (store/leases.py); `instance_id` names this server on the sessions it takes,
     stable across its restarts, so that a restarted server can end the runs it left
     (`RunLedger.recover_own_runs`); `quotas` bounds each tenant's running and queued runs
@@ -94,7 +97,7 @@ async def open_store(
         raise ValueError(f"session_lease_s must be positive, got {session_lease_s}")
     parsed = parse_url(url)
     prepare_sqlite_file(parsed)
-    database = open_database(parsed, sqlite_synchronous)
+    database = open_database(parsed, sqlite_synchronous, pool_size)
     store = SqlStore(
         database, session_lease_s=session_lease_s, instance_id=instance_id, quotas=quotas
     )

@@ -118,7 +118,7 @@ class SqlSessionLog(SqlRole):
                 write_journal(conn, held_by, journal(None, stored))
             return stored
 
-        return await self._write(work)
+        return await self._write(work, brief=True)
 
     async def get_steps(
         self,
@@ -210,7 +210,7 @@ class SqlSessionLog(SqlRole):
             RELEASE_SESSION.execute(conn, {"session_id": session_id, "run_id": holder})
             return stored
 
-        return await self._write(work)
+        return await self._write(work, brief=True)
 
     async def delete_steps_from(
         self, session_id: str, start_sequence: int, *, tenant: str | None = None

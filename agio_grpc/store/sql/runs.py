@@ -157,7 +157,10 @@ class SqlRunLedger(SqlRole):
             quotas.check_queued(conn, run.tenant)
             return enqueue(conn, run, steps, queued, holder, queue, journal, owner)
 
-        return await self._write(work)
+        # Brief unless it reads a whole history (a session this process kept none of) or
+        # deletes a rolled back run's steps.
+        brief = new_session is not None or (since is not None and not run.rollback_from)
+        return await self._write(work, brief=brief)
 
     async def start_queued_run(
         self,
@@ -189,7 +192,7 @@ class SqlRunLedger(SqlRole):
                 raise SessionBusyError(session_id, queued[0][0])  # another is ahead of it
             return store_start(conn, run.resumed(), steps, since, journal, insert=False)
 
-        return await self._write(work)
+        return await self._write(work, brief=since is not None)
 
     async def continue_run(
         self,
@@ -228,7 +231,7 @@ class SqlRunLedger(SqlRole):
                 write_journal(conn, run.id, journal(continued, stored))
             return RunContinuation(continued, stored)
 
-        return await self._write(work)
+        return await self._write(work, brief=True)
 
     async def restart_run(
         self,
@@ -281,7 +284,7 @@ class SqlRunLedger(SqlRole):
                 raise NotFoundError("run", run.id)
             return RunEnd(release, run_from_row(row))  # ended first by a take-over
 
-        return await self._write(work)
+        return await self._write(work, brief=True)
 
     async def end_idle_run(
         self,
@@ -328,14 +331,14 @@ class SqlRunLedger(SqlRole):
             queued = QUEUED_RUN.first(conn, {"session_id": run.session_id}) is not None
             return IdleEnd(ended, stored, queued=queued)
 
-        return await self._write(work)
+        return await self._write(work, brief=True)
 
     async def release_session(self, session_id: str, run_id: str) -> bool:
         def work(conn: Connection) -> bool:
             held = {"session_id": session_id, "run_id": run_id}
             return RELEASE_SESSION.execute(conn, held) == 1
 
-        return await self._write(work)
+        return await self._write(work, brief=True)
 
     async def interrupt_abandoned_run(self, run_id: str) -> bool:
         def work(conn: Connection) -> bool:

@@ -92,8 +92,10 @@ class SqlRole:
     async def _read(self, work: Callable[[Connection], T]) -> T:
         return await self._database.run(work, write=False)
 
-    async def _write(self, work: Callable[[Connection], T]) -> T:
-        return await self._database.run(work, write=True)
+    async def _write(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
+        """`work` in a write transaction; `brief`: it writes a few rows and reads little
+        (Database.run)."""
+        return await self._database.run(work, write=True, brief=brief)
 
 
 HELD: Final = and_(session_table.c.active_run_id.is_not(None), session_table.c.active_run_id != "")

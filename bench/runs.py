@@ -1,0 +1,177 @@
+"""B6: what one whole run costs the server, short runs and tool runs, against the Agents SDK.
+
+    python -m bench --only b6            # within make bench
+    python -m bench.runs --runs 500      # alone, printed
+
+Two shapes of run, each a fresh fake model answering as fast as it can:
+- short: one model call, a 20-token answer;
+- tool: the model calls the `calculate` tool, the tool runs, a second call answers in 20
+  tokens.
+
+agio-grpc serves them as `agio-grpc serve` does by default (one process, tracing off),
+on a SQLite file and on PostgreSQL with the database connection over TLS
+(`?ssl=require`: the run fails rather than fall back to plaintext). A load generator
+process (bench/loadgen.py) keeps `concurrency` runs going over `grpc.aio` until `runs`
+have finished, after `warmup` unmeasured ones; the figure is the server process's CPU over
+the measured runs, per run. The Agents SDK runs the same agent shape in one process of its
+own (`Runner.run_streamed` on the same fake model, the same concurrency), so its figure
+includes its callers: it is what a framework costs in the process that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+from bench import procs
+from bench.concurrency import generate
+from bench.stats import percentile
+
+TOKENS = 20
+SHAPES = {"short": False, "tool": True}
+"""Shape name -> whether the fake model calls the tool first."""
+
+
+@dataclass(slots=True)
+class RunsRow:
+    system: str
+    backend: str
+    shape: str
+    runs: int
+    concurrency: int
+    errors: int
+    cpu_ms_per_run: float
+    runs_per_s: float
+    ttft_p50_ms: float
+    error_samples: list[str]
+
+
+@contextlib.asynccontextmanager
+async def postgres_tls() -> AsyncIterator[Callable[[], AbstractAsyncContextManager[str]]]:
+    """Fresh databases on a PostgreSQL that offers TLS, as URLs that require it: the server
+    in AGIO_TEST_POSTGRES_URL (which must have `ssl = on`), else a throwaway cluster with a
+    certificate of its own (tests/postgres.py)."""
+    from tests.postgres import TestDatabases, start_postgres
+
+    admin_url, cluster = await asyncio.to_thread(start_postgres, tls=True)
+    databases = TestDatabases(admin_url)
+
+    @contextlib.asynccontextmanager
+    async def new_database() -> AsyncIterator[str]:
+        url = await databases.create()
+        try:
+            yield f"{url}?ssl=require"
+        finally:
+            await databases.drop(url)
+
+    try:
+        await asyncio.to_thread(databases.prepare)
+        yield new_database
+    finally:
+        await asyncio.to_thread(databases.dispose)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
+
+
+async def agio_row(
+    backend: str,
+    database: AbstractAsyncContextManager[str],
+    shape: str,
+    runs: int,
+    concurrency: int,
+    warmup: int,
+) -> RunsRow:
+    async with procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model, database as url:
+        slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
+        async with procs.agio_server(model.ready, url, slots) as server:
+            await generate("agio", server.ready, warmup, concurrency=concurrency)
+            cpu = server.cpu_s()
+            load = await generate("agio", server.ready, runs, concurrency=concurrency)
+            server_cpu = server.cpu_s() - cpu
+    return RunsRow(
+        system="agio-grpc",
+        backend=backend,
+        shape=shape,
+        runs=runs,
+        concurrency=concurrency,
+        errors=load.errors,
+        cpu_ms_per_run=server_cpu / runs * 1000,
+        runs_per_s=runs / load.wall_s if load.wall_s else 0.0,
+        ttft_p50_ms=percentile(load.ttft_ms, 50),
+        error_samples=load.error_samples,
+    )
+
+
+async def sdk_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsRow:
+    async with procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model:
+        load = await generate("sdk", model.ready, runs, concurrency=concurrency, warmup=warmup)
+    return RunsRow(
+        system="agents-sdk",
+        backend="in process",
+        shape=shape,
+        runs=runs,
+        concurrency=concurrency,
+        errors=load.errors,
+        cpu_ms_per_run=load.cpu_s / runs * 1000,
+        runs_per_s=runs / load.wall_s if load.wall_s else 0.0,
+        ttft_p50_ms=percentile(load.ttft_ms, 50),
+        error_samples=load.error_samples,
+    )
+
+
+async def measure(
+    runs: int, concurrency: int, warmup: int, *, postgres: bool = True, sdk: bool = True
+) -> list[RunsRow]:
+    """Every shape: the SDK, agio-grpc on SQLite, agio-grpc on PostgreSQL with TLS."""
+    rows: list[RunsRow] = []
+    async with contextlib.AsyncExitStack() as stack:
+        new_postgres = await stack.enter_async_context(postgres_tls()) if postgres else None
+        for shape in SHAPES:
+            if sdk:
+                rows.append(await sdk_row(shape, runs, concurrency, warmup))
+            sqlite = procs.scratch_database()
+            rows.append(await agio_row("sqlite", sqlite, shape, runs, concurrency, warmup))
+            if new_postgres is not None:
+                rows.append(
+                    await agio_row(
+                        "postgresql, TLS", new_postgres(), shape, runs, concurrency, warmup
+                    )
+                )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.runs", description=__doc__)
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-sdk", action="store_true")
+    args = parser.parse_args(argv)
+    rows = asyncio.run(
+        measure(
+            args.runs,
+            args.concurrency,
+            args.warmup,
+            postgres=not args.no_postgres,
+            sdk=not args.no_sdk,
+        )
+    )
+    for row in rows:
+        print(
+            f"{row.shape:6} {row.system:10} {row.backend:16} errors {row.errors:3}  "
+            f"CPU {row.cpu_ms_per_run:6.2f} ms/run  {row.runs_per_s:7.1f} runs/s  "
+            f"TTFT p50 {row.ttft_p50_ms:6.1f} ms",
+            *row.error_samples[:1],
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
