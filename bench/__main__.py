@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench`: B1-B5 in one run; tables printed and written to docs.
+"""`make bench` / `python -m bench`: B1-B6 in one run; tables printed and written to docs.
 
     python -m bench                 # everything, a few minutes
     python -m bench --quick         # smaller, under a minute or so, nothing written
@@ -16,10 +16,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import concurrency, report, store, streaming
+from bench import concurrency, report, runs, store, streaming
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
-ALL = ("b1", "b2", "b3", "b4", "b5")
+ALL = ("b1", "b2", "b3", "b4", "b5", "b6")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--b4-tokens", type=int, default=100, help="B4 tokens per reply")
     parser.add_argument("--b4-rate", type=float, default=10.0, help="B4 model tokens/s")
-    parser.add_argument("--no-sdk", action="store_true", help="B4 without the Agents SDK")
-    parser.add_argument("--no-postgres", action="store_true", help="B5 on SQLite only")
+    parser.add_argument("--no-sdk", action="store_true", help="B4 and B6 without the Agents SDK")
+    parser.add_argument("--no-postgres", action="store_true", help="B4-B6 on SQLite only")
+    parser.add_argument("--b6-runs", type=int, help="B6 runs per row (default 1000; quick 100)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-write", action="store_true", help="print only")
     return parser
@@ -49,15 +50,15 @@ async def run(args: argparse.Namespace, command: str) -> report.Report:
     only = set(args.only)
     result = report.Report(command=command, concurrency_settings=(args.b4_tokens, args.b4_rate))
     if only & {"b1", "b2", "b3"}:
-        runs = args.runs or (10 if quick else 30)
+        per_path = args.runs or (10 if quick else 30)
         tokens = args.tokens or 200
-        print(f"B1-B3: {runs} runs x {tokens} tokens per path...", file=sys.stderr)
-        result.streaming = await streaming.measure(runs, tokens, args.warmup)
+        print(f"B1-B3: {per_path} runs x {tokens} tokens per path...", file=sys.stderr)
+        result.streaming = await streaming.measure(per_path, tokens, args.warmup)
     if "b4" in only:
         levels = args.concurrency or ([50] if quick else [100, 500, 1000])
         print(f"B4: concurrency {levels}...", file=sys.stderr)
         result.concurrency = await concurrency.measure(
-            levels, args.b4_tokens, args.b4_rate, sdk=not args.no_sdk
+            levels, args.b4_tokens, args.b4_rate, sdk=not args.no_sdk, postgres=not args.no_postgres
         )
     if "b5" in only:
         sizes = [100, 1000] if quick else [100, 1000, 10000]
@@ -69,6 +70,16 @@ async def run(args: argparse.Namespace, command: str) -> report.Report:
             repeats=10 if quick else 30,
             write_s=1.0 if quick else 3.0,
             postgres=not args.no_postgres,
+        )
+    if "b6" in only:
+        count = args.b6_runs or (100 if quick else 1000)
+        print(f"B6: {count} short and tool runs per system...", file=sys.stderr)
+        result.runs = await runs.measure(
+            count,
+            concurrency=25,
+            warmup=20 if quick else 100,
+            postgres=not args.no_postgres,
+            sdk=not args.no_sdk,
         )
     return result
 

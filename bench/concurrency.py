@@ -18,9 +18,8 @@ import asyncio
 import json
 import math
 import sys
-import tempfile
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from pathlib import Path
 
 from bench import procs
 from bench.loadgen import LoadResult
@@ -95,19 +94,27 @@ def merge(parts: list[LoadResult]) -> LoadResult:
     return merged
 
 
-async def agio_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
-    async with procs.fake_model(tokens, rate, tool_first=True) as model:
-        with tempfile.TemporaryDirectory() as scratch:
-            database = f"sqlite+aiosqlite:///{Path(scratch) / 'load.db'}"
-            # Admission sized to the level: this measures the engine, not the wait for a slot.
-            slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
-            async with procs.agio_server(model.ready, database, slots) as server:
-                cpu, model_cpu = server.cpu_s(), model.cpu_s()
-                load = await run_load("agio", server.ready, concurrency)
-                server_cpu = server.cpu_s() - cpu
-                others_cpu = model.cpu_s() - model_cpu + load.cpu_s
-                peak = server.peak_rss_mb()
-    return level_result("agio-grpc", concurrency, load, server_cpu, peak, others_cpu)
+async def agio_level(
+    concurrency: int,
+    tokens: int,
+    rate: float,
+    database: AbstractAsyncContextManager[str] | None = None,
+    system: str = "agio-grpc",
+) -> LevelResult:
+    """agio-grpc at one level, on `database` (the URL it yields; default a SQLite file)."""
+    async with (
+        procs.fake_model(tokens, rate, tool_first=True) as model,
+        database or procs.scratch_database() as url,
+    ):
+        # Admission sized to the level: this measures the engine, not the wait for a slot.
+        slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
+        async with procs.agio_server(model.ready, url, slots) as server:
+            cpu, model_cpu = server.cpu_s(), model.cpu_s()
+            load = await run_load("agio", server.ready, concurrency)
+            server_cpu = server.cpu_s() - cpu
+            others_cpu = model.cpu_s() - model_cpu + load.cpu_s
+            peak = server.peak_rss_mb()
+    return level_result(system, concurrency, load, server_cpu, peak, others_cpu)
 
 
 async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
@@ -168,10 +175,20 @@ def level_result(
     )
 
 
-async def measure(levels: list[int], tokens: int, rate: float, sdk: bool) -> list[LevelResult]:
+async def measure(
+    levels: list[int], tokens: int, rate: float, sdk: bool, postgres: bool = False
+) -> list[LevelResult]:
+    """Each level: agio-grpc on SQLite, the gRPC floor, the SDK; with `postgres`, agio-grpc
+    on PostgreSQL with TLS too at the highest level (bench/runs.py's database)."""
+    from bench.runs import postgres_tls
+
     results: list[LevelResult] = []
     for level in levels:
         results.append(await agio_level(level, tokens, rate))
+        if postgres and level == max(levels):
+            async with postgres_tls() as new_database:
+                system = "agio-grpc (PostgreSQL, TLS)"
+                results.append(await agio_level(level, tokens, rate, new_database(), system))
         results.append(await floor_level(level, tokens, rate))
         if sdk:
             results.append(await sdk_level(level, tokens, rate))

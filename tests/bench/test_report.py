@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.concurrency import LevelResult
 from bench.report import Report, to_markdown
+from bench.runs import RunsRow
 from bench.store import StoreResult
 from bench.streaming import Samples, StreamingResult
 
@@ -33,11 +34,23 @@ def level(system: str, runs: int, gap_p99_ms: float, errors: int = 0) -> LevelRe
     )
 
 
-def report(*, agio_ttft_ms: float, gap_p99_ms: float, errors: int, context_ms: float) -> Report:
+def whole(shape: str, system: str, backend: str, cpu_ms: float) -> RunsRow:
+    return RunsRow(system, backend, shape, 1000, 25, 0, cpu_ms, 200.0, 20.0, [])
+
+
+def report(
+    *,
+    agio_ttft_ms: float,
+    gap_p99_ms: float,
+    errors: int,
+    context_ms: float,
+    cpu_us_per_token: float = 25.0,
+    run_cpu_ms: float = 2.5,
+) -> Report:
     paths = {
         "direct": samples(6.0, 3000, 300),
         "grpc relay floor": samples(8.0, 2000, 500),
-        "agio-grpc": samples(agio_ttft_ms, 2800, 150),
+        "agio-grpc": samples(agio_ttft_ms, 2800, cpu_us_per_token),
         "agents-sdk": samples(90.0, 2000, 450),
         "agio-grpc traced": samples(agio_ttft_ms, 2700, 160),
     }
@@ -56,6 +69,13 @@ def report(*, agio_ttft_ms: float, gap_p99_ms: float, errors: int, context_ms: f
             level("grpc floor", 1000, 120.0),
         ],
         store=[store, StoreResult("postgresql", skipped="no server")],
+        runs=[
+            whole("short", "agents-sdk", "in process", 10.0),
+            whole("short", "agio-grpc", "sqlite", run_cpu_ms),
+            whole("short", "agio-grpc", "postgresql, TLS", run_cpu_ms * 1.2),
+            whole("tool", "agio-grpc", "sqlite", run_cpu_ms + 1.5),
+            whole("tool", "agio-grpc", "postgresql, TLS", (run_cpu_ms + 1.5) * 1.3),
+        ],
     )
 
 
@@ -66,24 +86,43 @@ def verdicts(markdown: str) -> dict[str, str]:
 
 
 def test_targets_met_read_met() -> None:
-    found = verdicts(to_markdown(report(agio_ttft_ms=7.5, gap_p99_ms=140, errors=0, context_ms=9)))
-    assert found["B1 added TTFT p50"] == "met"  # +1.5 ms
+    found = verdicts(to_markdown(report(agio_ttft_ms=6.8, gap_p99_ms=140, errors=0, context_ms=4)))
+    assert found["B1 added TTFT p50"] == "met"  # +0.8 ms
     assert found["B1 TTFT p50 agio-grpc adds over the relay floor"] == "-"
     assert found["B2 CPU/token agio-grpc traced / agents-sdk"] == "met"
+    assert found["B2 server CPU/token agio-grpc untraced"] == "met"  # 25 µs
     assert found["B3 tokens/s agio-grpc / direct"] == "met"
-    assert found["B4 1000 runs: errors, p99 gap over pace"] == "met"
+    # +40 ms over pace against the floor's +20: at 2x the floor's, met
+    assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "met"
+    assert found["B4 agio-grpc, 1000 runs: server CPU per run / the floor's"] == "met"
     assert found["B5 context build, 1,000 steps, SQLite"] == "met"
+    assert found["B6 short run, server CPU, SQLite"] == "met"  # 2.5 ms, 0.25x the SDK's
+    assert found["B6 short run, PostgreSQL (TLS) / SQLite, CPU per run"] == "met"  # 1.2
+    assert found["B6 tool run, server CPU, SQLite"] == "met"  # 4.0 ms
 
 
 def test_targets_missed_read_missed() -> None:
-    markdown = to_markdown(report(agio_ttft_ms=8.5, gap_p99_ms=151, errors=0, context_ms=10.5))
+    markdown = to_markdown(
+        report(
+            agio_ttft_ms=7.5,
+            gap_p99_ms=141,
+            errors=0,
+            context_ms=5.5,
+            cpu_us_per_token=31,
+            run_cpu_ms=3.1,
+        )
+    )
     found = verdicts(markdown)
-    assert found["B1 added TTFT p50"] == "**missed**"  # +2.5 ms
-    assert found["B4 1000 runs: errors, p99 gap over pace"] == "**missed**"  # +51 ms
+    assert found["B1 added TTFT p50"] == "**missed**"  # +1.5 ms
+    assert found["B2 server CPU/token agio-grpc untraced"] == "**missed**"
+    assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"  # +41 ms
     assert found["B5 context build, 1,000 steps, SQLite"] == "**missed**"
+    assert found["B6 short run, server CPU, SQLite"] == "**missed**"  # 3.1 ms
+    assert found["B6 tool run, server CPU, SQLite"] == "**missed**"  # 4.6 ms
+    assert found["B6 tool run, PostgreSQL (TLS) / SQLite, CPU per run"] == "**missed**"  # 1.3
     assert "skipped: no server" in markdown
 
 
 def test_errors_alone_miss_b4() -> None:
     found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
-    assert found["B4 1000 runs: errors, p99 gap over pace"] == "**missed**"
+    assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"

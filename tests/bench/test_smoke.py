@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import ab, concurrency, connect, procs, store, streaming
+from bench import ab, concurrency, connect, procs, runs, store, streaming
 from bench.store import measure_store
 
 # Benchmark smoke runs: processes of their own, tens of seconds each (make test-slow).
@@ -148,3 +148,16 @@ async def test_the_workers_benchmark_measures_floors_and_workers() -> None:
     ]
     assert all((row.runs, row.errors) == (4, 0) for row in rows), rows
     assert "| agio-grpc, 2 workers, SQLite" in workers.table(rows, 100.0)
+
+
+async def test_whole_runs_are_measured_for_the_service_and_the_sdk() -> None:
+    rows = await runs.measure(runs=4, concurrency=2, warmup=1, postgres=False)
+    assert [(row.shape, row.system) for row in rows] == [
+        ("short", "agents-sdk"),
+        ("short", "agio-grpc"),
+        ("tool", "agents-sdk"),
+        ("tool", "agio-grpc"),
+    ]
+    for row in rows:
+        assert row.errors == 0, row.error_samples
+        assert row.cpu_ms_per_run > 0 and row.runs_per_s > 0, row

@@ -132,7 +132,8 @@ async def test_a_brief_write_waits_on_the_writer_thread_while_another_process_wr
         other.close()
         await database.dispose()
 
-    assert threads == [threads[0]] and threads[0] != threading.get_ident()
+    assert threads == [threads[0]]
+    assert threads[0] != threading.get_ident()
     assert notes(path) == ["first", "other", "brief"]
 
 
