@@ -56,7 +56,7 @@ class _BareRun(agent_service_pb2_grpc.AgentServiceServicer):
 class FloorServicer(_BareRun):
     def __init__(self, tokens: int, tokens_per_second: float) -> None:
         self._tokens = tokens
-        self._pace_s = 1 / tokens_per_second
+        self._pace_s = 1 / tokens_per_second if tokens_per_second else 0.0  # 0: no pace
 
     async def deltas(self, request: agent_service_pb2.RunRequest) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()

@@ -15,7 +15,9 @@ process (bench/loadgen.py) keeps `concurrency` runs going over `grpc.aio` until 
 have finished, after `warmup` unmeasured ones; the figure is the server process's CPU over
 the measured runs, per run. The Agents SDK runs the same agent shape in one process of its
 own (`Runner.run_streamed` on the same fake model, the same concurrency), so its figure
-includes its callers: it is what a framework costs in the process that runs it.
+includes its callers: it is what a framework costs in the process that runs it. The gRPC
+floor (bench/floor.py) streams a short run's messages from a bare grpc.aio server with
+nothing behind them: what Python gRPC alone costs per run here.
 """
 
 from __future__ import annotations
@@ -85,9 +87,10 @@ async def agio_row(
     runs: int,
     concurrency: int,
     warmup: int,
+    server_env: dict[str, str] | None = None,
 ) -> RunsRow:
     async with procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model, database as url:
-        slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
+        slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)} | (server_env or {})
         async with procs.agio_server(model.ready, url, slots) as server:
             await generate("agio", server.ready, warmup, concurrency=concurrency)
             cpu = server.cpu_s()
@@ -97,6 +100,28 @@ async def agio_row(
         system="agio-grpc",
         backend=backend,
         shape=shape,
+        runs=runs,
+        concurrency=concurrency,
+        errors=load.errors,
+        cpu_ms_per_run=server_cpu / runs * 1000,
+        runs_per_s=runs / load.wall_s if load.wall_s else 0.0,
+        ttft_p50_ms=percentile(load.ttft_ms, 50),
+        error_samples=load.error_samples,
+    )
+
+
+async def floor_row(runs: int, concurrency: int, warmup: int) -> RunsRow:
+    """The gRPC floor for a short run's messages: `run_started`, TOKENS deltas and
+    `run_completed` from a bare grpc.aio server (bench/floor.py), no model, store or engine."""
+    async with procs.grpc_floor(TOKENS, 0.0) as server:
+        await generate("agio", server.ready, warmup, concurrency=concurrency)
+        cpu = server.cpu_s()
+        load = await generate("agio", server.ready, runs, concurrency=concurrency)
+        server_cpu = server.cpu_s() - cpu
+    return RunsRow(
+        system="grpc floor",
+        backend="none",
+        shape="short",
         runs=runs,
         concurrency=concurrency,
         errors=load.errors,
@@ -125,23 +150,32 @@ async def sdk_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsR
 
 
 async def measure(
-    runs: int, concurrency: int, warmup: int, *, postgres: bool = True, sdk: bool = True
+    runs: int,
+    concurrency: int,
+    warmup: int,
+    *,
+    postgres: bool = True,
+    sdk: bool = True,
+    server_env: dict[str, str] | None = None,
 ) -> list[RunsRow]:
-    """Every shape: the SDK, agio-grpc on SQLite, agio-grpc on PostgreSQL with TLS."""
+    """The gRPC floor, then every shape: the SDK, agio-grpc on SQLite, agio-grpc on
+    PostgreSQL with TLS (`server_env`: settings for agio-grpc, e.g. to compare two)."""
     rows: list[RunsRow] = []
     async with contextlib.AsyncExitStack() as stack:
         new_postgres = await stack.enter_async_context(postgres_tls()) if postgres else None
+        rows.append(await floor_row(runs, concurrency, warmup))
         for shape in SHAPES:
             if sdk:
                 rows.append(await sdk_row(shape, runs, concurrency, warmup))
             sqlite = procs.scratch_database()
-            rows.append(await agio_row("sqlite", sqlite, shape, runs, concurrency, warmup))
+            rows.append(
+                await agio_row("sqlite", sqlite, shape, runs, concurrency, warmup, server_env)
+            )
             if new_postgres is not None:
-                rows.append(
-                    await agio_row(
-                        "postgresql, TLS", new_postgres(), shape, runs, concurrency, warmup
-                    )
+                postgres_row = agio_row(
+                    "postgresql, TLS", new_postgres(), shape, runs, concurrency, warmup, server_env
                 )
+                rows.append(await postgres_row)
     return rows
 
 
@@ -152,7 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-sdk", action="store_true")
+    parser.add_argument(
+        "--server-env",
+        nargs="*",
+        default=[],
+        metavar="AGIO_NAME=VALUE",
+        help="settings for the agio-grpc servers (e.g. AGIO_DATABASE_POOL_SIZE=10)",
+    )
     args = parser.parse_args(argv)
+    server_env = dict(item.split("=", 1) for item in args.server_env)
     rows = asyncio.run(
         measure(
             args.runs,
@@ -160,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup,
             postgres=not args.no_postgres,
             sdk=not args.no_sdk,
+            server_env=server_env,
         )
     )
     for row in rows:

@@ -153,6 +153,7 @@ async def test_the_workers_benchmark_measures_floors_and_workers() -> None:
 async def test_whole_runs_are_measured_for_the_service_and_the_sdk() -> None:
     rows = await runs.measure(runs=4, concurrency=2, warmup=1, postgres=False)
     assert [(row.shape, row.system) for row in rows] == [
+        ("short", "grpc floor"),
         ("short", "agents-sdk"),
         ("short", "agio-grpc"),
         ("tool", "agents-sdk"),
