@@ -126,6 +126,22 @@ async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult
     return level_result("grpc floor", concurrency, load, server_cpu, peak, load.cpu_s)
 
 
+async def relay_floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
+    """A bare grpc.aio server relaying the paced model's stream, read with the plain openai
+    client (bench/floor.py --relay; the model answers at once, no tool call first): what
+    reading a model and relaying it costs in Python alone, with no store or engine."""
+    async with (
+        procs.fake_model(tokens, rate, tool_first=False) as model,
+        procs.grpc_floor(tokens, rate, relay=model.ready) as server,
+    ):
+        cpu, model_cpu = server.cpu_s(), model.cpu_s()
+        load = await run_load("agio", server.ready, concurrency)
+        server_cpu = server.cpu_s() - cpu
+        others_cpu = model.cpu_s() - model_cpu + load.cpu_s
+        peak = server.peak_rss_mb()
+    return level_result("grpc relay floor", concurrency, load, server_cpu, peak, others_cpu)
+
+
 async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     async with procs.fake_model(tokens, rate, tool_first=True) as model:
         model_cpu = model.cpu_s()
@@ -190,6 +206,7 @@ async def measure(
                 system = "agio-grpc (PostgreSQL, TLS)"
                 results.append(await agio_level(level, tokens, rate, new_database(), system))
         results.append(await floor_level(level, tokens, rate))
+        results.append(await relay_floor_level(level, tokens, rate))
         if sdk:
             results.append(await sdk_level(level, tokens, rate))
     return results

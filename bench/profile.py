@@ -2,6 +2,7 @@
 
     python -m bench.profile --shape short --backend sqlite
     python -m bench.profile --shape tool --backend postgresql --out docs/benchmarks/profiles
+    python -m bench.profile --shape paced --concurrency 500 --runs 500 --warmup 0   # B4's
 
 Starts the fake model and the server as B6 does (bench/runs.py), warms it up, then samples
 every thread of the server with py-spy while a load generator keeps `--concurrency` runs
@@ -25,6 +26,12 @@ from pathlib import Path
 from bench import procs
 from bench.concurrency import generate
 from bench.runs import SHAPES, TOKENS, postgres_tls
+
+PROFILED: dict[str, tuple[int, float, bool]] = {
+    shape: (TOKENS, 0.0, tool_first) for shape, tool_first in SHAPES.items()
+} | {"paced": (100, 10.0, True)}
+"""Shape -> the fake model's tokens, tokens/s (0: as fast as it can) and whether it calls
+the tool first: B6's short and tool runs, and B4's (`--shape paced --concurrency 500`)."""
 
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("ssl.py", "TLS (ssl, asyncio sslproto)"),
@@ -104,8 +111,9 @@ async def profile(
     name = f"{shape}-{backend}"
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     async with contextlib.AsyncExitStack() as stack:
+        tokens, rate_per_s, tool_first = PROFILED[shape]
         model = await stack.enter_async_context(
-            procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape])
+            procs.fake_model(tokens, rate_per_s, tool_first=tool_first)
         )
         if backend == "postgresql":
             new_database = await stack.enter_async_context(postgres_tls())
@@ -160,7 +168,7 @@ def table(counts: Counter[str], cpu_per_run_ms: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("--shape", choices=list(SHAPES), default="short")
+    parser.add_argument("--shape", choices=list(PROFILED), default="short")
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=25)
