@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     )
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     """SQLite durability: NORMAL survives process crashes, FULL also machine crashes."""
-    database_pool_size: int = Field(40, ge=1, le=1000)
+    database_pool_size: int = Field(20, ge=1, le=1000)
     """PostgreSQL connections each server process keeps open once it needed them (10 more
     open for bursts and close again; store/database.py); SQLite ignores it."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

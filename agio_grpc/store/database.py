@@ -135,11 +135,12 @@ def executes_directly(dialect: Dialect) -> bool:
     return dialect.name == "sqlite"
 
 
-DEFAULT_POOL_SIZE: Final = 40
+DEFAULT_POOL_SIZE: Final = 20
 """PostgreSQL connections a process keeps open once it has needed them: as many as its
 transactions at once under load. A transaction that finds them all busy opens one more
 (up to POOL_OVERFLOW), closed again when it ends: a connection, a TLS handshake and a
-login per transaction, what a pool too small for the load costs (docs/benchmarks/NOTES.md)."""
+login per transaction, what a pool too small for the load costs (docs/benchmarks/NOTES.md).
+Three processes at 20 + 10 stay under PostgreSQL's default max_connections of 100."""
 POOL_OVERFLOW: Final = 10
 
 

@@ -5,11 +5,15 @@ The behaviour both backends share lives in test_conformance.py.
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 from sqlalchemy import Connection, make_url
 
 from agio_grpc.store import StoreUnavailableError
+from agio_grpc.store.database import PostgresDatabase, parse_url
+from agio_grpc.store.sql import open_store
 from tests.postgres import asyncpg_dsn
 from tests.roles import StoreRoles
 
@@ -78,3 +82,29 @@ async def test_a_read_sees_one_snapshot_and_a_write_the_default_isolation(
     assert await store._database.run(isolation, write=False) == "repeatable read"
     assert await store._database.run(isolation, write=True) == "read committed"
     assert await store._database.run(isolation, write=False) == "repeatable read"
+
+
+@ONLY_POSTGRES
+async def test_the_pool_keeps_the_connections_it_is_sized_for(store_url: str) -> None:
+    # Each transaction beyond the pool's size would open a connection (a TLS handshake and
+    # a login) and close it again: with room for them, concurrent transactions reuse theirs.
+    front = await open_store(store_url, pool_size=3)
+    database = front.log._database
+    try:
+        assert isinstance(database, PostgresDatabase)
+
+        def backend_pid(conn: Connection) -> int:
+            return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+        first = {await database.run(backend_pid, write=False) for _ in range(5)}
+        at_once = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
+        again = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
+    finally:
+        await front.close()
+    assert len(first) == 1  # one at a time: one connection, reused
+    assert set(again) <= set(at_once) | first  # three at a time: kept, not reopened
+
+
+def test_a_pool_without_connections_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least"):
+        PostgresDatabase(parse_url("postgresql://agio@127.0.0.1/agio"), pool_size=0)
