@@ -13,7 +13,6 @@ from sqlalchemy import Connection, make_url
 
 from agio_grpc.store import StoreUnavailableError
 from agio_grpc.store.database import PostgresDatabase, parse_url
-from agio_grpc.store.sql import open_store
 from tests.postgres import asyncpg_dsn
 from tests.roles import StoreRoles
 
@@ -88,10 +87,8 @@ async def test_a_read_sees_one_snapshot_and_a_write_the_default_isolation(
 async def test_the_pool_keeps_the_connections_it_is_sized_for(store_url: str) -> None:
     # Each transaction beyond the pool's size would open a connection (a TLS handshake and
     # a login) and close it again: with room for them, concurrent transactions reuse theirs.
-    front = await open_store(store_url, pool_size=3)
-    database = front.log._database
+    database = PostgresDatabase(parse_url(store_url), pool_size=3)
     try:
-        assert isinstance(database, PostgresDatabase)
 
         def backend_pid(conn: Connection) -> int:
             return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
@@ -100,7 +97,7 @@ async def test_the_pool_keeps_the_connections_it_is_sized_for(store_url: str) ->
         at_once = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
         again = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
     finally:
-        await front.close()
+        await database.dispose()
     assert len(first) == 1  # one at a time: one connection, reused
     assert set(again) <= set(at_once) | first  # three at a time: kept, not reopened
 
