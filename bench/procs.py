@@ -13,8 +13,8 @@ import re
 import secrets
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,3 +184,33 @@ async def scratch_database(postgres: str = "") -> AsyncIterator[str]:
             await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@asynccontextmanager
+async def postgres_databases(
+    *, tls: bool = False
+) -> AsyncIterator[Callable[[], AbstractAsyncContextManager[str]]]:
+    """Makes empty PostgreSQL databases (each dropped after use) on a throwaway cluster from
+    tests/postgres.py, or on the server in AGIO_TEST_POSTGRES_URL; raises when neither can
+    be had. With `tls`, the cluster serves TLS and the URLs require it (`?ssl=require`: a
+    server without TLS fails rather than fall back to plaintext)."""
+    from tests.postgres import TestDatabases, start_postgres
+
+    admin_url, cluster = await asyncio.to_thread(start_postgres, tls=tls)
+    databases = TestDatabases(admin_url)
+
+    @asynccontextmanager
+    async def new_database() -> AsyncIterator[str]:
+        url = await databases.create()
+        try:
+            yield f"{url}?ssl=require" if tls else url
+        finally:
+            await databases.drop(url)
+
+    try:
+        await asyncio.to_thread(databases.prepare)
+        yield new_database
+    finally:
+        await asyncio.to_thread(databases.dispose)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)

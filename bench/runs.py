@@ -26,12 +26,13 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from bench import procs
 from bench.concurrency import generate
+from bench.loadgen import LoadResult
 from bench.stats import percentile
 
 TOKENS = 20
@@ -53,31 +54,28 @@ class RunsRow:
     error_samples: list[str]
 
 
-@contextlib.asynccontextmanager
-async def postgres_tls() -> AsyncIterator[Callable[[], AbstractAsyncContextManager[str]]]:
+def postgres_tls() -> AbstractAsyncContextManager[Callable[[], AbstractAsyncContextManager[str]]]:
     """Fresh databases on a PostgreSQL that offers TLS, as URLs that require it: the server
     in AGIO_TEST_POSTGRES_URL (which must have `ssl = on`), else a throwaway cluster with a
     certificate of its own (tests/postgres.py)."""
-    from tests.postgres import TestDatabases, start_postgres
+    return procs.postgres_databases(tls=True)
 
-    admin_url, cluster = await asyncio.to_thread(start_postgres, tls=True)
-    databases = TestDatabases(admin_url)
 
-    @contextlib.asynccontextmanager
-    async def new_database() -> AsyncIterator[str]:
-        url = await databases.create()
-        try:
-            yield f"{url}?ssl=require"
-        finally:
-            await databases.drop(url)
-
-    try:
-        await asyncio.to_thread(databases.prepare)
-        yield new_database
-    finally:
-        await asyncio.to_thread(databases.dispose)
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
+def _row(
+    system: str, backend: str, shape: str, concurrency: int, load: LoadResult, cpu_s: float
+) -> RunsRow:
+    return RunsRow(
+        system=system,
+        backend=backend,
+        shape=shape,
+        runs=load.runs,
+        concurrency=concurrency,
+        errors=load.errors,
+        cpu_ms_per_run=cpu_s / load.runs * 1000 if load.runs else 0.0,
+        runs_per_s=load.runs / load.wall_s if load.wall_s else 0.0,
+        ttft_p50_ms=percentile(load.ttft_ms, 50),
+        error_samples=load.error_samples,
+    )
 
 
 async def agio_row(
@@ -96,18 +94,7 @@ async def agio_row(
             cpu = server.cpu_s()
             load = await generate("agio", server.ready, runs, concurrency=concurrency)
             server_cpu = server.cpu_s() - cpu
-    return RunsRow(
-        system="agio-grpc",
-        backend=backend,
-        shape=shape,
-        runs=runs,
-        concurrency=concurrency,
-        errors=load.errors,
-        cpu_ms_per_run=server_cpu / runs * 1000,
-        runs_per_s=runs / load.wall_s if load.wall_s else 0.0,
-        ttft_p50_ms=percentile(load.ttft_ms, 50),
-        error_samples=load.error_samples,
-    )
+    return _row("agio-grpc", backend, shape, concurrency, load, server_cpu)
 
 
 async def floor_row(runs: int, concurrency: int, warmup: int) -> RunsRow:
@@ -118,35 +105,13 @@ async def floor_row(runs: int, concurrency: int, warmup: int) -> RunsRow:
         cpu = server.cpu_s()
         load = await generate("agio", server.ready, runs, concurrency=concurrency)
         server_cpu = server.cpu_s() - cpu
-    return RunsRow(
-        system="grpc floor",
-        backend="none",
-        shape="short",
-        runs=runs,
-        concurrency=concurrency,
-        errors=load.errors,
-        cpu_ms_per_run=server_cpu / runs * 1000,
-        runs_per_s=runs / load.wall_s if load.wall_s else 0.0,
-        ttft_p50_ms=percentile(load.ttft_ms, 50),
-        error_samples=load.error_samples,
-    )
+    return _row("grpc floor", "none", "short", concurrency, load, server_cpu)
 
 
 async def sdk_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsRow:
     async with procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model:
         load = await generate("sdk", model.ready, runs, concurrency=concurrency, warmup=warmup)
-    return RunsRow(
-        system="agents-sdk",
-        backend="in process",
-        shape=shape,
-        runs=runs,
-        concurrency=concurrency,
-        errors=load.errors,
-        cpu_ms_per_run=load.cpu_s / runs * 1000,
-        runs_per_s=runs / load.wall_s if load.wall_s else 0.0,
-        ttft_p50_ms=percentile(load.ttft_ms, 50),
-        error_samples=load.error_samples,
-    )
+    return _row("agents-sdk", "in process", shape, concurrency, load, load.cpu_s)
 
 
 async def measure(

@@ -42,6 +42,7 @@ from agio_grpc.domain import Role, Run, Step, ToolCall
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import CachedHistory, HistoryCache
 from agio_grpc.store.sql import SqlStore, open_store
+from bench import procs
 from bench.sessions import stored_session
 from bench.stats import median, percentile
 
@@ -279,32 +280,6 @@ async def _sqlite_database() -> AsyncIterator[str]:
         yield f"sqlite+aiosqlite:///{Path(scratch) / 'b5.db'}"
 
 
-@contextlib.asynccontextmanager
-async def _postgres_databases() -> AsyncIterator[Callable[[], AbstractAsyncContextManager[str]]]:
-    """Makes empty PostgreSQL databases (each dropped after use) on a throwaway cluster from
-    tests/postgres.py or AGIO_TEST_POSTGRES_URL; raises when neither can be had."""
-    from tests.postgres import TestDatabases, start_postgres
-
-    admin_url, cluster = await asyncio.to_thread(start_postgres)
-    databases = TestDatabases(admin_url)
-
-    @contextlib.asynccontextmanager
-    async def new_database() -> AsyncIterator[str]:
-        url = await databases.create()
-        try:
-            yield url
-        finally:
-            await databases.drop(url)
-
-    try:
-        await asyncio.to_thread(databases.prepare)
-        yield new_database
-    finally:
-        await asyncio.to_thread(databases.dispose)
-        if cluster is not None:
-            await asyncio.to_thread(cluster.stop)
-
-
 async def measure(
     sizes: list[int], writers: list[int], repeats: int, write_s: float, postgres: bool
 ) -> list[StoreResult]:
@@ -314,7 +289,7 @@ async def measure(
     if not postgres:
         return results
     try:
-        async with _postgres_databases() as new_database:
+        async with procs.postgres_databases() as new_database:
             results.append(
                 await _measure_in_children(
                     new_database, "postgresql", sizes, writers, repeats, write_s
