@@ -2,7 +2,8 @@
 
 Parses the database URL, opens a `Database` that runs one transaction at a time as a plain
 function of a sync SQLAlchemy `Connection` (SQLite: stdlib sqlite3 in threads of its own,
-with pragmas and BEGIN hooks; PostgreSQL: asyncpg through `run_sync`, with its pool) and
+or a brief write on the event loop's, with pragmas and BEGIN hooks; PostgreSQL: asyncpg
+through `run_sync`, with its pool) and
 turns driver exceptions into `StoreError` subclasses. Never runs a query of the store's own;
 `sql.py` does that.
 """

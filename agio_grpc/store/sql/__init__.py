@@ -17,7 +17,9 @@ run in one go: on SQLite in a thread of the store's own (stdlib sqlite3: one thr
 transaction instead of several per statement, which cost ~2 ms of CPU per transaction
 through aiosqlite), on PostgreSQL through asyncpg with `AsyncConnection.run_sync`. SQLite
 writes are funnelled through one writer thread per process and take the database lock up
-front (`BEGIN IMMEDIATE`) against other processes. The statements every run runs (taking a
+front (`BEGIN IMMEDIATE`) against other processes; a brief write (a run's transitions and
+steps: `SqlRole._write(brief=True)`) runs on the event loop's thread instead when the lock
+is free at once (store/database.py). The statements every run runs (taking a
 session, storing steps and runs, ending a run, reading steps) are `Prepared`
 (store/prepared.py): compiled by SQLAlchemy once and, on SQLite, run on the DBAPI cursor
 without SQLAlchemy's per-execution layer.
