@@ -101,11 +101,21 @@ class Watching:
         while True:
             # The run is read before its journal: a run found ended has its end journaled.
             run = await store.get_run(run_id)
-            for record in await store.read_journal(run_id, cursor):
+            records = await store.read_journal(run_id, cursor)
+            # A segment that started here while the journal was read holds its events with
+            # their deltas, which the journal has not: the journal only up to it.
+            live = self._live.channel(run_id)
+            for record in records:
+                if live is not None and record.seq >= live.first_seq:
+                    break
                 yield event_of(run.id, run.session_id, record)
                 cursor = record.seq
                 if record.kind in TERMINAL_KINDS:
                     return
+            if live is not None and cursor >= live.first_seq - 1:
+                async for event in live.subscribe(cursor):
+                    yield event
+                return
             if run.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
                 end = await _end_after(store, run, cursor)
                 if end is not None:
