@@ -216,6 +216,9 @@ def _concurrency_markdown(report: Report) -> str:
         "they share it). grpc floor: a bare grpc.aio server streaming the same paced deltas "
         "with nothing behind them (bench/floor.py), what Python gRPC alone costs here; each of "
         "its streams starts at a random phase of the pace, so its TTFT is not comparable. "
+        "grpc relay floor: a bare grpc.aio server relaying the paced model, read with the "
+        "plain openai client (no tool call, no store, no engine): what reading a model and "
+        "relaying it costs in Python alone. "
         "Machine cores: CPU of every process of the level (server, fake model, load "
         f"generators) per wall second; this machine has {os.cpu_count()}.",
     ]
