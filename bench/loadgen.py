@@ -60,17 +60,17 @@ async def bounded(runs: int, concurrency: int, one: Callable[[int], Awaitable[No
 
 
 async def measured(
-    result: LoadResult, warmup: int, concurrency: int, one: Callable[[int], Awaitable[None]]
+    result: LoadResult,
+    warmup: int,
+    concurrency: int,
+    one: Callable[[int, LoadResult], Awaitable[None]],
 ) -> None:
-    """`warmup` runs into a throwaway result, then `result.runs` measured ones."""
-    if warmup:
-        before = LoadResult(**asdict(result))
-        await bounded(warmup, concurrency, one)
-        for name in ("errors", "error_samples", "gaps_ms", "ttft_ms"):
-            setattr(result, name, getattr(before, name))
+    """`warmup` runs into a throwaway result, then `result.runs` measured ones into it."""
+    throwaway = LoadResult()
+    await bounded(warmup, concurrency, lambda index: one(index, throwaway))
     cpu = time.process_time()
     started = time.perf_counter()
-    await bounded(result.runs, concurrency, one)
+    await bounded(result.runs, concurrency, lambda index: one(index, result))
     result.wall_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - cpu
 
@@ -94,7 +94,7 @@ async def agio_load(
     channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
     stubs = [agent_service_pb2_grpc.AgentServiceStub(channel) for channel in channels]
 
-    async def one(index: int) -> None:
+    async def one(index: int, into: LoadResult) -> None:
         started = time.perf_counter()
         last = 0.0
         try:
@@ -106,18 +106,18 @@ async def agio_load(
                 if kind == "step_delta" and event.step_delta.content:
                     now = time.perf_counter()
                     if last:
-                        result.gaps_ms.append(round((now - last) * 1000, 2))
+                        into.gaps_ms.append(round((now - last) * 1000, 2))
                     else:
-                        result.ttft_ms.append(round((now - started) * 1000, 2))
+                        into.ttft_ms.append(round((now - started) * 1000, 2))
                     last = now
                 elif kind == "run_failed":
-                    result.failed(event.run_failed.run.stop_signal.message)
+                    into.failed(event.run_failed.run.stop_signal.message)
                     return
                 elif kind == "run_completed":
                     return
-            result.failed("the stream ended without a terminal event")
+            into.failed("the stream ended without a terminal event")
         except grpc.aio.AioRpcError as error:
-            result.failed(f"{error.code().name}: {error.details()} ({error.debug_error_string()})")
+            into.failed(f"{error.code().name}: {error.details()} ({error.debug_error_string()})")
 
     try:
         await measured(result, warmup, concurrency, one)
@@ -136,17 +136,17 @@ async def sdk_load(
     client = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
     agent = sdk.make_agent(client, tools=True)
 
-    async def one(_index: int) -> None:
+    async def one(_index: int, into: LoadResult) -> None:
         try:
             run = await asyncio.wait_for(sdk.sdk_run(agent, "what is 2 + 2?"), RUN_TIMEOUT_S)
         except Exception as error:
-            result.failed(f"{type(error).__name__}: {error}")
+            into.failed(f"{type(error).__name__}: {error}")
             return
         if not run.text_deltas:
-            result.failed("no text streamed")
+            into.failed("no text streamed")
             return
-        result.ttft_ms.append(round(run.ttft_s * 1000, 2))
-        result.gaps_ms.extend(round(gap * 1000, 2) for gap in run.gaps_s)
+        into.ttft_ms.append(round(run.ttft_s * 1000, 2))
+        into.gaps_ms.extend(round(gap * 1000, 2) for gap in run.gaps_s)
 
     try:
         await measured(result, warmup, concurrency, one)

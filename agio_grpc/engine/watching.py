@@ -102,8 +102,9 @@ class Watching:
             # The run is read before its journal: a run found ended has its end journaled.
             run = await store.get_run(run_id)
             records = await store.read_journal(run_id, cursor)
-            # A segment that started here while the journal was read holds its events with
-            # their deltas, which the journal has not: the journal only up to it.
+            spawned = self._live.spawned  # before the look: a start after it sets this one
+            # A segment live here (since before the read, or started during it) holds its
+            # events with their deltas, which the journal has not: the journal only up to it.
             live = self._live.channel(run_id)
             for record in records:
                 if live is not None and record.seq >= live.first_seq:
@@ -112,7 +113,7 @@ class Watching:
                 cursor = record.seq
                 if record.kind in TERMINAL_KINDS:
                     return
-            if live is not None and cursor >= live.first_seq - 1:
+            if live is not None:  # it runs here (again): follow it live
                 async for event in live.subscribe(cursor):
                     yield event
                 return
@@ -120,12 +121,6 @@ class Watching:
                 end = await _end_after(store, run, cursor)
                 if end is not None:
                     yield end
-                return
-            spawned = self._live.spawned  # before the look: a start after it sets this one
-            channel = self._live.channel(run_id)
-            if channel is not None:  # it runs here (again): follow it live
-                async for event in channel.subscribe(cursor):
-                    yield event
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(spawned.wait(), self._poll_s)

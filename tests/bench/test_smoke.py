@@ -162,5 +162,6 @@ async def test_whole_runs_are_measured_for_the_service_and_the_sdk() -> None:
     ]
     for row in rows:
         assert row.errors == 0, row.error_samples
-        assert row.cpu_ms_per_run > 0, row
         assert row.runs_per_s > 0, row
+        # CPU is read in clock ticks (10 ms): the floor's few runs may not fill one.
+        assert row.cpu_ms_per_run > 0 or row.system == "grpc floor", row
