@@ -112,6 +112,27 @@ def test_each_invalid_setting_is_one_line_naming_its_variable() -> None:
     )
 
 
+@pytest.mark.parametrize("size", ["0", "-1", "1001", "ten", "1e3", "99999999999999999999"])
+def test_a_database_pool_size_out_of_range_names_its_variable(
+    size: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGIO_DATABASE_POOL_SIZE", size)
+    with pytest.raises(ValidationError) as invalid:
+        Settings()
+    (line,) = configuration_lines(invalid.value)
+    assert line.startswith(
+        "invalid configuration: database_pool_size [AGIO_DATABASE_POOL_SIZE]: "
+    ), line
+
+
+def test_the_database_pool_size_is_read_from_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().database_pool_size == 20
+    with pytest.raises(ValidationError):  # a config file may hold what a variable cannot
+        Settings(database_pool_size="2\x00")
+    monkeypatch.setenv("AGIO_DATABASE_POOL_SIZE", "5")
+    assert Settings().database_pool_size == 5
+
+
 @pytest.mark.parametrize(
     ("text", "complaint"),
     [
