@@ -5,8 +5,9 @@ of any kind. Other services (health, reflection) pass through as they are."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -15,6 +16,10 @@ Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 Deserializer = Callable[[bytes], Any]
 
 AGIO_METHODS = "/agio.v1."
+A2A_METHODS = "/lf.a2a.v1."
+SERVED_METHODS = (AGIO_METHODS, A2A_METHODS)
+"""The methods the service's interceptors wrap: `agio.v1`'s and A2A's (the same callers,
+tenants and quotas)."""
 
 
 def rewrap_handler(
@@ -32,10 +37,23 @@ def rewrap_handler(
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary), **codecs)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), **codecs)
+        return grpc.unary_stream_rpc_method_handler(wrap(_written(handler.unary_stream)), **codecs)
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), **codecs)
     return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), **codecs)
+
+
+def _written(behavior: Any) -> Behavior:
+    """A streaming behaviour written as an async generator (the A2A SDK's) as one that writes
+    with `context.write`, as the wrappers await it."""
+    if not inspect.isasyncgenfunction(behavior):
+        return cast(Behavior, behavior)
+
+    async def written(request: Any, context: grpc.aio.ServicerContext) -> None:
+        async for message in behavior(request, context):
+            await context.write(message)
+
+    return written
 
 
 def takes_one_request(handler: grpc.RpcMethodHandler) -> bool:
@@ -53,7 +71,7 @@ class AgioMethodInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith(AGIO_METHODS):
+        if handler is None or not handler_call_details.method.startswith(SERVED_METHODS):
             return handler
         return self.rewrap(handler, handler_call_details)
 

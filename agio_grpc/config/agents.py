@@ -73,6 +73,9 @@ class AgentConfig(Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
     model: str = "fake-model"
     """The model name sent to the endpoint."""
+    description: str = Field("", max_length=2_000)
+    """What the agent does, for those choosing an agent: its A2A card shows this (never its
+    instructions)."""
     instructions: str = DEFAULT_INSTRUCTIONS
     """The system prompt."""
     tools: list[str] = Field(default_factory=lambda: ["current_time", "calculate"])

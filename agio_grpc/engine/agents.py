@@ -76,6 +76,8 @@ class AgentSpec:
     """The model name sent to the endpoint."""
     instructions: str = ""
     """The system prompt."""
+    description: str = ""
+    """What the agent does, for those choosing one (its A2A card)."""
     tools: list[str] = field(default_factory=list)
     """Names of registered server tools the agent offers (an MCP tool as `server__tool`)."""
     mcp_servers: list[str] = field(default_factory=list)

@@ -31,6 +31,7 @@ from agio_grpc.engine.lifecycle import cancelled, server_fault
 from agio_grpc.engine.output import OutputSchemaError, schema_from_text
 from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
 from agio_grpc.engine.runtime import Runtime
+from agio_grpc.engine.segments import RunHandle
 from agio_grpc.service import convert
 from agio_grpc.service.errors import FieldViolation, deadline_too_short
 from agio_grpc.service.identity import current_caller
@@ -247,7 +248,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         self._page_bytes = self._config.max_message_bytes * 3 // 4
         self._schemas = ToolSchemaChecks(self._config.request_limits)
 
-    async def _run_input(self, request: pb.RunRequest) -> RunInput:
+    async def run_input(self, request: pb.RunRequest) -> RunInput:
         """The run the request asks for, in the caller's tenant (no deadline yet);
         INVALID_ARGUMENT naming all that is wrong with it."""
         violations = _run_request_violations(request, self._config)
@@ -316,7 +317,7 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
     async def Run(  # type: ignore[override]
         self, request: pb.RunRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        run_input = await self._run_input(request)
+        run_input = await self.run_input(request)
         # A run that outlives its caller is not cut off by the caller's deadline either. Read
         # after the checks, which take time.
         stays = request.on_disconnect == pb.DISCONNECT_POLICY_CONTINUE
@@ -330,12 +331,20 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         self, request: pb.RunRequest, context: grpc.aio.ServicerContext
     ) -> pb.StartRunResponse:
         # No caller follows the run: neither the call's deadline nor its end stop it.
-        handle = await self._runtime.start_run(await self._run_input(request))
+        handle = await self._runtime.start_run(await self.run_input(request))
         return pb.StartRunResponse(run=convert.run_to_proto(handle.run))
 
     async def SubmitToolOutputs(  # type: ignore[override]
         self, request: pb.SubmitToolOutputsRequest, context: grpc.aio.ServicerContext
     ) -> None:
+        handle = await self.submit(request, _deadline_at(context))
+        await self._relay(handle.run_id, handle.events(), context, owns_run=True)
+
+    async def submit(
+        self, request: pb.SubmitToolOutputsRequest, deadline_at: float | None
+    ) -> RunHandle:
+        """Resume the waiting run with the request's tool outputs and approval decisions, as
+        the caller; INVALID_ARGUMENT naming all that is wrong with the request."""
         limit = self._config.request_limits.max_tool_output_bytes
         violations = [check_id("run_id", request.run_id)]
         if not request.tool_outputs and not request.approvals:
@@ -348,15 +357,14 @@ class AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         outputs = [ToolOutput(o.tool_call_id, o.output, o.is_error) for o in request.tool_outputs]
         approvals = [ToolApproval(a.tool_call_id, a.approved, a.reason) for a in request.approvals]
         caller = current_caller()
-        handle = await self._runtime.submit_tool_outputs(
+        return await self._runtime.submit_tool_outputs(
             request.run_id,
             outputs,
-            deadline_at=_deadline_at(context),
+            deadline_at=deadline_at,
             tenant=caller.tenant,
             approvals=approvals,
             decided_by=caller.subject or caller.mode,
         )
-        await self._relay(handle.run_id, handle.events(), context, owns_run=True)
 
     async def Retry(  # type: ignore[override]
         self, request: pb.RetryRequest, context: grpc.aio.ServicerContext

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
+from a2a.server.request_handlers.grpc_handler import GrpcHandler
+from a2a.types import a2a_pb2_grpc
 
-from agio_grpc.config import AgentConfig, Settings, approval_tools
+from agio_grpc.config import AgentConfig, AuthMode, Settings, approval_tools
 from agio_grpc.engine import BUILTIN_TOOLS
 from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
@@ -40,6 +42,7 @@ from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.storage import Storage
 from agio_grpc.engine.tools import ToolRegistry, config_tool_name
+from agio_grpc.service.a2a.handler import AgentTasks
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (
     Authenticator,
@@ -142,6 +145,7 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             name=agent.name,
             model=agent.model,
             instructions=agent.instructions,
+            description=agent.description,
             tools=[config_tool_name(name) for name in agent.tools],
             mcp_servers=list(agent.mcp),
             limits=Limits(**agent.limits.model_dump()),
@@ -306,11 +310,9 @@ class AgioApp:
                 ) from error
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
+            agents = AgentServicer(runtime, settings.server, pages)
             register: list[tuple[object, object]] = [
-                (
-                    agent_service_pb2_grpc.add_AgentServiceServicer_to_server,
-                    AgentServicer(runtime, settings.server, pages),
-                ),
+                (agent_service_pb2_grpc.add_AgentServiceServicer_to_server, agents),
                 (
                     session_service_pb2_grpc.add_SessionServiceServicer_to_server,
                     SessionServicer(
@@ -320,6 +322,11 @@ class AgioApp:
                         pages,
                         page_bytes,
                     ),
+                ),
+                # A2A's gRPC binding: the agent each request's A2A tenant names.
+                (
+                    a2a_pb2_grpc.add_A2AServiceServicer_to_server,
+                    GrpcHandler(AgentTasks(runtime, agents, pages)),
                 ),
             ]
             chain: list[grpc.aio.ServerInterceptor] = [
@@ -349,6 +356,7 @@ class AgioApp:
                 chain,
                 share_port=worker is not None,
                 response_metadata=response_metadata,
+                a2a=A2AParts(runtime, agents, pages, authenticator, auth_mode),
             )
             resources = opened.pop_all()
         log.info(
@@ -460,6 +468,17 @@ async def _open_model(
     return model, fake_model, base_url
 
 
+@dataclass(frozen=True, slots=True)
+class A2AParts:
+    """What A2A on the HTTP listener is built from."""
+
+    runtime: Runtime
+    agents: AgentServicer
+    pages: PageTokens
+    authenticator: Authenticator | None
+    auth_mode: AuthMode
+
+
 async def _serve_over_http(
     settings: Settings,
     bound: BoundServer,
@@ -468,6 +487,7 @@ async def _serve_over_http(
     *,
     share_port: bool,
     response_metadata: tuple[tuple[str, str], ...],
+    a2a: A2AParts,
 ) -> HttpListener | None:
     """The HTTP listener beside the started gRPC server (None without `http_address`); the
     gRPC server is stopped when the listener cannot start.
@@ -476,6 +496,7 @@ async def _serve_over_http(
     configured with an HTTP listener imports them."""
     if not settings.http_address:
         return None
+    from agio_grpc.service.a2a.http import a2a_application
     from agio_grpc.service.http_listener import serve_over_http
 
     try:
@@ -486,6 +507,15 @@ async def _serve_over_http(
             bound.health,
             share_port=share_port,
             response_metadata=response_metadata,
+            a2a=a2a_application(
+                a2a.runtime,
+                a2a.agents,
+                a2a.pages,
+                authenticator=a2a.authenticator,
+                auth_mode=a2a.auth_mode,
+                grpc_port=bound.port,
+                max_bytes=settings.server.max_message_bytes,
+            ),
         )
     except BaseException as error:
         await bound.server.stop(0)

@@ -44,6 +44,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.typing import ASGIFramework
 
 from agio_grpc.config import HttpConfig, Settings
+from agio_grpc.service.a2a.http import A2ARouter
 from agio_grpc.service.auth import is_loopback, reflection_enabled
 from agio_grpc.service.connect import (
     ConnectApplication,
@@ -470,10 +471,12 @@ async def serve_over_http(
     *,
     share_port: bool = False,
     response_metadata: tuple[tuple[str, str], ...] = (),
+    a2a: AsgiApp | None = None,
 ) -> HttpListener:
     """Start the HTTP listener on `settings.http_address` with the handlers and interceptors
     the gRPC server has (`register` and `interceptors` as `start_grpc_server` takes them),
-    its `health`, and server reflection when the gRPC server has it. OSError when the address
+    its `health`, and server reflection when the gRPC server has it; `a2a` serves A2A's
+    paths (service/a2a/http.py). OSError when the address
     cannot be bound."""
     assert settings.http_address is not None
     table = HandlerTable()
@@ -486,7 +489,9 @@ async def serve_over_http(
         enable_reflection(table, [service.full_name for service in SERVICES])
         services = (*SERVICES, REFLECTION_SERVICE)
     gateway = ConnectGateway(table, method_interceptors(interceptors, response_metadata), services)
-    app = ConnectApplication(gateway, read_max_bytes=settings.server.max_message_bytes)
+    app: AsgiApp = ConnectApplication(gateway, read_max_bytes=settings.server.max_message_bytes)
+    if a2a is not None:
+        app = A2ARouter(a2a, app)
     return await HttpListener.start(
         app,
         settings.http_address,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+from a2a.types import a2a_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
@@ -30,6 +31,7 @@ SERVICE_NAMES = (
     agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
     session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
 )
+A2A_SERVICE_NAME = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 
 
 def server_options(config: ServerConfig, *, share_port: bool = False) -> list[tuple[str, int]]:
@@ -103,7 +105,12 @@ async def start_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if reflection:
         enable_reflection(
-            server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+            server,
+            (
+                *SERVICE_NAMES,
+                A2A_SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            ),
         )
     try:
         if credentials is None:
@@ -115,7 +122,7 @@ async def start_grpc_server(
     if port == 0:
         raise OSError(f"could not bind {settings.listen_address}")
     await server.start()
-    for name in ("", *SERVICE_NAMES):
+    for name in ("", *SERVICE_NAMES, A2A_SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen_address.rpartition(":")[0]
     return BoundServer(server=server, health=health, port=port, address=f"{host}:{port}")

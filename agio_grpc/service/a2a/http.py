@@ -1,0 +1,218 @@
+"""A2A on the HTTP listener: agent cards, and the JSON-RPC and HTTP+JSON bindings.
+
+| path | what |
+|---|---|
+| `GET /.well-known/agent-card.json` | the default agent's card |
+| `GET /a2a/AGENT/.well-known/agent-card.json` | AGENT's card |
+| `POST /a2a/AGENT/` | JSON-RPC 2.0 (`SendMessage`, `SendStreamingMessage` over SSE, ...) |
+| `/a2a/AGENT/message:send`, `/a2a/AGENT/tasks/ID`, ... | HTTP+JSON |
+
+The bindings are the SDK's own (`create_jsonrpc_routes`, `create_rest_routes`) over one
+`AgentTasks` per agent. In front of them, `A2AEdge` does what the `agio.v1` interceptors do
+for a call: it refuses a body larger than `server.max_message_bytes` (413), authenticates
+the caller with the server's `Authenticator` (401 with an `ErrorInfo` reason, as
+UNAUTHENTICATED is for `agio.v1`) and runs the request as that caller. Cards are public:
+they are how a client learns that it must authenticate, and they show no instructions.
+The listener's host and cross-origin policies apply as for every other path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import grpc
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agio_grpc.config import AuthMode
+from agio_grpc.engine.agents import AgentSpec
+from agio_grpc.engine.runtime import Runtime
+from agio_grpc.service.a2a.cards import agent_card, agent_path
+from agio_grpc.service.a2a.handler import AgentTasks
+from agio_grpc.service.agent_service import AgentServicer
+from agio_grpc.service.auth import Authenticator
+from agio_grpc.service.errors import as_service_error
+from agio_grpc.service.identity import calling_as
+from agio_grpc.service.validation import PageTokens
+
+log = logging.getLogger(__name__)
+
+A2A_PREFIX = "/a2a/"
+
+
+def serves(path: str) -> bool:
+    """Whether a request path is A2A's."""
+    return path.startswith(A2A_PREFIX) or path == AGENT_CARD_WELL_KNOWN_PATH
+
+
+class _Headers:
+    """A request's headers as the `Authenticator`s read a call: its metadata and peer."""
+
+    def __init__(self, scope: Scope) -> None:
+        self._metadata = tuple(
+            (name.decode("latin-1").lower(), value.decode("latin-1"))
+            for name, value in scope.get("headers", ())
+        )
+        client = scope.get("client")
+        self._peer = f"ipv4:{client[0]}:{client[1]}" if client else "unknown"
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}  # no TLS peer reaches the HTTP listener
+
+
+async def _error(send: Send, status: int, code: str, message: str, reason: str) -> None:
+    body = {
+        "error": {
+            "code": status,
+            "status": code,
+            "message": message,
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": reason,
+                    "domain": "agio.dev",
+                }
+            ],
+        }
+    }
+    headers = [(b"content-type", b"application/json")]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="agio"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+class A2AEdge:
+    """Body limit and authentication in front of the A2A bindings (cards pass)."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator | None, max_bytes: int) -> None:
+        self._app = app
+        self._authenticator = authenticator
+        self._max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].endswith(AGENT_CARD_WELL_KNOWN_PATH):
+            await self._app(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self._max_bytes:
+                await _error(
+                    send,
+                    413,
+                    "INVALID_ARGUMENT",
+                    f"the request body is larger than {self._max_bytes} bytes",
+                    "MESSAGE_TOO_LARGE",
+                )
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        if self._authenticator is None:
+            await self._app(scope, replay, send)
+            return
+        try:
+            caller = await self._authenticator.authenticate(
+                cast(grpc.aio.ServicerContext, _Headers(scope))
+            )
+        except Exception as error:
+            refusal = as_service_error(error)
+            log.info(
+                "refused A2A %s %s: %s %s (%s)",
+                scope["method"],
+                scope["path"],
+                refusal.code.name,
+                refusal.reason,
+                refusal.message,
+            )
+            status = 401 if refusal.code is grpc.StatusCode.UNAUTHENTICATED else 503
+            await _error(send, status, refusal.code.name, refusal.message, refusal.reason)
+            return
+        with calling_as(caller):
+            await self._app(scope, replay, send)
+
+
+def _base_url(request: Request) -> str:
+    return f"{request.url.scheme}://{request.url.netloc}"
+
+
+def a2a_application(
+    runtime: Runtime,
+    servicer: AgentServicer,
+    pages: PageTokens,
+    *,
+    authenticator: Authenticator | None,
+    auth_mode: AuthMode,
+    grpc_port: int,
+    max_bytes: int,
+    grace_s: float = 0.0,
+) -> ASGIApp:
+    """The A2A application of the HTTP listener (paths for which `serves` is true)."""
+
+    def card_of(agent: AgentSpec) -> Callable[[Request], Any]:
+        async def card(request: Request) -> Response:
+            host = request.url.hostname or "localhost"
+            found = agent_card(
+                agent,
+                runtime.registry,
+                http_base=_base_url(request),
+                grpc_target=f"{host}:{grpc_port}" if ":" not in host else f"[{host}]:{grpc_port}",
+                auth_mode=auth_mode,
+            )
+            return JSONResponse(agent_card_to_dict(found))
+
+        return card
+
+    routes: list[BaseRoute] = [
+        Route(AGENT_CARD_WELL_KNOWN_PATH, card_of(runtime.agent()), methods=["GET"])
+    ]
+    for agent in runtime.agents.values():
+        tasks = AgentTasks(runtime, servicer, pages, agent.name)
+        served: Sequence[BaseRoute] = [
+            Route(AGENT_CARD_WELL_KNOWN_PATH, card_of(agent), methods=["GET"]),
+            *create_jsonrpc_routes(tasks, "/", shutdown_grace_period=grace_s),
+            *create_rest_routes(tasks, shutdown_grace_period=grace_s),
+        ]
+        routes.append(Mount(agent_path(agent.name).rstrip("/"), routes=list(served)))
+    return A2AEdge(Starlette(routes=routes), authenticator, max_bytes)
+
+
+class A2ARouter:
+    """A2A's paths to `a2a`, every other one to `rest`."""
+
+    def __init__(self, a2a: ASGIApp, rest: ASGIApp) -> None:
+        self._a2a = a2a
+        self._rest = rest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and serves(scope["path"]):
+            await self._a2a(scope, receive, send)
+        else:
+            await self._rest(scope, receive, send)
