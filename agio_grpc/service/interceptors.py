@@ -1,7 +1,7 @@
 """Server interceptors: the one boundary where requests are admitted and handler failures
 become rich statuses.
 
-`ErrorInterceptor` wraps every `agio.v1` handler. Before the handler runs it refuses what
+`ErrorInterceptor` wraps every `agio.v1` and A2A handler. Before the handler runs it refuses what
 no handler should see: request bytes that do not decode (INVALID_ARGUMENT
 `MALFORMED_REQUEST`, one WARNING line, no traceback) and U+0000 in any string field of the
 request (INVALID_ARGUMENT naming each field). Then a `ServiceError`, a store error or an
@@ -24,6 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from agio_grpc.handlers import (
+    AGIO_METHODS,
     AgioMethodInterceptor,
     Behavior,
     Deserializer,
@@ -63,7 +64,10 @@ def _admit(method: str, request: Any) -> None:
         # The client's fault: one line, no traceback and none of the request's bytes.
         log.warning("refused an undecodable %s request (%s)", method, request.error)
         raise malformed_request(method)
-    raise_if_any(*nul_violations(request))
+    if method.startswith(AGIO_METHODS):
+        # A2A's text is kept as its HTTP bindings keep it: as the store keeps all text
+        # (domain.clean_text).
+        raise_if_any(*nul_violations(request))
 
 
 def _guard(

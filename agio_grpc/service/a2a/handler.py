@@ -96,7 +96,8 @@ class AgentTasks(RequestHandler):
     # -- reading -----------------------------------------------------------------------------
 
     def _agent_of(self, tenant: str) -> str:
-        """The agent's name; InvalidParams for a tenant naming no agent of this endpoint."""
+        """The agent's name; InvalidParams for a tenant naming no agent of this endpoint.
+        The tenant is the request's, or its path's (HTTP+JSON's `/a2a/AGENT/TENANT/...`)."""
         if self._agent is None:
             if tenant:
                 raise_if_any(check_id("tenant", tenant))
@@ -129,7 +130,7 @@ class AgentTasks(RequestHandler):
         with _answering():
             if params.history_length < 0:
                 raise invalid_params("history_length", "must not be negative")
-            run = await self._run(params.id, self._agent_of(params.tenant))
+            run = await self._run(params.id, self._agent_of(params.tenant or context.tenant))
             return mapping.task(
                 run,
                 await self._steps(run),
@@ -140,10 +141,12 @@ class AgentTasks(RequestHandler):
         self, params: a2a.ListTasksRequest, context: ServerCallContext
     ) -> a2a.ListTasksResponse:
         with _answering():
-            return await self._list(params)
+            return await self._list(params, context)
 
-    async def _list(self, params: a2a.ListTasksRequest) -> a2a.ListTasksResponse:
-        agent = self._agent_of(params.tenant)
+    async def _list(
+        self, params: a2a.ListTasksRequest, context: ServerCallContext
+    ) -> a2a.ListTasksResponse:
+        agent = self._agent_of(params.tenant or context.tenant)
         if not params.context_id:
             raise invalid_params("context_id", "is required: tasks are listed per context")
         raise_if_any(check_id("context_id", params.context_id))
@@ -186,8 +189,8 @@ class AgentTasks(RequestHandler):
 
     # -- messages ----------------------------------------------------------------------------
 
-    async def _send(self, params: a2a.SendMessageRequest) -> _Started:
-        agent = self._agent_of(params.tenant)
+    async def _send(self, params: a2a.SendMessageRequest, context: ServerCallContext) -> _Started:
+        agent = self._agent_of(params.tenant or context.tenant)
         if params.configuration.HasField("task_push_notification_config"):
             raise a2a_errors.PushNotificationNotSupportedError()
         message = params.message
@@ -242,7 +245,7 @@ class AgentTasks(RequestHandler):
         self, params: a2a.SendMessageRequest, context: ServerCallContext
     ) -> a2a.Task:
         with _answering():
-            started = await self._send(params)
+            started = await self._send(params, context)
             if not params.configuration.return_immediately:
                 async for event in started.events:
                     if event.is_terminal:
@@ -259,7 +262,7 @@ class AgentTasks(RequestHandler):
         self, params: a2a.SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[mapping.Event]:
         with _answering():
-            started = await self._send(params)
+            started = await self._send(params, context)
             run = started.run
             first = mapping.task(run, artifacts=False)
             sent = a2a.Message()
@@ -274,7 +277,7 @@ class AgentTasks(RequestHandler):
         self, params: a2a.SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[mapping.Event]:
         with _answering():
-            run = await self._run(params.id, self._agent_of(params.tenant))
+            run = await self._run(params.id, self._agent_of(params.tenant or context.tenant))
             if mapping.task_state(run.status) in mapping.TERMINAL_STATES:
                 state = a2a.TaskState.Name(mapping.task_state(run.status))
                 raise a2a_errors.UnsupportedOperationError(
@@ -300,7 +303,7 @@ class AgentTasks(RequestHandler):
         self, params: a2a.CancelTaskRequest, context: ServerCallContext
     ) -> a2a.Task:
         with _answering():
-            run = await self._run(params.id, self._agent_of(params.tenant))
+            run = await self._run(params.id, self._agent_of(params.tenant or context.tenant))
             if mapping.task_state(run.status) in mapping.TERMINAL_STATES:
                 state = a2a.TaskState.Name(mapping.task_state(run.status))
                 raise a2a_errors.TaskNotCancelableError(f"task {run.id!r} is {state}")

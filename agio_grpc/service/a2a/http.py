@@ -26,7 +26,9 @@ from typing import Any, cast
 import grpc
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
+from a2a.utils import errors as a2a_errors
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.error_handlers import build_rest_error_payload
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -75,6 +77,36 @@ class _Headers:
         return {}  # no TLS peer reaches the HTTP listener
 
 
+_NOT_UTF8 = a2a_errors.InvalidRequestError("the request body is not UTF-8 JSON")
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _rpc_path(path: str) -> str:
+    """The JSON-RPC endpoint of the agent whose path `path` is under."""
+    agent = path.removeprefix(A2A_PREFIX).split("/", 1)[0]
+    return f"{A2A_PREFIX}{agent}/"
+
+
+async def _send_json(
+    send: Send, status: int, body: object, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
 async def _error(send: Send, status: int, code: str, message: str, reason: str) -> None:
     body = {
         "error": {
@@ -90,11 +122,8 @@ async def _error(send: Send, status: int, code: str, message: str, reason: str) 
             ],
         }
     }
-    headers = [(b"content-type", b"application/json")]
-    if status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="agio"'))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+    challenge = [(b"www-authenticate", b'Bearer realm="agio"')] if status == 401 else []
+    await _send_json(send, status, body, challenge)
 
 
 class A2AEdge:
@@ -126,6 +155,10 @@ class A2AEdge:
                     "MESSAGE_TOO_LARGE",
                 )
                 return
+        if body and not _is_utf8(bytes(body)) and scope["path"] != _rpc_path(scope["path"]):
+            # The HTTP+JSON binding would answer a body that is not UTF-8 with a 500.
+            await _send_json(send, 400, build_rest_error_payload(_NOT_UTF8))
+            return
         replayed = False
 
         async def replay() -> Message:

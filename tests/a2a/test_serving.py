@@ -1,0 +1,238 @@
+"""agio-grpc agents served over A2A, checked with the official `a2a-sdk` client over each of
+its three bindings (JSON-RPC, HTTP+JSON, gRPC) on both store backends: the real server on
+127.0.0.1:0 with API keys, the real openai client inside it talking to the fake model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import cast
+
+import pytest
+from a2a.types import a2a_pb2 as a2a
+from a2a.utils import errors as a2a_errors
+from google.protobuf import json_format, struct_pb2
+
+from agio_grpc.service.app import AgioApp
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.a2a.conftest import (
+    Connect,
+    answer_text,
+    final_task,
+    last_state,
+    send,
+)
+
+APPROVE_ECHO = {"tool_call_id": "call_echo", "approved": True}
+
+
+async def test_the_card_names_the_agent_its_three_bindings_skills_and_bearer_auth(
+    connect: Connect, binding: str
+) -> None:
+    remote = await connect()
+    card = remote.card
+    assert card.name == "assistant"
+    assert card.description == "Answers questions and does sums."
+    assert "SECRET-INSTRUCTIONS" not in str(card)
+    assert card.capabilities.streaming
+    bindings = {i.protocol_binding: i for i in card.supported_interfaces}
+    assert set(bindings) == {"JSONRPC", "HTTP+JSON", "GRPC"}
+    assert bindings["JSONRPC"].url.endswith("/a2a/assistant/")
+    assert bindings["GRPC"].tenant == "assistant"
+    assert [s.id for s in card.skills] == ["assistant", "calculate", "echo", "hang"]
+    scheme = card.security_schemes["agio"].http_auth_security_scheme
+    assert scheme.scheme == "Bearer"
+    helper = await connect("helper")
+    assert helper.card.name == "helper"
+
+
+async def test_a_streamed_task_ends_completed_with_its_answer_artifact(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.text("Hello there friend", chunks=3))
+    events = await remote.stream(send("hi"))
+    task, answer = final_task(events)
+    assert task.status.state in (a2a.TASK_STATE_SUBMITTED, a2a.TASK_STATE_WORKING)
+    assert task.history[0].parts[0].text == "hi"
+    assert answer == "Hello there friend"
+    assert last_state(events) == a2a.TASK_STATE_COMPLETED
+    found = await remote.client.get_task(a2a.GetTaskRequest(id=task.id), context=remote.context)
+    assert found.status.state == a2a.TASK_STATE_COMPLETED
+    assert [a.parts[0].text for a in found.artifacts] == ["Hello there friend"]
+    assert [(m.role, m.parts[0].text) for m in found.history] == [
+        (a2a.ROLE_USER, "hi"),
+        (a2a.ROLE_AGENT, "Hello there friend"),
+    ]
+    assert json_format.MessageToDict(found.metadata)["agio"]["stop_reason"] == "COMPLETED"
+
+
+async def test_a_blocking_send_returns_the_finished_task(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect(streaming=False)
+    fake_model.enqueue(Turn.text("Four."))
+    [event] = await remote.stream(send("2+2?"))
+    assert event.task.status.state == a2a.TASK_STATE_COMPLETED
+    assert event.task.artifacts[0].parts[0].text == "Four."
+
+
+async def test_a_second_message_in_the_context_continues_the_session(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.text("Noted: blue."), Turn.text("Blue."))
+    first, _ = final_task(await remote.stream(send("My colour is blue.")))
+    events = await remote.stream(send("What is my colour?", context_id=first.context_id))
+    second, answer = final_task(events)
+    assert second.context_id == first.context_id
+    assert second.id != first.id
+    assert answer == "Blue."
+    seen = [m["content"] for m in fake_model.requests[-1]["messages"]]
+    assert "My colour is blue." in seen
+    assert "Noted: blue." in seen
+    listed = await remote.client.list_tasks(
+        a2a.ListTasksRequest(context_id=first.context_id), context=remote.context
+    )
+    assert {t.id for t in listed.tasks} == {first.id, second.id}
+
+
+async def test_input_required_for_an_approval_then_completed_after_the_reply(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    call = ToolCallSpec("echo", json.dumps({"text": "ok"}), id="call_echo")
+    fake_model.enqueue(Turn.tool_calls([call]), Turn.text("Echoed."))
+    events = await remote.stream(send("echo ok"))
+    task, _ = final_task(events)
+    assert last_state(events) == a2a.TASK_STATE_INPUT_REQUIRED
+    waiting = [e.status_update.status for e in events if e.HasField("status_update")][-1]
+    assert "approval of echo" in waiting.message.parts[0].text
+    wanted = json_format.MessageToDict(waiting.message.parts[1].data)
+    assert wanted["approvals"][0]["tool_call_id"] == "call_echo"
+    reply = a2a.Message(
+        message_id="approve-1",
+        role=a2a.ROLE_USER,
+        task_id=task.id,
+        context_id=task.context_id,
+        parts=[a2a.Part(data=_value({"approvals": [APPROVE_ECHO]}))],
+    )
+    events = await remote.stream(a2a.SendMessageRequest(message=reply))
+    assert last_state(events) == a2a.TASK_STATE_COMPLETED
+    assert answer_text(events) == "Echoed."
+
+
+async def test_a_reply_to_a_finished_task_is_refused(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.text("Done."))
+    task, _ = final_task(await remote.stream(send("hi")))
+    with pytest.raises(a2a_errors.UnsupportedOperationError, match="TASK_STATE_COMPLETED"):
+        await remote.stream(send("more", task_id=task.id))
+
+
+async def test_cancel_ends_a_working_task_canceled(
+    connect: Connect, fake_model: FakeModelServer, a2a_app: AgioApp
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.hanging())
+    events = remote.client.send_message(send("wait"), context=remote.context)
+    first = await anext(events)
+    task_id = first.task.id
+    await fake_model.wait_for_requests(1)
+    cancelled = await remote.client.cancel_task(
+        a2a.CancelTaskRequest(id=task_id), context=remote.context
+    )
+    assert cancelled.status.state == a2a.TASK_STATE_CANCELED
+    rest = [e async for e in events]
+    assert last_state(rest) == a2a.TASK_STATE_CANCELED
+    with pytest.raises(a2a_errors.TaskNotCancelableError):
+        await remote.client.cancel_task(a2a.CancelTaskRequest(id=task_id), context=remote.context)
+
+
+async def test_resubscribing_after_the_stream_dropped_gets_the_rest_of_the_task(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.words("one two three four five", chunk_delay=0.05))
+    events = remote.client.send_message(send("count"), context=remote.context)
+    first = await anext(events)
+    await cast(AsyncGenerator[a2a.StreamResponse], events).aclose()  # the stream drops
+    resumed = [
+        e
+        async for e in remote.client.subscribe(
+            a2a.SubscribeToTaskRequest(id=first.task.id), context=remote.context
+        )
+    ]
+    assert resumed[0].task.id == first.task.id
+    assert answer_text(resumed) == "one two three four five"
+    assert last_state(resumed) == a2a.TASK_STATE_COMPLETED
+
+
+async def test_another_tenants_task_is_not_found(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    mine = await connect()
+    theirs = await connect(tenant="other")
+    fake_model.enqueue(Turn.text("Mine."))
+    task, _ = final_task(await mine.stream(send("hi")))
+    for call in (
+        theirs.client.get_task(a2a.GetTaskRequest(id=task.id), context=theirs.context),
+        theirs.client.cancel_task(a2a.CancelTaskRequest(id=task.id), context=theirs.context),
+    ):
+        with pytest.raises(a2a_errors.TaskNotFoundError):
+            await call
+    with pytest.raises(a2a_errors.TaskNotFoundError):
+        await theirs.stream(send("hello", context_id=task.context_id))
+
+
+async def test_another_agents_task_is_not_found_through_this_agent(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    assistant = await connect()
+    helper = await connect("helper")
+    fake_model.enqueue(Turn.text("Hi."))
+    task, _ = final_task(await assistant.stream(send("hi")))
+    with pytest.raises(a2a_errors.TaskNotFoundError):
+        await helper.client.get_task(a2a.GetTaskRequest(id=task.id), context=helper.context)
+
+
+async def test_bad_messages_get_a2a_errors(connect: Connect) -> None:
+    remote = await connect()
+    with pytest.raises(a2a_errors.InvalidParamsError, match="input"):
+        await remote.stream(send(""))
+    file_part = a2a.SendMessageRequest(
+        message=a2a.Message(
+            message_id="f", role=a2a.ROLE_USER, parts=[a2a.Part(url="https://x.test/f.pdf")]
+        )
+    )
+    with pytest.raises(a2a_errors.ContentTypeNotSupportedError):
+        await remote.stream(file_part)
+    with pytest.raises(a2a_errors.InvalidParamsError, match="id"):
+        await remote.client.get_task(a2a.GetTaskRequest(id="bad id!"), context=remote.context)
+    with pytest.raises(a2a_errors.TaskNotFoundError):
+        await remote.client.get_task(a2a.GetTaskRequest(id="run_missing"), context=remote.context)
+    with pytest.raises(a2a_errors.InvalidParamsError, match="context_id"):
+        await remote.client.list_tasks(a2a.ListTasksRequest(), context=remote.context)
+    with pytest.raises(a2a_errors.PushNotificationNotSupportedError):
+        await remote.client.create_task_push_notification_config(
+            a2a.TaskPushNotificationConfig(task_id="run_x", url="https://x.test/hook"),
+            context=remote.context,
+        )
+
+
+async def test_a_nul_in_a_message_is_stored_as_every_text_is(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.text("Fine."))
+    task, _ = final_task(await remote.stream(send("a\x00b")))
+    found = await remote.client.get_task(a2a.GetTaskRequest(id=task.id), context=remote.context)
+    assert found.history[0].parts[0].text == "a\ufffdb"
+
+
+def _value(data: dict[str, object]) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    json_format.ParseDict(data, value)
+    return value
