@@ -22,7 +22,7 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agio_grpc.service.app import AgioApp
-from agio_grpc.service.server import SERVICE_NAMES
+from agio_grpc.service.server import A2A_SERVICE_NAME, SERVICE_NAMES
 from agio_grpc.v1 import agent_service_pb2, session_service_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,11 +96,12 @@ async def test_an_unknown_symbol_is_not_found(reflection: Any, symbol: str) -> N
     assert response.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
-async def test_list_names_the_agio_health_and_reflection_services(reflection: Any) -> None:
+async def test_list_names_the_agio_a2a_health_and_reflection_services(reflection: Any) -> None:
     response = await ask(reflection, reflection_pb2.ServerReflectionRequest(list_services=""))
     names = {service.name for service in response.list_services_response.service}
     assert names == {
         *SERVICE_NAMES,
+        A2A_SERVICE_NAME,
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
     }
