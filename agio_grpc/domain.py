@@ -364,8 +364,8 @@ class Usage:
     output_tokens: int = 0
     total_tokens: int = 0
 
-    def add(self, metrics: StepMetrics) -> None:
-        """Add a step's counts, saturating at the store's 64-bit maximum."""
+    def add(self, metrics: StepMetrics | Usage) -> None:
+        """Add a step's (or another run's) counts, saturating at the store's 64-bit maximum."""
         self.input_tokens = min(self.input_tokens + metrics.input_tokens, MAX_COUNT)
         self.output_tokens = min(self.output_tokens + metrics.output_tokens, MAX_COUNT)
         self.total_tokens = min(self.total_tokens + metrics.total_tokens, MAX_COUNT)

@@ -75,7 +75,10 @@ class AgentConfig(Strict):
     """The model name sent to the endpoint."""
     description: str = Field("", max_length=2_000)
     """What the agent does, for those choosing an agent: its A2A card shows this (never its
-    instructions)."""
+    instructions), and so does its tool for the agents that call it (`agents`)."""
+    agents: list[str] = Field(default_factory=list, max_length=64)
+    """Other agents of this server it may call, each as a tool named after it taking
+    `{"input": string}` (docs/a2a.md). Cycles are refused at start-up."""
     instructions: str = DEFAULT_INSTRUCTIONS
     """The system prompt."""
     tools: list[str] = Field(default_factory=lambda: ["current_time", "calculate"])

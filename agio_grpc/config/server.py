@@ -105,6 +105,9 @@ class ServerConfig(Strict):
     member_advertise_address: str = ""
     """The `host:port` the other members call ("" = the bound member address; when that is a
     wildcard such as `0.0.0.0`, this host's name with the bound port)."""
+    max_agent_depth: int = Field(3, ge=1, le=16)
+    """How deep local agents called as tools (`agents:`) nest: a run started by a tool call
+    is one deeper than its caller, and a call beyond this depth is an error the model sees."""
     max_running_runs: int = Field(512, ge=0)
     """How many runs this server runs at once (0: no limit). A run asked for beyond it
     waits for one to end, in arrival order, for at most the shorter of half the time to its

@@ -78,6 +78,9 @@ class AgentSpec:
     """The system prompt."""
     description: str = ""
     """What the agent does, for those choosing one (its A2A card)."""
+    agents: list[str] = field(default_factory=list)
+    """Other agents of the server it may call as tools (engine/agent_tools.py); their tools
+    are in `tools` too."""
     tools: list[str] = field(default_factory=list)
     """Names of registered server tools the agent offers (an MCP tool as `server__tool`)."""
     mcp_servers: list[str] = field(default_factory=list)

@@ -189,7 +189,10 @@ async def execute_tool_call(
         content = f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}"
         is_error = True
     elapsed = _ms_since(started)
-    return ToolResult(call, clean_text(content), is_error, stop, elapsed, origin=tool.origin())
+    spent = context.usage if context.usage.total_tokens else None
+    return ToolResult(
+        call, clean_text(content), is_error, stop, elapsed, origin=tool.origin(), usage=spent
+    )
 
 
 def _ms_since(started: float) -> int:

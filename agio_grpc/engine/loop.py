@@ -61,6 +61,7 @@ from agio_grpc.domain import (
     StopReason,
     StopSignal,
     ToolCall,
+    Usage,
     new_id,
     pick_stop_signal,
     unfinished_reason,
@@ -457,9 +458,10 @@ class RunLoop:
                     self.channel.publish(
                         ErrorNotice("TOOL_FAILED", result.content, f"tool:{result.call.name}")
                     )
-            await self._store_steps(
-                [self._tool_step(result, step_ids[result.call.id]) for result in results]
-            )
+            steps = [self._tool_step(result, step_ids[result.call.id]) for result in results]
+            for step in steps:  # a local agent's tokens are its caller's (engine/agent_tools.py)
+                self.run_row.usage.add(step.metrics)
+            await self._store_steps(steps)
             signals += [result.stop for result in results if result.stop is not None]
         if client_calls or held:
             timeout_s = self.settings.approval_timeout_s
@@ -475,7 +477,9 @@ class RunLoop:
             yield span
 
     def _tool_context(self, call: ToolCall) -> ToolContext:
-        return ToolContext(self.run_row.id, self.run_row.session_id, call.id, call.name)
+        return ToolContext(
+            self.run_row.id, self.run_row.session_id, call.id, call.name, self.run_row.tenant
+        )
 
     def _tool_step(self, result: ToolResult, step_id: str) -> Step:
         # A call that never started is recorded by the run's own span.
@@ -488,8 +492,9 @@ class RunLoop:
             tool_call_id=result.call.id,
             name=result.call.name,
             is_error=result.is_error,
-            metrics=StepMetrics(
-                duration_ms=result.duration_ms, tool_exec_time_ms=result.exec_time_ms
+            metrics=_spent(
+                StepMetrics(duration_ms=result.duration_ms, tool_exec_time_ms=result.exec_time_ms),
+                result.usage,
             ),
             id=step_id,
             trace_id=span.trace_id,
@@ -652,3 +657,12 @@ def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
+
+
+def _spent(metrics: StepMetrics, usage: Usage | None) -> StepMetrics:
+    """A tool step's metrics with the tokens of the models its call ran (a local agent's)."""
+    if usage is not None:
+        metrics.input_tokens = usage.input_tokens
+        metrics.output_tokens = usage.output_tokens
+        metrics.total_tokens = usage.total_tokens
+    return metrics

@@ -19,13 +19,13 @@ import asyncio
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, get_type_hints
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agio_grpc.domain import StopSignal, ToolCall
+from agio_grpc.domain import DEFAULT_TENANT, StopSignal, ToolCall, Usage
 from agio_grpc.engine.loading import import_object
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
@@ -114,6 +114,8 @@ class ToolResult:
     the function and rendering its result (0 for a call that never returned)."""
     origin: ToolOrigin | None = None
     """Where the call ran when not in this process (an MCP server)."""
+    usage: Usage | None = None
+    """Tokens the call spent on models (a local agent's), None for none."""
 
 
 class ServerTool(Protocol):
@@ -191,6 +193,11 @@ class ToolContext:
     session_id: str
     tool_call_id: str
     tool_name: str
+    tenant: str = DEFAULT_TENANT
+    """The run's tenant: what the call may see and start."""
+    usage: Usage = field(default_factory=Usage)
+    """Tokens the call spent on models (a local agent's child run): the tool step's, so
+    they count toward the run's usage and token budget."""
 
     @property
     def idempotency_key(self) -> str:

@@ -31,6 +31,7 @@ from a2a.types import a2a_pb2_grpc
 
 from agio_grpc.config import AgentConfig, AuthMode, Settings, approval_tools
 from agio_grpc.engine import BUILTIN_TOOLS
+from agio_grpc.engine.agent_tools import AgentTools, agent_tool_name, check_agent_calls
 from agio_grpc.engine.agents import AgentSpec, Compaction, Limits
 from agio_grpc.engine.compaction import default_context_window
 from agio_grpc.engine.hooks import Hooks
@@ -127,6 +128,24 @@ def build_registry(settings: Settings) -> ToolRegistry:
     return registry
 
 
+def agent_tools_of(
+    settings: Settings, agents: dict[str, AgentSpec], registry: ToolRegistry
+) -> AgentTools:
+    """Every agent as a tool (`agents:`), attached to `registry`; ValueError for a call of
+    an unknown agent, a cycle, or an agent whose tool name a registered tool has."""
+    check_agent_calls(agents)
+    for agent in agents.values():
+        for callee in agent.agents:
+            if agent_tool_name(callee) in registry.names():
+                raise ValueError(
+                    f"agent {agent.name!r} calls agent {callee!r}, whose tool name "
+                    f"{agent_tool_name(callee)!r} is a registered tool's"
+                )
+    tools = AgentTools(agents, settings.server.max_agent_depth)
+    registry.attach(tools)
+    return tools
+
+
 def mcp_servers_of(settings: Settings, registry: ToolRegistry) -> McpServers | None:
     """The configured MCP servers, attached to `registry` (not started); None without any.
 
@@ -146,7 +165,11 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             model=agent.model,
             instructions=agent.instructions,
             description=agent.description,
-            tools=[config_tool_name(name) for name in agent.tools],
+            agents=list(agent.agents),
+            tools=[
+                *(config_tool_name(name) for name in agent.tools),
+                *(agent_tool_name(name) for name in agent.agents),
+            ],
             mcp_servers=list(agent.mcp),
             limits=Limits(**agent.limits.model_dump()),
             temperature=agent.temperature,
@@ -240,6 +263,8 @@ class AgioApp:
         certificates = ServerCertificates.load(settings)
         with loading("tools", "AGIO_TOOL_MODULES, or an agent's tools in AGIO_CONFIG"):
             registry = build_registry(settings)
+            agents = build_agents(settings)
+            agent_tools = agent_tools_of(settings, agents, registry)
         mcp_servers = mcp_servers_of(settings, registry)
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
             hooks = Hooks.load(**settings.hooks.model_dump())
@@ -277,7 +302,7 @@ class AgioApp:
             opened.push_async_callback(member_calls.close)
             runtime = Runtime(
                 storage=Storage(roles.log, roles.runs, roles.lifecycle, roles.leases),
-                agents=build_agents(settings),
+                agents=agents,
                 default_agent=settings.default_agent,
                 registry=registry,
                 model=model,
@@ -292,6 +317,7 @@ class AgioApp:
                 ),
             )
             tracer.instruments.history_cache_bytes.observe(runtime.history_cache_bytes)
+            agent_tools.bind(runtime)
             runtime.start()  # the lease keeper: renewals, cross-replica cancels, queue sweeps
             members = MemberListener(runtime, roles.leases, member_token)
             # Stopped after the runs end: a member following one here gets its terminal event.
@@ -310,9 +336,9 @@ class AgioApp:
                 ) from error
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
-            agents = AgentServicer(runtime, settings.server, pages)
+            agent_servicer = AgentServicer(runtime, settings.server, pages)
             register: list[tuple[object, object]] = [
-                (agent_service_pb2_grpc.add_AgentServiceServicer_to_server, agents),
+                (agent_service_pb2_grpc.add_AgentServiceServicer_to_server, agent_servicer),
                 (
                     session_service_pb2_grpc.add_SessionServiceServicer_to_server,
                     SessionServicer(
@@ -326,7 +352,7 @@ class AgioApp:
                 # A2A's gRPC binding: the agent each request's A2A tenant names.
                 (
                     a2a_pb2_grpc.add_A2AServiceServicer_to_server,
-                    GrpcHandler(AgentTasks(runtime, agents, pages)),
+                    GrpcHandler(AgentTasks(runtime, agent_servicer, pages)),
                 ),
             ]
             chain: list[grpc.aio.ServerInterceptor] = [
@@ -356,7 +382,7 @@ class AgioApp:
                 chain,
                 share_port=worker is not None,
                 response_metadata=response_metadata,
-                a2a=A2AParts(runtime, agents, pages, authenticator, auth_mode),
+                a2a=A2AParts(runtime, agent_servicer, pages, authenticator, auth_mode),
             )
             resources = opened.pop_all()
         log.info(

@@ -1,0 +1,66 @@
+"""A local agent called as a tool (`agents:`): its child run's spans nest under the parent's
+`execute_tool` span, in the parent's trace; an A2A call on the gRPC port is a server span
+as an agio.v1 call is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from a2a.types import a2a_pb2, a2a_pb2_grpc
+
+from agio_grpc.client import AgioClient
+from agio_grpc.config import AgentConfig
+from agio_grpc.service.app import AgioApp
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.service.conftest import make_settings
+from tests.telemetry.conftest import Traced
+from tests.telemetry.test_span_tree import children, one
+
+
+async def test_a_child_runs_spans_nest_under_the_tool_call_span(
+    tmp_path: Path, fake_model: FakeModelServer, traced: Traced
+) -> None:
+    settings = make_settings(
+        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        fake_model.base_url,
+        default_agent="boss",
+        agents=[
+            AgentConfig(name="boss", tools=[], agents=["worker"]),
+            AgentConfig(name="worker", tools=[]),
+        ],
+    )
+    app = await AgioApp.start(settings, traced.telemetry)
+    try:
+        fake_model.enqueue(
+            Turn.tool_calls([ToolCallSpec("worker", json.dumps({"input": "hi"}))]),
+            Turn.text("Hello."),
+            Turn.text("Worker said hello."),
+        )
+        async with AgioClient(app.address) as client:
+            result = await client.run_to_end("Ask the worker")
+    finally:
+        await app.stop(grace=0)
+    await traced.open_spans.all_ended()
+    spans = traced.spans()
+    tool = one(spans, "execute_tool worker")
+    child = one(spans, "invoke_agent worker")
+    assert children(spans, tool) == [child]
+    assert child.context is not None
+    assert format(child.context.trace_id, "032x") == result.run.trace_id
+    assert [s.name for s in children(spans, child)] == ["chat fake-model"]
+
+
+async def test_an_a2a_grpc_call_is_a_server_span(app: AgioApp, traced: Traced) -> None:
+    async with grpc.aio.insecure_channel(app.address) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.GetTask(a2a_pb2.GetTaskRequest(id="run_missing"))
+    assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+    await traced.open_spans.all_ended()
+    [server] = [s for s in traced.spans() if s.name == "lf.a2a.v1.A2AService/GetTask"]
+    assert (
+        dict(server.attributes or {})["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    )
