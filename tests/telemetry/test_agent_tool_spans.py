@@ -55,7 +55,7 @@ async def test_a_child_runs_spans_nest_under_the_tool_call_span(
 
 async def test_an_a2a_grpc_call_is_a_server_span(app: AgioApp, traced: Traced) -> None:
     async with grpc.aio.insecure_channel(app.address) as channel:
-        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)  # type: ignore[no-untyped-call]
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.GetTask(a2a_pb2.GetTaskRequest(id="run_missing"))
     assert refused.value.code() is grpc.StatusCode.NOT_FOUND
