@@ -38,6 +38,7 @@ from pydantic_settings import (
 )
 
 from agio_grpc.config.agents import (
+    A2AAgentConfig,
     AgentConfig,
     CompactionConfig,
     HooksConfig,
@@ -78,6 +79,7 @@ __all__ = [
     "MAX_STEPS_LIMIT",
     "MAX_WORKERS",
     "MIB",
+    "A2AAgentConfig",
     "AgentConfig",
     "ApiKeyAuthConfig",
     "AuthConfig",

@@ -67,6 +67,21 @@ class CompactionConfig(Strict):
     """The summary call's system prompt; unset: the built-in one."""
 
 
+class A2AAgentConfig(Strict):
+    """A remote A2A agent an agent may call, as one tool (docs/a2a.md)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """The tool's name, as the model calls it."""
+    url: str = Field(min_length=1, max_length=2_000, pattern=r"^https?://")
+    """The agent's base URL (its card is at `/.well-known/agent-card.json` under it), or the
+    URL of its card (ending in `.json`)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Headers of every request to it (its card's too); a value may hold `${NAME}`,
+    replaced at start-up by the service's variable NAME (a secret stays out of the file)."""
+    timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """The longest one call (one task) may take; the run's tool timeout applies too."""
+
+
 class AgentConfig(Strict):
     """A named agent: model, instructions, tools and limits."""
 
@@ -76,6 +91,8 @@ class AgentConfig(Strict):
     description: str = Field("", max_length=2_000)
     """What the agent does, for those choosing an agent: its A2A card shows this (never its
     instructions), and so does its tool for the agents that call it (`agents`)."""
+    a2a_agents: list[A2AAgentConfig] = Field(default_factory=list, max_length=64)
+    """Remote A2A agents it may call, each a tool whose description is its card's."""
     agents: list[str] = Field(default_factory=list, max_length=64)
     """Other agents of this server it may call, each as a tool named after it taking
     `{"input": string}` (docs/a2a.md). Cycles are refused at start-up."""

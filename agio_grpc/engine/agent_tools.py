@@ -70,8 +70,17 @@ class _Arguments(BaseModel):
     input: str = Field(min_length=1, description="What to ask the agent, in full.")
 
 
-_PARAMETERS: dict[str, Any] = _Arguments.model_json_schema()
-_PARAMETERS.pop("title", None)
+ARGUMENTS_SCHEMA: dict[str, Any] = _Arguments.model_json_schema()
+"""The parameters of an agent offered as a tool (a local one, or a remote A2A one)."""
+ARGUMENTS_SCHEMA.pop("title", None)
+
+
+def checked_input(arguments: object) -> str:
+    """The `input` of an agent tool's arguments; raises pydantic.ValidationError or
+    ArgumentsError."""
+    if not isinstance(arguments, dict):
+        raise ArgumentsError("must be a JSON object")
+    return _Arguments.model_validate(arguments).input
 
 
 @dataclass(slots=True)
@@ -112,7 +121,7 @@ class AgentTool:
         self._tools = tools
         self.name = agent_tool_name(agent.name)
         self.description = agent.description or f"Ask the agent {agent.name!r}; it answers in text."
-        self.parameters = _PARAMETERS
+        self.parameters = ARGUMENTS_SCHEMA
 
     @property
     def available(self) -> bool:
@@ -129,9 +138,7 @@ class AgentTool:
         return None
 
     def validate(self, arguments: object) -> dict[str, Any]:
-        if not isinstance(arguments, dict):
-            raise ArgumentsError("must be a JSON object")
-        return {"input": _Arguments.model_validate(arguments).input}
+        return {"input": checked_input(arguments)}
 
     async def invoke(self, arguments: dict[str, Any], context: ToolContext) -> str:
         runs = self._tools.runs

@@ -44,6 +44,7 @@ from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.storage import Storage
 from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.a2a.handler import AgentTasks
+from agio_grpc.service.a2a.remote import remote_agents_of
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (
     Authenticator,
@@ -79,6 +80,7 @@ from agio_grpc.telemetry import (
     TracingInterceptor,
     instrumented,
     telemetry_from_environment,
+    trace_metadata,
 )
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2_grpc, session_service_pb2_grpc
@@ -169,6 +171,7 @@ def build_agents(settings: Settings) -> dict[str, AgentSpec]:
             tools=[
                 *(config_tool_name(name) for name in agent.tools),
                 *(agent_tool_name(name) for name in agent.agents),
+                *(entry.name for entry in agent.a2a_agents),
             ],
             mcp_servers=list(agent.mcp),
             limits=Limits(**agent.limits.model_dump()),
@@ -265,6 +268,7 @@ class AgioApp:
             registry = build_registry(settings)
             agents = build_agents(settings)
             agent_tools = agent_tools_of(settings, agents, registry)
+            remote_agents = remote_agents_of(settings, registry, trace_metadata)
         mcp_servers = mcp_servers_of(settings, registry)
         with loading("hooks", "AGIO_HOOKS__*, or hooks in AGIO_CONFIG"):
             hooks = Hooks.load(**settings.hooks.model_dump())
@@ -286,6 +290,10 @@ class AgioApp:
                     ),
                 )
             opened.push_async_callback(sql_store.close)
+            if remote_agents is not None:
+                # Cards are read in the background; an agent not up keeps being tried.
+                opened.push_async_callback(remote_agents.stop)
+                remote_agents.start()
             if mcp_servers is not None:
                 # Connections open now; a server not up keeps trying (tools unavailable).
                 opened.push_async_callback(mcp_servers.stop)

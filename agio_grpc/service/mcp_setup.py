@@ -11,7 +11,6 @@ tool.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import replace
@@ -19,9 +18,8 @@ from dataclasses import replace
 from agio_grpc.config import McpServerConfig, Settings
 from agio_grpc.engine.mcp import McpServer, McpServers, McpServerSpec
 from agio_grpc.engine.tools import ToolRegistry, config_tool_name
-from agio_grpc.service.startup import StartupError
+from agio_grpc.service.startup import StartupError, substitute
 
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 INHERITED_VARIABLES = ("PATH", "HOME", "LANG")
 """What every stdio server gets of the service's environment, besides its entry's `env`:
 without PATH a launcher finds nothing to run (`npx` ends with `sh: 1: mcp-server-everything:
@@ -92,24 +90,6 @@ def mcp_server_spec(config: McpServerConfig, environ: Mapping[str, str]) -> McpS
     }
     command = find_command(config.command, where)
     return replace(base, command=command, args=tuple(config.args), env=env, cwd=config.cwd)
-
-
-def substitute(value: str, environ: Mapping[str, str], setting: str) -> str:
-    """`value` with each `${NAME}` replaced by the variable NAME of `environ`; `$${` keeps a
-    literal `${`. Raises StartupError naming a missing variable (never a value)."""
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in environ:
-            raise StartupError(
-                f"environment variable {name} is not set",
-                setting,
-                f"set {name} in the service's environment, or write the value in the config",
-            )
-        return environ[name]
-
-    parts = value.split("$${")
-    return "${".join(_VARIABLE.sub(replace, part) for part in parts)
 
 
 def find_command(command: str, setting: str) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
@@ -127,3 +128,24 @@ def check_bindable(address: str, setting: str = "AGIO_LISTEN_ADDRESS") -> None:
 def one_line(error: BaseException) -> str:
     """An exception's message on one line."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def substitute(value: str, environ: Mapping[str, str], setting: str) -> str:
+    """`value` with each `${NAME}` replaced by the variable NAME of `environ`; `$${` keeps a
+    literal `${`. Raises StartupError naming a missing variable (never a value)."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise StartupError(
+                f"environment variable {name} is not set",
+                setting,
+                f"set {name} in the service's environment, or write the value in the config",
+            )
+        return environ[name]
+
+    parts = value.split("$${")
+    return "${".join(_VARIABLE.sub(replace, part) for part in parts)
