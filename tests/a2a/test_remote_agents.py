@@ -112,15 +112,19 @@ async def app(
         await started.stop(grace=0)
 
 
-async def offered(app: AgioApp) -> None:
-    """Once the remote agent's card is read (in the background, at start)."""
+async def offered_tool(app: AgioApp, name: str) -> None:
+    """Once remote agent `name`'s card is read (in the background, at start)."""
     async with AgioClient(app.address) as client:
         for _ in range(500):
             [agent] = await client.list_agents()
-            if not {t.name: t for t in agent.tools}["notes"].unavailable:
+            if not {t.name: t for t in agent.tools}[name].unavailable:
                 return
             await asyncio.sleep(0.01)
-    raise AssertionError("the note keeper's card was never read")
+    raise AssertionError(f"the card of {name} was never read")
+
+
+async def offered(app: AgioApp) -> None:
+    await offered_tool(app, "notes")
 
 
 def call(text: str, call_id: str = "call_1") -> Turn:
