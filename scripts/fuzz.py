@@ -1,12 +1,13 @@
 """`make fuzz`: the adversarial suite at length on SQLite and PostgreSQL at once.
 
 Each pytest process is one event loop busy with its own cases, so the properties are split
-over four processes, about even in work (PostgreSQL's cases cost about twice SQLite's), for
+over five processes, about even in work (PostgreSQL's cases cost about twice SQLite's), for
 the machine's cores to share: SQLite's; PostgreSQL's agent and undecodable requests; its
-session requests; its request sequences and model streams. Each runs the `fuzz` hypothesis
-profile (tests/fuzz/profiles.py) with a server of its own; its output, with its summary of
-cases and status codes, is printed once it ends, then the cases per backend. Fails when any
-fails, or ran no tests (pytest's exit status 5 included). Extra arguments go to every run.
+session requests; its request sequences and model streams; its A2A requests. Each runs the
+`fuzz` hypothesis profile (tests/fuzz/profiles.py) with a server of its own; its output, with
+its summary of cases and status codes, is printed once it ends, then the cases per backend.
+Fails when any fails, or ran no tests (pytest's exit status 5 included). Extra arguments go to
+every run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ GROUPS = (
     "postgres and (agent_service or not_utf8)",
     "postgres and session_service",
     "postgres and (in_a_row or test_model_streams)",
+    "postgres and a2a",
 )
 CASES_LINE = re.compile(r"^(sqlite|postgres): (\d+) cases", re.MULTILINE)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -27,15 +28,17 @@ import grpc
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.utils import errors as a2a_errors
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, JSONRPC_PARSE_ERROR_CODE
 from a2a.utils.error_handlers import build_rest_error_payload
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agio_grpc.config import AuthMode
+from agio_grpc.domain import clean_text
 from agio_grpc.engine.agents import AgentSpec
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service.a2a.cards import agent_card, agent_path
@@ -77,21 +80,56 @@ class _Headers:
         return {}  # no TLS peer reaches the HTTP listener
 
 
-_NOT_UTF8 = a2a_errors.InvalidRequestError("the request body is not UTF-8 JSON")
+_NOT_JSON = "the request body is not UTF-8 JSON"
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _is_utf8(data: bytes) -> bool:
+def _cleaned(value: Any) -> Any:
+    """`value` with every string (keys too) as the store keeps text (domain.clean_text)."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_cleaned(item) for item in value]
+    if isinstance(value, dict):
+        return {clean_text(key): _cleaned(item) for key, item in value.items()}
+    return value
+
+
+def checked_body(body: bytes) -> bytes | None:
+    """The body as the bindings may see it, None when it is not UTF-8 JSON. JSON may spell
+    a lone surrogate (`"\\ud800"`), which no UTF-8 can carry: the SDK would fail to answer
+    a request holding one (500). Such a body is read and written again with U+FFFD in its
+    place, as all text is stored."""
+    if not body:
+        return body
     try:
-        data.decode()
+        text = body.decode()
     except UnicodeDecodeError:
-        return False
-    return True
+        return None
+    if not _ESCAPED_SURROGATE.search(body):
+        return body
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return json.dumps(_cleaned(value), ensure_ascii=False).encode()
 
 
 def _rpc_path(path: str) -> str:
     """The JSON-RPC endpoint of the agent whose path `path` is under."""
     agent = path.removeprefix(A2A_PREFIX).split("/", 1)[0]
     return f"{A2A_PREFIX}{agent}/"
+
+
+async def _not_json(scope: Scope, send: Send) -> None:
+    """The answer to a body that is not UTF-8 JSON: a JSON-RPC parse error on a JSON-RPC
+    endpoint, else an HTTP+JSON 400."""
+    if scope["path"] == _rpc_path(scope["path"]):
+        error = {"code": JSONRPC_PARSE_ERROR_CODE, "message": _NOT_JSON}
+        await _send_json(send, 200, {"jsonrpc": "2.0", "id": None, "error": error})
+    else:
+        payload = build_rest_error_payload(a2a_errors.InvalidRequestError(_NOT_JSON))
+        await _send_json(send, 400, payload)
 
 
 async def _send_json(
@@ -155,10 +193,12 @@ class A2AEdge:
                     "MESSAGE_TOO_LARGE",
                 )
                 return
-        if body and not _is_utf8(bytes(body)) and scope["path"] != _rpc_path(scope["path"]):
-            # The HTTP+JSON binding would answer a body that is not UTF-8 with a 500.
-            await _send_json(send, 400, build_rest_error_payload(_NOT_UTF8))
+        checked = checked_body(bytes(body))
+        if checked is None:
+            # Refused here: the bindings would answer with a 500, or log a traceback.
+            await _not_json(scope, send)
             return
+        body = bytearray(checked)
         replayed = False
 
         async def replay() -> Message:
@@ -190,6 +230,15 @@ class A2AEdge:
             return
         with calling_as(caller):
             await self._app(scope, replay, send)
+
+
+async def _not_routed(request: Request, error: Exception) -> Response:
+    """A path no A2A route has, or a method its route does not take: an HTTP+JSON error."""
+    assert isinstance(error, HTTPException)
+    status = "NOT_FOUND" if error.status_code == 404 else "UNIMPLEMENTED"
+    message = "no such A2A endpoint" if error.status_code == 404 else "method not allowed"
+    body = {"error": {"code": error.status_code, "status": status, "message": message}}
+    return JSONResponse(body, error.status_code, headers=error.headers)
 
 
 def _base_url(request: Request) -> str:
@@ -234,7 +283,8 @@ def a2a_application(
             *create_rest_routes(tasks, shutdown_grace_period=grace_s),
         ]
         routes.append(Mount(agent_path(agent.name).rstrip("/"), routes=list(served)))
-    return A2AEdge(Starlette(routes=routes), authenticator, max_bytes)
+    handlers = {404: _not_routed, 405: _not_routed}
+    return A2AEdge(Starlette(routes=routes, exception_handlers=handlers), authenticator, max_bytes)
 
 
 class A2ARouter:
