@@ -12,7 +12,9 @@ starts, all on 127.0.0.1 with port 0 and throwaway SQLite files:
   model (runs that last ten seconds, to cancel mid-stream);
 
 and runs the one scenario (tests/conformance/scenario.py says what it checks) with each
-client over each transport: `python -m tests.conformance.scenario`, `go test -run
+client over each transport: `python -m tests.conformance.scenario`, and the A2A scenario
+with the official `a2a-sdk` client over its three bindings on the plaintext pair
+(`python -m tests.conformance.a2a`), `go test -run
 TestConformance` in clients/go and `node dist/conformance/scenario.js` in clients/ts (and
 once more with `--protocol connect`: the TypeScript client's web transport on the plaintext
 servers' HTTP listeners, `AGIO_HTTP_ADDRESS`), over TLS with the CA file and a token in the
@@ -25,7 +27,7 @@ examples/relay's test). Prints one line per client and transport (and `examples`
 final `N passed, N failed` line; exits 1 when any failed. Every step has a time limit and
 every process started here is stopped here.
 
-`uv run python scripts/conformance.py [--clients python,go,ts,examples]
+`uv run python scripts/conformance.py [--clients python,go,ts,a2a,examples]
 [--transports plaintext,tls,mutual_tls]`
 """
 
@@ -275,6 +277,7 @@ def build_commands() -> dict[str, list[tuple[list[str], Path]]]:
     ts_build = [(npm_ci, ts), (["npm", "run", "build"], ts)]
     return {
         "python": [],
+        "a2a": [],
         "go": [(["go", "vet", "./..."], go), (["go", "test", "./..."], go)],
         "ts": [*ts_build, (["npm", "test"], ts)],
         # The TypeScript example links clients/ts, and the CLI checks run its build.
@@ -316,6 +319,11 @@ def plan_runs(clients: list[str], servers: list[ServerPair]) -> list[ScenarioRun
     by_name = {pair.transport.name: pair for pair in servers}
     planned: list[ScenarioRun] = []
     for client in clients:
+        if client == "a2a":
+            # A2A's HTTP bindings need the HTTP listener, which the plaintext pair has.
+            if "plaintext" in by_name:
+                planned.append(ScenarioRun(client, client, by_name["plaintext"]))
+            continue
         if client == "examples":
             if "plaintext" in by_name:
                 planned.append(
@@ -335,6 +343,12 @@ def scenario_command(run: ScenarioRun) -> tuple[list[str], Path]:
     addresses = ["--address", run.servers.fast, "--slow-address", run.servers.slow]
     if client == "python":
         return [sys.executable, "-m", "tests.conformance.scenario", *addresses], ROOT
+    if client == "a2a":
+        assert run.servers.fast_http is not None
+        assert run.servers.slow_http is not None
+        http = ["--http-address", run.servers.fast_http]
+        http += ["--slow-http-address", run.servers.slow_http]
+        return [sys.executable, "-m", "tests.conformance.a2a", *http], ROOT
     if client == "examples":
         mtls = ["--mtls-address", run.mutual_tls.fast] if run.mutual_tls else []
         return [sys.executable, "-m", "tests.conformance.examples", *addresses, *mtls], ROOT
@@ -364,7 +378,9 @@ def indent(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", default="python,go,ts,examples", help="comma-separated subset")
+    parser.add_argument(
+        "--clients", default="python,go,ts,a2a,examples", help="comma-separated subset"
+    )
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated subset")
     args = parser.parse_args(argv)
     clients = [c for c in args.clients.split(",") if c]

@@ -49,6 +49,8 @@ def message(text: str) -> dict[str, object]:
         b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": 3}}',
         b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": ["x"]}}',
         json.dumps(rpc("GetTask", {"id": "x" * 10_000})).encode(),
+        b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "GetTask", "params": {"id": "x"}}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"\\udfff": 1}}',
     ],
 )
 async def test_a_malformed_json_rpc_request_gets_a_json_rpc_error(
