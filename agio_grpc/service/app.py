@@ -77,6 +77,7 @@ from agio_grpc.telemetry import (
     Instruments,
     OtelRunTracer,
     Telemetry,
+    TracedHttp,
     TracingInterceptor,
     instrumented,
     telemetry_from_environment,
@@ -390,7 +391,7 @@ class AgioApp:
                 chain,
                 share_port=worker is not None,
                 response_metadata=response_metadata,
-                a2a=A2AParts(runtime, agent_servicer, pages, authenticator, auth_mode),
+                a2a=A2AParts(runtime, agent_servicer, pages, authenticator, auth_mode, telemetry),
             )
             resources = opened.pop_all()
         log.info(
@@ -511,6 +512,7 @@ class A2AParts:
     pages: PageTokens
     authenticator: Authenticator | None
     auth_mode: AuthMode
+    telemetry: Telemetry
 
 
 async def _serve_over_http(
@@ -549,6 +551,7 @@ async def _serve_over_http(
                 auth_mode=a2a.auth_mode,
                 grpc_port=bound.port,
                 max_bytes=settings.server.max_message_bytes,
+                traced=lambda app: TracedHttp(app, a2a.telemetry.tracer_provider),
             ),
         )
     except BaseException as error:

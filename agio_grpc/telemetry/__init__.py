@@ -5,7 +5,8 @@
   `Telemetry` from their own SDK providers.
 - `OtelRunTracer` is the engine's `RunTracer`: `invoke_agent` / `chat` / `execute_tool`
   spans with GenAI semantic-convention attributes, and the GenAI and agio metrics.
-- `TracingInterceptor` starts the gRPC server span from the caller's `traceparent`.
+- `TracingInterceptor` starts the gRPC server span from the caller's `traceparent`;
+  `TracedHttp` the HTTP server span of an A2A call on the HTTP listener.
 - `instrumented(role, instruments)` records a store role's latency, steps written and forks.
 - `trace_metadata()` (client side) and `trace_log_handler()` (log lines with trace ids).
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agio_grpc.telemetry.grpc_server import TracingInterceptor
+    from agio_grpc.telemetry.http_server import TracedHttp
     from agio_grpc.telemetry.instruments import Instruments
     from agio_grpc.telemetry.logs import TraceContextFilter, trace_log_handler
     from agio_grpc.telemetry.propagation import trace_metadata
@@ -34,6 +36,7 @@ _HOMES = {
     "OtelRunTracer": "runs",
     "Telemetry": "setup",
     "TraceContextFilter": "logs",
+    "TracedHttp": "http_server",
     "TracingInterceptor": "grpc_server",
     "instrumented": "store",
     "telemetry_from_environment": "setup",
@@ -54,6 +57,7 @@ __all__ = [
     "OtelRunTracer",
     "Telemetry",
     "TraceContextFilter",
+    "TracedHttp",
     "TracingInterceptor",
     "instrumented",
     "telemetry_from_environment",

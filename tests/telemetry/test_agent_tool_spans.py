@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from a2a.types import a2a_pb2, a2a_pb2_grpc
 
@@ -64,3 +65,48 @@ async def test_an_a2a_grpc_call_is_a_server_span(app: AgioApp, traced: Traced) -
     assert (
         dict(server.attributes or {})["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
     )
+
+
+async def test_an_a2a_http_call_is_a_server_span_parenting_its_run(
+    tmp_path: Path, fake_model: FakeModelServer, traced: Traced
+) -> None:
+    settings = make_settings(
+        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        fake_model.base_url,
+        http_address="127.0.0.1:0",
+    )
+    app = await AgioApp.start(settings, traced.telemetry)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    try:
+        assert app.http is not None
+        fake_model.enqueue(Turn.text("Hi."))
+        async with httpx.AsyncClient(base_url=f"http://{app.http.address}") as http:
+            response = await http.post(
+                "/a2a/assistant/",
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "SendMessage",
+                    "params": {
+                        "message": {
+                            "messageId": "m1",
+                            "role": "ROLE_USER",
+                            "parts": [{"text": "hi"}],
+                        }
+                    },
+                },
+                headers={
+                    "a2a-version": "1.0",
+                    "traceparent": f"00-{trace_id}-b7ad6b7169203331-01",
+                },
+            )
+        assert response.status_code == 200
+    finally:
+        await app.stop(grace=0)
+    await traced.open_spans.all_ended()
+    spans = traced.spans()
+    server = one(spans, "POST /a2a/{agent}/")
+    assert server.context is not None
+    assert format(server.context.trace_id, "032x") == trace_id
+    assert dict(server.attributes or {})["http.response.status_code"] == 200
+    assert [s.name for s in children(spans, server)] == ["invoke_agent assistant"]

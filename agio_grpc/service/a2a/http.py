@@ -254,9 +254,11 @@ def a2a_application(
     auth_mode: AuthMode,
     grpc_port: int,
     max_bytes: int,
+    traced: Callable[[ASGIApp], ASGIApp] = lambda app: app,
     grace_s: float = 0.0,
 ) -> ASGIApp:
-    """The A2A application of the HTTP listener (paths for which `serves` is true)."""
+    """The A2A application of the HTTP listener (paths for which `serves` is true), each
+    request in the server span `traced` starts (outermost, so a refusal is on it too)."""
 
     def card_of(agent: AgentSpec) -> Callable[[Request], Any]:
         async def card(request: Request) -> Response:
@@ -284,7 +286,8 @@ def a2a_application(
         ]
         routes.append(Mount(agent_path(agent.name).rstrip("/"), routes=list(served)))
     handlers = {404: _not_routed, 405: _not_routed}
-    return A2AEdge(Starlette(routes=routes, exception_handlers=handlers), authenticator, max_bytes)
+    starlette = Starlette(routes=routes, exception_handlers=handlers)
+    return traced(A2AEdge(starlette, authenticator, max_bytes))
 
 
 class A2ARouter:
