@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 
 from agio_grpc.domain import Run, Session, Step
 from agio_grpc.store.keys import KeyStore
+from agio_grpc.store.push import PushConfigs
 from agio_grpc.store.records import TenantQuotas
 from agio_grpc.store.rows import stored_run, stored_session
 from agio_grpc.store.sql import DEFAULT_SESSION_LEASE_S, SqlStore, open_store
@@ -61,6 +62,9 @@ class StoreRoles(SqlSessionLog, SqlRunLedger, SqlLeases):
 
     def keys(self) -> KeyStore:
         return self.front.keys()
+
+    def push_configs(self) -> PushConfigs:
+        return self.front.push_configs()
 
     async def server_secret(self, name: str, size: int = 32) -> bytes:
         return await self.front.server_secret(name, size)

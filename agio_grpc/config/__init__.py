@@ -59,6 +59,7 @@ from agio_grpc.config.base import (
 )
 from agio_grpc.config.server import (
     JWT_ALGORITHMS,
+    A2AConfig,
     ApiKeyAuthConfig,
     AuthConfig,
     AuthMode,
@@ -80,6 +81,7 @@ __all__ = [
     "MAX_WORKERS",
     "MIB",
     "A2AAgentConfig",
+    "A2AConfig",
     "AgentConfig",
     "ApiKeyAuthConfig",
     "AuthConfig",
@@ -145,6 +147,7 @@ class Settings(BaseSettings):
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    a2a: A2AConfig = Field(default_factory=A2AConfig)
     """Authentication (`AGIO_AUTH=api_key` is short for `AGIO_AUTH__MODE=api_key`)."""
     tls_cert_file: Path | None = None
     """PEM certificate chain the server presents (its own certificate first, then the

@@ -316,3 +316,17 @@ class HttpConfig(Strict):
     trace_url_template: str = ""
     """The console's link to a step's trace, `{trace_id}` replaced: e.g.
     `http://127.0.0.1:16686/trace/{trace_id}` (Jaeger). "": no link."""
+
+
+class A2AConfig(Strict):
+    """A2A push notifications (docs/a2a.md)."""
+
+    push_allow_private_hosts: bool = False
+    """Whether a push notification URL may name a loopback, private, link-local or other
+    internal address (refused by default: a caller must not make the server reach inside
+    its network)."""
+    push_max_attempts: int = Field(4, ge=1, le=20)
+    """Attempts per notification: a network error, a 408, 429 or 5xx is tried again, after
+    0.5 s, then doubling (at most 30 s)."""
+    push_timeout_s: float = Field(10.0, gt=0, le=300)
+    """How long one POST may take."""

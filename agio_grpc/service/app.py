@@ -44,6 +44,7 @@ from agio_grpc.engine.session_compaction import SessionCompactor
 from agio_grpc.engine.storage import Storage
 from agio_grpc.engine.tools import ToolRegistry, config_tool_name
 from agio_grpc.service.a2a.handler import AgentTasks
+from agio_grpc.service.a2a.push import PushNotifier
 from agio_grpc.service.a2a.remote import remote_agents_of
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import (
@@ -346,6 +347,8 @@ class AgioApp:
             pages = PageTokens(await sql_store.server_secret(PAGE_TOKEN_KEY))
             page_bytes = settings.server.max_message_bytes * 3 // 4
             agent_servicer = AgentServicer(runtime, settings.server, pages)
+            push = PushNotifier(runtime, sql_store.push_configs(), settings.a2a)
+            opened.push_async_callback(push.stop)
             register: list[tuple[object, object]] = [
                 (agent_service_pb2_grpc.add_AgentServiceServicer_to_server, agent_servicer),
                 (
@@ -361,7 +364,7 @@ class AgioApp:
                 # A2A's gRPC binding: the agent each request's A2A tenant names.
                 (
                     a2a_pb2_grpc.add_A2AServiceServicer_to_server,
-                    GrpcHandler(AgentTasks(runtime, agent_servicer, pages)),
+                    GrpcHandler(AgentTasks(runtime, agent_servicer, pages, push)),
                 ),
             ]
             chain: list[grpc.aio.ServerInterceptor] = [
@@ -391,7 +394,9 @@ class AgioApp:
                 chain,
                 share_port=worker is not None,
                 response_metadata=response_metadata,
-                a2a=A2AParts(runtime, agent_servicer, pages, authenticator, auth_mode, telemetry),
+                a2a=A2AParts(
+                    runtime, agent_servicer, pages, push, authenticator, auth_mode, telemetry
+                ),
             )
             resources = opened.pop_all()
         log.info(
@@ -510,6 +515,7 @@ class A2AParts:
     runtime: Runtime
     agents: AgentServicer
     pages: PageTokens
+    push: PushNotifier
     authenticator: Authenticator | None
     auth_mode: AuthMode
     telemetry: Telemetry
@@ -547,6 +553,7 @@ async def _serve_over_http(
                 a2a.runtime,
                 a2a.agents,
                 a2a.pages,
+                a2a.push,
                 authenticator=a2a.authenticator,
                 auth_mode=a2a.auth_mode,
                 grpc_port=bound.port,

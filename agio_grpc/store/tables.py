@@ -245,3 +245,23 @@ api_keys = Table(
     UniqueConstraint("secret_hash", name="uq_api_keys_secret_hash"),
     Index("ix_api_keys_tenant_create_time", "tenant", "create_time"),
 )
+
+push_configs = Table(
+    # A2A push notification configs (revision 0013): where a task's state changes are
+    # POSTed. Deleted with their run (and so with its session).
+    "push_configs",
+    metadata,
+    Column(
+        "run_id",
+        String,
+        ForeignKey("runs.id", ondelete="CASCADE", name="fk_push_configs_run_id"),
+        primary_key=True,
+    ),
+    Column("id", String, primary_key=True),
+    Column("tenant", String, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("token", Text, nullable=False, server_default=""),
+    Column("auth_scheme", String, nullable=False, server_default=""),
+    Column("auth_credentials", Text, nullable=False, server_default=""),
+    Column("create_time", UTCDateTime, nullable=False),
+)

@@ -215,7 +215,7 @@ async def test_bad_messages_get_a2a_errors(connect: Connect) -> None:
         await remote.client.get_task(a2a.GetTaskRequest(id="run_missing"), context=remote.context)
     with pytest.raises(a2a_errors.InvalidParamsError, match="context_id"):
         await remote.client.list_tasks(a2a.ListTasksRequest(), context=remote.context)
-    with pytest.raises(a2a_errors.PushNotificationNotSupportedError):
+    with pytest.raises(a2a_errors.TaskNotFoundError):
         await remote.client.create_task_push_notification_config(
             a2a.TaskPushNotificationConfig(task_id="run_x", url="https://x.test/hook"),
             context=remote.context,
@@ -230,6 +230,32 @@ async def test_a_nul_in_a_message_is_stored_as_every_text_is(
     task, _ = final_task(await remote.stream(send("a\x00b")))
     found = await remote.client.get_task(a2a.GetTaskRequest(id=task.id), context=remote.context)
     assert found.history[0].parts[0].text == "a\ufffdb"
+
+
+async def test_a_push_url_naming_an_internal_host_or_no_web_url_is_refused(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.text("Done."))
+    task, _ = final_task(await remote.stream(send("hi")))
+    for url in (
+        "http://127.0.0.1:9/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/hook",
+        "http://10.0.0.1/hook",
+        "ftp://x.test/",
+        "not a url",
+        "https://" + "x" * 2_000 + ".test/",
+    ):
+        with pytest.raises(a2a_errors.InvalidParamsError, match="url"):
+            await remote.client.create_task_push_notification_config(
+                a2a.TaskPushNotificationConfig(task_id=task.id, url=url),
+                context=remote.context,
+            )
+    listed = await remote.client.list_task_push_notification_configs(
+        a2a.ListTaskPushNotificationConfigsRequest(task_id=task.id), context=remote.context
+    )
+    assert not listed.configs
 
 
 def _value(data: dict[str, object]) -> struct_pb2.Value:

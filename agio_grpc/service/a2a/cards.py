@@ -91,7 +91,7 @@ def agent_card(
                 tenant=agent.name,
             ),
         ],
-        capabilities=a2a.AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=a2a.AgentCapabilities(streaming=True, push_notifications=True),
         default_input_modes=MEDIA_TYPES,
         default_output_modes=MEDIA_TYPES,
         skills=[

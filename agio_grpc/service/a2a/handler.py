@@ -20,6 +20,8 @@ one of another tenant (ours, the caller's credential's).
 from __future__ import annotations
 
 import contextlib
+import re
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -30,18 +32,29 @@ from a2a.utils import errors as a2a_errors
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
 from google.protobuf import json_format
 
-from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
+from agio_grpc.engine.remote import FollowedEvent
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.service.a2a import mapping
 from agio_grpc.service.a2a.errors import A2AError, invalid_params, to_a2a_error
+from agio_grpc.service.a2a.push import PushNotifier
 from agio_grpc.service.agent_service import AgentServicer
+from agio_grpc.service.errors import FieldViolation
 from agio_grpc.service.identity import current_caller
-from agio_grpc.service.validation import PageTokens, check_id, raise_if_any, time_key
+from agio_grpc.service.validation import (
+    PageTokens,
+    check_id,
+    check_size,
+    raise_if_any,
+    time_key,
+)
+from agio_grpc.store.push import PushConfig, TooManyConfigsError
 from agio_grpc.v1 import agent_service_pb2 as pb
-from agio_grpc.v1 import events_pb2, resources_pb2
+from agio_grpc.v1 import resources_pb2
 
 CANCEL_REASON = "cancelled over A2A"
+MAX_PUSH_TOKEN_BYTES = 4096
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9._~+-]{0,63}")
 
 
 @contextlib.contextmanager
@@ -63,11 +76,18 @@ class _Started:
     events: AsyncIterator[FollowedEvent]
 
 
-def _encoded(event: FollowedEvent) -> events_pb2.StepEvent:
-    if isinstance(event, RelayedEvent):  # already a StepEvent, from the member running it
-        assert isinstance(event.message, events_pb2.StepEvent)
-        return event.message
-    return convert.event_to_proto(event)
+def _push_config(config: PushConfig) -> a2a.TaskPushNotificationConfig:
+    found = a2a.TaskPushNotificationConfig(
+        id=config.id, task_id=config.run_id, url=config.url, token=config.token
+    )
+    if config.auth_scheme:
+        found.authentication.scheme = config.auth_scheme
+        found.authentication.credentials = config.auth_credentials
+    return found
+
+
+def _no_push_config(config_id: str) -> A2AError:
+    return a2a_errors.TaskNotFoundError(f"push notification config {config_id!r} not found")
 
 
 def _file_parts(message: a2a.Message) -> list[int]:
@@ -86,11 +106,13 @@ class AgentTasks(RequestHandler):
         runtime: Runtime,
         servicer: AgentServicer,
         pages: PageTokens,
+        push: PushNotifier,
         agent: str | None = None,
     ) -> None:
         self._runtime = runtime
         self._servicer = servicer
         self._pages = pages
+        self._push = push
         self._agent = agent
 
     # -- reading -----------------------------------------------------------------------------
@@ -191,8 +213,10 @@ class AgentTasks(RequestHandler):
 
     async def _send(self, params: a2a.SendMessageRequest, context: ServerCallContext) -> _Started:
         agent = self._agent_of(params.tenant or context.tenant)
+        push = None
         if params.configuration.HasField("task_push_notification_config"):
-            raise a2a_errors.PushNotificationNotSupportedError()
+            push = params.configuration.task_push_notification_config
+            await self._check_push(push)
         message = params.message
         if message.role == a2a.ROLE_AGENT:
             raise invalid_params("message.role", "must be ROLE_USER")
@@ -202,7 +226,14 @@ class AgentTasks(RequestHandler):
                 f"message.parts[{files[0]}]: file parts are not accepted; send text or data"
             )
         if message.task_id:
-            return await self._reply(message, agent)
+            started = await self._reply(message, agent)
+        else:
+            started = await self._start(message, agent)
+        if push is not None:
+            await self._store_push(push, started.run)
+        return started
+
+    async def _start(self, message: a2a.Message, agent: str) -> _Started:
         request = pb.RunRequest(
             input=mapping.message_text(message),
             session_id=message.context_id,
@@ -239,6 +270,8 @@ class AgentTasks(RequestHandler):
         except json_format.ParseError as error:
             raise invalid_params("message.parts", str(error)) from None
         handle = await self._servicer.submit(request, None)
+        if await self._push.configs.for_run(run.id):
+            self._push.watch(run.id, handle.run.last_event_seq)  # its next stretch
         return _Started(convert.run_to_proto(handle.run), handle.events())
 
     async def on_message_send(
@@ -294,7 +327,7 @@ class AgentTasks(RequestHandler):
     ) -> AsyncIterator[mapping.Event]:
         translator = mapping.EventTranslator(run.id, run.session_id)
         async for event in events:
-            for translated in translator.translate(_encoded(event)):
+            for translated in translator.translate(mapping.step_event(event)):
                 yield translated
             if event.is_terminal:
                 return
@@ -313,27 +346,94 @@ class AgentTasks(RequestHandler):
             cancelled = convert.run_to_proto(ended)
             return mapping.task(cancelled, await self._steps(cancelled))
 
-    # -- not offered -------------------------------------------------------------------------
+    # -- push notifications (service/a2a/push.py) --------------------------------------------
+
+    async def _check_push(self, config: a2a.TaskPushNotificationConfig) -> None:
+        why = await self._push.allowed(config.url)
+        if why:
+            raise invalid_params("url", why)
+        violations = [
+            check_id("id", config.id, required=False),
+            check_size("token", config.token, MAX_PUSH_TOKEN_BYTES),
+            check_size("authentication.scheme", config.authentication.scheme, 64),
+            check_size(
+                "authentication.credentials",
+                config.authentication.credentials,
+                MAX_PUSH_TOKEN_BYTES,
+            ),
+        ]
+        if config.authentication.scheme and not _SCHEME.fullmatch(config.authentication.scheme):
+            violations.append(
+                FieldViolation("authentication.scheme", "must be a word such as Bearer")
+            )
+        raise_if_any(*violations)
+
+    async def _store_push(
+        self, config: a2a.TaskPushNotificationConfig, run: resources_pb2.Run
+    ) -> a2a.TaskPushNotificationConfig:
+        try:
+            stored = await self._push.configs.put(
+                PushConfig(
+                    run_id=run.id,
+                    id=config.id or uuid.uuid4().hex,
+                    tenant=current_caller().tenant,
+                    url=config.url,
+                    token=config.token,
+                    auth_scheme=config.authentication.scheme,
+                    auth_credentials=config.authentication.credentials,
+                )
+            )
+        except TooManyConfigsError as error:
+            raise a2a_errors.InvalidRequestError(str(error)) from None
+        if mapping.task_state(run.status) not in mapping.TERMINAL_STATES:
+            self._push.watch(run.id)
+        return _push_config(stored)
 
     async def on_create_task_push_notification_config(
         self, params: a2a.TaskPushNotificationConfig, context: ServerCallContext
     ) -> a2a.TaskPushNotificationConfig:
-        raise a2a_errors.PushNotificationNotSupportedError()
+        with _answering():
+            run = await self._run(params.task_id, self._agent_of(params.tenant or context.tenant))
+            await self._check_push(params)
+            return await self._store_push(params, run)
 
     async def on_get_task_push_notification_config(
         self, params: a2a.GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> a2a.TaskPushNotificationConfig:
-        raise a2a_errors.PushNotificationNotSupportedError()
+        with _answering():
+            run = await self._run(params.task_id, self._agent_of(params.tenant or context.tenant))
+            raise_if_any(check_id("id", params.id))
+            found = await self._push.configs.get(run.id, params.id, tenant=current_caller().tenant)
+            if found is None:
+                raise a2a_errors.TaskNotFoundError(
+                    f"push notification config {params.id!r} not found"
+                )
+            return _push_config(found)
 
     async def on_list_task_push_notification_configs(
         self, params: a2a.ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> a2a.ListTaskPushNotificationConfigsResponse:
-        raise a2a_errors.PushNotificationNotSupportedError()
+        with _answering():
+            run = await self._run(params.task_id, self._agent_of(params.tenant or context.tenant))
+            found = await self._push.configs.list_configs(run.id, tenant=current_caller().tenant)
+            return a2a.ListTaskPushNotificationConfigsResponse(
+                configs=[_push_config(config) for config in found]
+            )
 
     async def on_delete_task_push_notification_config(
         self, params: a2a.DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> None:
-        raise a2a_errors.PushNotificationNotSupportedError()
+        with _answering():
+            run = await self._run(params.task_id, self._agent_of(params.tenant or context.tenant))
+            raise_if_any(check_id("id", params.id))
+            if not await self._push.configs.delete(
+                run.id, params.id, tenant=current_caller().tenant
+            ):
+                raise a2a_errors.TaskNotFoundError(
+                    f"push notification config {params.id!r} not found"
+                )
+
+    # -- not offered -------------------------------------------------------------------------
 
     async def on_get_extended_agent_card(
         self, params: a2a.GetExtendedAgentCardRequest, context: ServerCallContext

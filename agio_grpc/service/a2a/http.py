@@ -43,6 +43,7 @@ from agio_grpc.engine.agents import AgentSpec
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service.a2a.cards import agent_card, agent_path
 from agio_grpc.service.a2a.handler import AgentTasks
+from agio_grpc.service.a2a.push import PushNotifier
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import Authenticator
 from agio_grpc.service.errors import as_service_error
@@ -249,6 +250,7 @@ def a2a_application(
     runtime: Runtime,
     servicer: AgentServicer,
     pages: PageTokens,
+    push: PushNotifier,
     *,
     authenticator: Authenticator | None,
     auth_mode: AuthMode,
@@ -278,7 +280,7 @@ def a2a_application(
         Route(AGENT_CARD_WELL_KNOWN_PATH, card_of(runtime.agent()), methods=["GET"])
     ]
     for agent in runtime.agents.values():
-        tasks = AgentTasks(runtime, servicer, pages, agent.name)
+        tasks = AgentTasks(runtime, servicer, pages, push, agent.name)
         served: Sequence[BaseRoute] = [
             Route(AGENT_CARD_WELL_KNOWN_PATH, card_of(agent), methods=["GET"]),
             *create_jsonrpc_routes(tasks, "/", shutdown_grace_period=grace_s),

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from a2a.types import a2a_pb2 as a2a
 from google.protobuf import json_format, struct_pb2
 
+from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
+from agio_grpc.service import convert
 from agio_grpc.v1 import events_pb2, resources_pb2
 
 ANSWER = "answer"
@@ -315,3 +317,11 @@ def message_text(message: a2a.Message) -> str:
         elif kind == "data":
             lines.append(json.dumps(json_format.MessageToDict(part.data), ensure_ascii=False))
     return "\n".join(lines)
+
+
+def step_event(event: FollowedEvent) -> events_pb2.StepEvent:
+    """A followed event as `agio.v1` streams it (a relayed one is already)."""
+    if isinstance(event, RelayedEvent):
+        assert isinstance(event.message, events_pb2.StepEvent)
+        return event.message
+    return convert.event_to_proto(event)

@@ -52,6 +52,7 @@ from agio_grpc.store.database import (
 )
 from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.migrations import upgrade_to_head
+from agio_grpc.store.push import PushConfigs
 from agio_grpc.store.records import TenantQuotas
 from agio_grpc.store.sql.leases import SqlLeases
 from agio_grpc.store.sql.log import SqlSessionLog
@@ -159,6 +160,10 @@ class SqlStore:
     def keys(self) -> KeyStore:
         """The API keys (`auth.mode: api_key`), on this store's database."""
         return KeyStore(self._database)
+
+    def push_configs(self) -> PushConfigs:
+        """The A2A push notification configs, on this store's database."""
+        return PushConfigs(self._database)
 
     async def server_secret(self, name: str, size: int = 32) -> bytes:
         """The named secret every replica shares: `size` random bytes made by the first to
