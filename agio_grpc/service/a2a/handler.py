@@ -68,6 +68,19 @@ def _answering() -> Iterator[None]:
         raise to_a2a_error(error) from None
 
 
+@contextlib.asynccontextmanager
+async def _closing(
+    events: AsyncIterator[FollowedEvent],
+) -> AsyncGenerator[AsyncIterator[FollowedEvent]]:
+    """`events`, closed when the block ends (a follow holds a run's live feed)."""
+    try:
+        yield events
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+
+
 @dataclass(slots=True)
 class _Started:
     """A run a message started or resumed, and its events."""
@@ -280,9 +293,10 @@ class AgentTasks(RequestHandler):
         with _answering():
             started = await self._send(params, context)
             if not params.configuration.return_immediately:
-                async for event in started.events:
-                    if event.is_terminal:
-                        break
+                async with _closing(started.events) as events:
+                    async for event in events:
+                        if event.is_terminal:
+                            break
             run = await self._run(started.run.id, started.run.agent)
             history = (
                 params.configuration.history_length
@@ -326,11 +340,12 @@ class AgentTasks(RequestHandler):
         self, run: resources_pb2.Run, events: AsyncIterator[FollowedEvent]
     ) -> AsyncIterator[mapping.Event]:
         translator = mapping.EventTranslator(run.id, run.session_id)
-        async for event in events:
-            for translated in translator.translate(mapping.step_event(event)):
-                yield translated
-            if event.is_terminal:
-                return
+        async with _closing(events) as followed:
+            async for event in followed:
+                for translated in translator.translate(mapping.step_event(event)):
+                    yield translated
+                if event.is_terminal:
+                    return
 
     async def on_cancel_task(
         self, params: a2a.CancelTaskRequest, context: ServerCallContext

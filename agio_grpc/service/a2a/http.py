@@ -47,7 +47,7 @@ from agio_grpc.service.a2a.push import PushNotifier
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.auth import Authenticator
 from agio_grpc.service.errors import as_service_error
-from agio_grpc.service.identity import calling_as
+from agio_grpc.service.identity import ANONYMOUS, calling_as
 from agio_grpc.service.validation import PageTokens
 
 log = logging.getLogger(__name__)
@@ -177,60 +177,73 @@ class A2AEdge:
         if scope["type"] != "http" or scope["path"].endswith(AGENT_CARD_WELL_KNOWN_PATH):
             await self._app(scope, receive, send)
             return
-        body = bytearray()
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self._max_bytes:
-                await _error(
-                    send,
-                    413,
-                    "INVALID_ARGUMENT",
-                    f"the request body is larger than {self._max_bytes} bytes",
-                    "MESSAGE_TOO_LARGE",
+        # The caller first: a request nobody may make is refused before its body is read.
+        caller = ANONYMOUS
+        if self._authenticator is not None:
+            try:
+                caller = await self._authenticator.authenticate(
+                    cast(grpc.aio.ServicerContext, _Headers(scope))
                 )
+            except Exception as error:
+                await _refuse(scope, send, error)
                 return
-        checked = checked_body(bytes(body))
+        body = await _body(receive, send, self._max_bytes)
+        if body is None:
+            return
+        checked = checked_body(body)
         if checked is None:
             # Refused here: the bindings would answer with a 500, or log a traceback.
             await _not_json(scope, send)
             return
-        body = bytearray(checked)
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return {"type": "http.request", "body": checked, "more_body": False}
             return await receive()
 
-        if self._authenticator is None:
-            await self._app(scope, replay, send)
-            return
-        try:
-            caller = await self._authenticator.authenticate(
-                cast(grpc.aio.ServicerContext, _Headers(scope))
-            )
-        except Exception as error:
-            refusal = as_service_error(error)
-            log.info(
-                "refused A2A %s %s: %s %s (%s)",
-                scope["method"],
-                scope["path"],
-                refusal.code.name,
-                refusal.reason,
-                refusal.message,
-            )
-            status = 401 if refusal.code is grpc.StatusCode.UNAUTHENTICATED else 503
-            await _error(send, status, refusal.code.name, refusal.message, refusal.reason)
-            return
         with calling_as(caller):
             await self._app(scope, replay, send)
+
+
+async def _refuse(scope: Scope, send: Send, error: Exception) -> None:
+    """401 (or 503: the credential cannot be checked now), logged without the credential."""
+    refusal = as_service_error(error)
+    log.info(
+        "refused A2A %s %s: %s %s (%s)",
+        scope["method"],
+        scope["path"],
+        refusal.code.name,
+        refusal.reason,
+        refusal.message,
+    )
+    status = 401 if refusal.code is grpc.StatusCode.UNAUTHENTICATED else 503
+    await _error(send, status, refusal.code.name, refusal.message, refusal.reason)
+
+
+async def _body(receive: Receive, send: Send, max_bytes: int) -> bytes | None:
+    """The whole request body; None when the client left or it was over `max_bytes` (413
+    sent)."""
+    body = bytearray()
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+        if len(body) > max_bytes:
+            await _error(
+                send,
+                413,
+                "INVALID_ARGUMENT",
+                f"the request body is larger than {max_bytes} bytes",
+                "MESSAGE_TOO_LARGE",
+            )
+            return None
+    return bytes(body)
 
 
 async def _not_routed(request: Request, error: Exception) -> Response:
