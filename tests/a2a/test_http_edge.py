@@ -112,7 +112,7 @@ async def test_a_call_without_or_with_a_forged_credential_is_refused_401(
         assert card.status_code == 200
 
 
-async def test_an_anonymous_body_is_refused_before_it_is_read(a2a_app: AgioApp) -> None:
+async def test_an_anonymous_body_is_refused_without_being_kept(a2a_app: AgioApp) -> None:
     limit = a2a_app.settings.server.max_message_bytes
     async with httpx.AsyncClient(base_url=base_url(a2a_app)) as anonymous:
         response = await anonymous.post(JSONRPC, content=b" " * (limit + 1))

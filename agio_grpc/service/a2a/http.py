@@ -185,6 +185,7 @@ class A2AEdge:
                     cast(grpc.aio.ServicerContext, _Headers(scope))
                 )
             except Exception as error:
+                await _drain(receive, self._max_bytes)
                 await _refuse(scope, send, error)
                 return
         body = await _body(receive, send, self._max_bytes)
@@ -206,6 +207,18 @@ class A2AEdge:
 
         with calling_as(caller):
             await self._app(scope, replay, send)
+
+
+async def _drain(receive: Receive, max_bytes: int) -> None:
+    """Read the request's body to its end (up to `max_bytes`), keeping none of it: a client
+    still sending when the answer comes would see its connection reset, not the answer."""
+    seen, more = 0, True
+    while more and seen <= max_bytes:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        seen += len(message.get("body", b""))
+        more = message.get("more_body", False)
 
 
 async def _refuse(scope: Scope, send: Send, error: Exception) -> None:
