@@ -4,6 +4,9 @@ resolves over HTTP as any A2A client would."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -12,6 +15,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+import uvicorn
 from a2a.client import Client, ClientCallContext, ClientConfig, ClientFactory
 from a2a.client.card_resolver import A2ACardResolver
 from a2a.types import a2a_pb2 as a2a
@@ -176,3 +180,24 @@ def answer_text(events: list[a2a.StreamResponse]) -> str:
 def last_state(events: list[a2a.StreamResponse]) -> int:
     states = [e.status_update.status.state for e in events if e.HasField("status_update")]
     return states[-1]
+
+
+@contextlib.asynccontextmanager
+async def on_uvicorn(app_at: Callable[[str], Any]) -> AsyncIterator[str]:
+    """The ASGI application `app_at(url)` makes, served by uvicorn on 127.0.0.1 at a port of
+    its own, `url` (`http://127.0.0.1:PORT/`) yielded while it serves."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    server = uvicorn.Server(uvicorn.Config(app_at(url), log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

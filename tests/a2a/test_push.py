@@ -6,13 +6,11 @@ the token and credentials, retried on 5xx, and internal addresses refused unless
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils import errors as a2a_errors
 from starlette.applications import Starlette
@@ -23,7 +21,7 @@ from starlette.routing import Route
 from agio_grpc.client import AgioClient
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, Turn
-from tests.a2a.conftest import Connect, a2a_settings, final_task, send
+from tests.a2a.conftest import Connect, a2a_settings, final_task, on_uvicorn, send
 from tests.roles import open_roles
 from tests.service.auth_helpers import bearer, serving
 
@@ -55,22 +53,14 @@ class Receiver:
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    found = Receiver(f"http://127.0.0.1:{sock.getsockname()[1]}/hook")
-    app = Starlette(routes=[Route("/hook", found.handle, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    try:
+    found = Receiver("")
+
+    def app_at(url: str) -> Starlette:
+        found.url = f"{url}hook"
+        return Starlette(routes=[Route("/hook", found.handle, methods=["POST"])])
+
+    async with on_uvicorn(app_at):
         yield found
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 @pytest.fixture

@@ -18,13 +18,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import uvicorn
 
 from agio_grpc.client import AgioClient
 from agio_grpc.config import A2AAgentConfig, AgentConfig, LimitsConfig
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1.resources_pb2 import Role, RunStatus
+from tests.a2a.conftest import on_uvicorn
 from tests.service.conftest import make_settings
 from tests.telemetry.conftest import make_traced
 
@@ -52,24 +52,9 @@ class Remote:
 @pytest.fixture
 async def remote() -> AsyncIterator[Remote]:
     """The note keeper, served by uvicorn on a port of its own."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
     keeper = sdk_agent.NoteKeeper()
-    server = uvicorn.Server(
-        uvicorn.Config(sdk_agent.application(url, keeper), log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    try:
+    async with on_uvicorn(lambda url: sdk_agent.application(url, keeper)) as url:
         yield Remote(url, keeper)
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 @pytest.fixture

@@ -5,20 +5,27 @@ codes they fill is printed at the end of the pytest session (tests/conftest.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
 
 import pytest
 
 from tests.conftest import BACKENDS, TALLY
-from tests.fuzz.harness import FuzzService, serving
+from tests.fuzz.harness import FuzzService, Tally, serving
 from tests.postgres import TestDatabases
 
+T = TypeVar("T")
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def fuzz_service(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[FuzzService]:
-    """The service on the backend under test, on an event loop of its own."""
+
+Serving = Callable[[str, str, Tally], AbstractAsyncContextManager[T]]
+
+
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, serving: Serving[T]
+) -> Iterator[T]:
+    """What `serving` starts on the backend `request.param` names (a fresh SQLite file or
+    PostgreSQL database), on an event loop of its own, for a module fixture to yield."""
     backend: str = request.param
     loop = asyncio.new_event_loop()
     databases: TestDatabases | None = None
@@ -38,3 +45,11 @@ def fuzz_service(
                 loop.run_until_complete(databases.drop(url))
     finally:
         loop.close()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def fuzz_service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FuzzService]:
+    """The service on the backend under test, on an event loop of its own."""
+    yield from served(request, tmp_path_factory, serving)

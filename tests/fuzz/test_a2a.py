@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
-from tests.conftest import BACKENDS, TALLY
+from tests.conftest import BACKENDS
+from tests.fuzz.conftest import served
 from tests.fuzz.harness import FAST_RETRIES, Tally, fuzz_settings
 from tests.fuzz.profiles import BUDGET, REQUEST_SETTINGS
-from tests.postgres import TestDatabases
 
 pytestmark = pytest.mark.timeout(BUDGET.timeout_s)
 
@@ -229,25 +229,7 @@ async def serving(backend: str, url: str, tally: Tally) -> AsyncIterator[A2AServ
 def a2a_service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[A2AService]:
-    backend: str = request.param
-    loop = asyncio.new_event_loop()
-    databases: TestDatabases | None = None
-    try:
-        if backend == "sqlite":
-            url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('fuzz-a2a') / 'agio.db'}"
-        else:
-            databases = request.getfixturevalue("postgres_databases")
-            url = loop.run_until_complete(databases.create())
-        service = serving(backend, url, request.config.stash[TALLY])
-        started = loop.run_until_complete(service.__aenter__())
-        try:
-            yield started
-        finally:
-            loop.run_until_complete(service.__aexit__(None, None, None))
-            if databases is not None:
-                loop.run_until_complete(databases.drop(url))
-    finally:
-        loop.close()
+    yield from served(request, tmp_path_factory, serving)
 
 
 def assert_json_answer(response: httpx.Response, sent: object) -> None:
