@@ -349,6 +349,7 @@ class AgioApp:
             agent_servicer = AgentServicer(runtime, settings.server, pages)
             push = PushNotifier(runtime, sql_store.push_configs(), settings.a2a)
             opened.push_async_callback(push.stop)
+            await push.resume()
             register: list[tuple[object, object]] = [
                 (agent_service_pb2_grpc.add_AgentServiceServicer_to_server, agent_servicer),
                 (

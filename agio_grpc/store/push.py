@@ -14,10 +14,11 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, delete, func, insert, select
 
-from agio_grpc.domain import utc_now
+from agio_grpc.domain import RunStatus, utc_now
 from agio_grpc.store.database import Database
 from agio_grpc.store.errors import StoreError
 from agio_grpc.store.tables import push_configs as table
+from agio_grpc.store.tables import runs
 
 MAX_PER_RUN: Final = 10
 
@@ -126,6 +127,21 @@ class PushConfigs:
             lambda conn: conn.execute(statement).rowcount, write=True
         )
         return bool(deleted)
+
+    async def unfinished_runs(self, limit: int = 10_000) -> list[str]:
+        """The runs with configs that have not ended (queued, running or waiting), oldest
+        config first: the watches a server starting takes up."""
+        unfinished = [s.value for s in RunStatus if not s.is_terminal]
+        query = (
+            select(table.c.run_id, func.min(table.c.create_time).label("first"))
+            .join(runs, runs.c.id == table.c.run_id)
+            .where(runs.c.status.in_(unfinished))
+            .group_by(table.c.run_id)
+            .order_by("first")
+            .limit(limit)
+        )
+        rows = await self._database.run(lambda conn: conn.execute(query).all(), write=False)
+        return [row.run_id for row in rows]
 
     async def for_run(self, run_id: str) -> list[PushConfig]:
         """Every config of the run, for the sender (a run is one tenant's)."""

@@ -6,13 +6,18 @@ the token and credentials, retried on 5xx, and internal addresses refused unless
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.card_resolver import A2ACardResolver
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils import errors as a2a_errors
+from google.protobuf import json_format, struct_pb2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,8 +25,16 @@ from starlette.routing import Route
 
 from agio_grpc.client import AgioClient
 from agio_grpc.service.app import AgioApp
-from agio_grpc.testing import FakeModelServer, Turn
-from tests.a2a.conftest import Connect, a2a_settings, final_task, on_uvicorn, send
+from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
+from tests.a2a.conftest import (
+    Connect,
+    Remote,
+    a2a_settings,
+    base_url,
+    final_task,
+    on_uvicorn,
+    send,
+)
 from tests.roles import open_roles
 from tests.service.auth_helpers import bearer, serving
 
@@ -166,13 +179,13 @@ async def test_a_config_on_a_working_task_gets_its_end_and_5xx_are_retried(
     )
     rest = [event async for event in events]
     assert rest
-    await receiver.wait_for(2)
+    await receiver.wait_for(1)  # its end (its start, long past, is not notified)
     states = [
         body.get("task", body.get("statusUpdate", {})).get("status", {}).get("state")
         for _, body in receiver.received
     ]
-    assert states[-1] == "TASK_STATE_COMPLETED"
-    assert receiver.attempts == len(receiver.received) + 2
+    assert states == ["TASK_STATE_COMPLETED"]
+    assert receiver.attempts == 3  # two 503s, then delivered
 
 
 async def test_a_tasks_configs_go_with_its_session(
@@ -196,3 +209,68 @@ async def test_a_tasks_configs_go_with_its_session(
         assert await store.push_configs().for_run(task.id) == []
     finally:
         await store.close()
+
+
+async def test_a_restarted_server_takes_up_the_watch_of_a_waiting_task(
+    store_url: str, fake_model: FakeModelServer, receiver: Receiver
+) -> None:
+    settings = a2a_settings(store_url, fake_model.base_url, a2a={"push_allow_private_hosts": True})
+    call = ToolCallSpec("echo", json.dumps({"text": "ok"}), id="call_echo")
+    fake_model.enqueue(Turn.tool_calls([call]), Turn.text("Echoed."))
+    async with serving(settings) as first:
+        remote = await jsonrpc_agent(first)
+        events = await remote.stream(send("echo ok"))
+        task, _ = final_task(events)
+        await remote.client.create_task_push_notification_config(
+            config(receiver.url, task_id=task.id), context=remote.context
+        )
+        await receiver.wait_for(1)  # INPUT_REQUIRED, from the watch the config started
+        await remote.client.close()
+    async with serving(settings) as second:
+        await receiver.wait_for(2)  # the new server watches the waiting task again
+        remote = await jsonrpc_agent(second)
+        reply = a2a.Message(
+            message_id="approve",
+            role=a2a.ROLE_USER,
+            task_id=task.id,
+            parts=[
+                a2a.Part(
+                    data=struct({"approvals": [{"tool_call_id": "call_echo", "approved": True}]})
+                )
+            ],
+        )
+        await remote.stream(a2a.SendMessageRequest(message=reply))
+        await receiver.wait_for(4)  # and the reply's stretch: working, then completed
+        await remote.client.close()
+    states = [
+        body.get("task", body.get("statusUpdate", {})).get("status", {}).get("state")
+        for _, body in receiver.received
+    ]
+    assert states == [
+        "TASK_STATE_INPUT_REQUIRED",
+        "TASK_STATE_INPUT_REQUIRED",
+        "TASK_STATE_WORKING",
+        "TASK_STATE_COMPLETED",
+    ]
+
+
+APPROVE = {"tool_call_id": "call_echo", "approved": True}
+
+
+async def jsonrpc_agent(app: AgioApp) -> Remote:
+    """A JSON-RPC client of the app's default agent, with a key of its own."""
+    store = await open_roles(app.settings.database_url)
+    try:
+        issued = await store.keys().create("acme")
+    finally:
+        await store.close()
+    http = httpx.AsyncClient(timeout=30)
+    card = await A2ACardResolver(http, base_url(app)).get_agent_card()
+    client = ClientFactory(ClientConfig(httpx_client=http)).create(card)
+    return Remote(client, card, issued.token)
+
+
+def struct(data: dict[str, Any]) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    json_format.ParseDict(data, value)
+    return value

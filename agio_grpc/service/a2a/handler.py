@@ -243,7 +243,7 @@ class AgentTasks(RequestHandler):
         else:
             started = await self._start(message, agent)
         if push is not None:
-            await self._store_push(push, started.run)
+            await self._store_push(push, started.run, new=not message.task_id)
         return started
 
     async def _start(self, message: a2a.Message, agent: str) -> _Started:
@@ -384,8 +384,10 @@ class AgentTasks(RequestHandler):
         raise_if_any(*violations)
 
     async def _store_push(
-        self, config: a2a.TaskPushNotificationConfig, run: resources_pb2.Run
+        self, config: a2a.TaskPushNotificationConfig, run: resources_pb2.Run, *, new: bool
     ) -> a2a.TaskPushNotificationConfig:
+        """Store the config of `run` and watch the run (`new`: one just started, whose start
+        is notified too)."""
         try:
             stored = await self._push.configs.put(
                 PushConfig(
@@ -401,7 +403,7 @@ class AgentTasks(RequestHandler):
         except TooManyConfigsError as error:
             raise a2a_errors.InvalidRequestError(str(error)) from None
         if mapping.task_state(run.status) not in mapping.TERMINAL_STATES:
-            self._push.watch(run.id)
+            self._push.watch(run.id, started=new)
         return _push_config(stored)
 
     async def on_create_task_push_notification_config(
@@ -410,7 +412,7 @@ class AgentTasks(RequestHandler):
         with _answering():
             run = await self._run(params.task_id, self._agent_of(params.tenant or context.tenant))
             await self._check_push(params)
-            return await self._store_push(params, run)
+            return await self._store_push(params, run, new=False)
 
     async def on_get_task_push_notification_config(
         self, params: a2a.GetTaskPushNotificationConfigRequest, context: ServerCallContext

@@ -75,13 +75,24 @@ class PushNotifier:
             )
         return ""
 
-    def watch(self, run_id: str, after_seq: int = 0) -> None:
-        """Follow the run from after `after_seq` and notify its configs' URLs (once)."""
+    def watch(self, run_id: str, after_seq: int = 0, *, started: bool = True) -> None:
+        """Follow the run from after `after_seq` and notify its configs' URLs (once);
+        `started`: notify its start too (not for a run the watch joins late, whose start
+        is long past)."""
         if run_id in self._watching:
             return
-        task = asyncio.create_task(self._follow(run_id, after_seq), name=f"push {run_id}")
+        task = asyncio.create_task(self._follow(run_id, after_seq, started), name=f"push {run_id}")
         self._watching[run_id] = task
         task.add_done_callback(lambda _: self._watching.pop(run_id, None))
+
+    async def resume(self) -> int:
+        """Watch every unfinished run with configs (a server starting: the watches of one
+        that stopped are taken up here; a state already notified may be notified again).
+        How many."""
+        run_ids = await self.configs.unfinished_runs()
+        for run_id in run_ids:
+            self.watch(run_id, started=False)
+        return len(run_ids)
 
     async def stop(self) -> None:
         for task in list(self._watching.values()):
@@ -89,12 +100,12 @@ class PushNotifier:
         await asyncio.gather(*self._watching.values(), return_exceptions=True)
         await self._http.aclose()
 
-    async def _follow(self, run_id: str, after_seq: int) -> None:
+    async def _follow(self, run_id: str, after_seq: int, started: bool) -> None:
         try:
             async for followed in self._runtime.follow(run_id, after_seq):
                 event = mapping.step_event(followed)
                 kind = event.WhichOneof("event")
-                if kind == "run_started":
+                if kind == "run_started" and started:
                     run = event.run_started.run
                     update = a2a.TaskStatusUpdateEvent(
                         task_id=run.id, context_id=run.session_id, status=mapping.task_status(run)
