@@ -3,7 +3,7 @@
 Each pytest process is one event loop busy with its own cases, so the properties are split
 over five processes, about even in work (PostgreSQL's cases cost about twice SQLite's), for
 the machine's cores to share: SQLite's; PostgreSQL's agent and undecodable requests; its
-session requests; its request sequences and model streams; its A2A requests. Each runs the
+session requests; its request sequences and model streams; the A2A requests of both. Each runs the
 `fuzz` hypothesis profile (tests/fuzz/profiles.py) with a server of its own; its output, with
 its summary of cases and status codes, is printed once it ends, then the cases per backend.
 Fails when any fails, or ran no tests (pytest's exit status 5 included). Extra arguments go to
@@ -21,11 +21,11 @@ import time
 from typing import IO
 
 GROUPS = (
-    "sqlite",
+    "sqlite and not a2a",
     "postgres and (agent_service or not_utf8)",
     "postgres and session_service",
     "postgres and (in_a_row or test_model_streams)",
-    "postgres and a2a",
+    "a2a",
 )
 CASES_LINE = re.compile(r"^(sqlite|postgres): (\d+) cases", re.MULTILINE)
 
