@@ -103,11 +103,12 @@ def binding(request: pytest.FixtureRequest) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On PostgreSQL, one binding: what the store does is the same under each (SQLite runs
-    all three)."""
+    all three); a test marked `one_binding` runs over JSON-RPC only."""
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("backend") == "postgres" and params.get("binding", "JSONRPC") != "JSONRPC":
+        one = params.get("backend") == "postgres" or item.get_closest_marker("one_binding")
+        if one and params.get("binding", "JSONRPC") != "JSONRPC":
             dropped.append(item)
         else:
             kept.append(item)

@@ -92,6 +92,7 @@ def config(url: str, **fields: Any) -> a2a.TaskPushNotificationConfig:
     return made
 
 
+@pytest.mark.one_binding
 async def test_a_background_task_notifies_working_then_its_answer(
     connect: Connect, fake_model: FakeModelServer, receiver: Receiver
 ) -> None:
@@ -166,6 +167,7 @@ async def test_configs_are_made_read_listed_and_deleted_per_task(
         )
 
 
+@pytest.mark.one_binding
 async def test_a_config_on_a_working_task_gets_its_end_and_5xx_are_retried(
     connect: Connect, fake_model: FakeModelServer, receiver: Receiver
 ) -> None:
@@ -188,6 +190,7 @@ async def test_a_config_on_a_working_task_gets_its_end_and_5xx_are_retried(
     assert receiver.attempts == 3  # two 503s, then delivered
 
 
+@pytest.mark.one_binding
 async def test_a_tasks_configs_go_with_its_session(
     connect: Connect,
     fake_model: FakeModelServer,

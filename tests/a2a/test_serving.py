@@ -122,6 +122,7 @@ async def test_input_required_for_an_approval_then_completed_after_the_reply(
     assert answer_text(events) == "Echoed."
 
 
+@pytest.mark.one_binding
 async def test_a_reply_to_a_finished_task_is_refused(
     connect: Connect, fake_model: FakeModelServer
 ) -> None:
@@ -187,6 +188,7 @@ async def test_another_tenants_task_is_not_found(
         await theirs.stream(send("hello", context_id=task.context_id))
 
 
+@pytest.mark.one_binding
 async def test_another_agents_task_is_not_found_through_this_agent(
     connect: Connect, fake_model: FakeModelServer
 ) -> None:
@@ -222,6 +224,7 @@ async def test_bad_messages_get_a2a_errors(connect: Connect) -> None:
         )
 
 
+@pytest.mark.one_binding
 async def test_a_nul_in_a_message_is_stored_as_every_text_is(
     connect: Connect, fake_model: FakeModelServer
 ) -> None:
@@ -232,6 +235,7 @@ async def test_a_nul_in_a_message_is_stored_as_every_text_is(
     assert found.history[0].parts[0].text == "a\ufffdb"
 
 
+@pytest.mark.one_binding
 async def test_a_push_url_naming_an_internal_host_or_no_web_url_is_refused(
     connect: Connect, fake_model: FakeModelServer
 ) -> None:
