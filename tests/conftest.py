@@ -21,6 +21,7 @@ import pytest
 
 from agio_grpc.domain import StepMetrics
 from agio_grpc.engine.context_window import LEARNED_WINDOWS
+from agio_grpc.store.keys import KeyStore
 from agio_grpc.store.rows import HISTORY_METRICS
 from tests.fuzz.harness import Tally
 from tests.fuzz.profiles import BUDGET
@@ -149,5 +150,15 @@ async def store(store_url: str) -> AsyncIterator[StoreRoles]:
     opened = await open_roles(store_url)
     try:
         yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def keys(store_url: str) -> AsyncIterator[KeyStore]:
+    """The API keys of the backend under test's database, as `agio-grpc keys` opens them."""
+    opened = await open_roles(store_url)
+    try:
+        yield opened.keys()
     finally:
         await opened.close()

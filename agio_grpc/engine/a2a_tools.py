@@ -109,7 +109,7 @@ class RemoteAgentTool:
         return function_definition(self)
 
     def origin(self) -> ToolOrigin | None:
-        return ToolOrigin(server=self.spec.url, transport="a2a", remote_name=self.spec.name)
+        return None  # an origin is an MCP server's (its span's `mcp.*` attributes)
 
     def validate(self, arguments: object) -> dict[str, Any]:
         return {"input": checked_input(arguments)}
@@ -269,10 +269,6 @@ class RemoteAgents:
             asyncio.create_task(tool.resolve(), name=f"a2a agent {name}")
             for name, tool in self._tools.items()
         ]
-
-    async def ready(self) -> None:
-        """Wait until every card is read (tests, and a server that wants them at start)."""
-        await asyncio.gather(*self._tasks)
 
     async def stop(self) -> None:
         for task in self._tasks:

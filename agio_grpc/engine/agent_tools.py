@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +41,7 @@ from agio_grpc.engine.tools import (
     ToolError,
     ToolOrigin,
     function_definition,
+    function_name,
 )
 
 SOURCE = "agent"
@@ -49,12 +49,11 @@ DEFAULT_MAX_DEPTH = 3
 PARENT_RUN = "agio.parent_run_id"
 PARENT_SESSION = "agio.parent_session_id"
 PARENT_CALL = "agio.parent_tool_call_id"
-_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def agent_tool_name(agent: str) -> str:
     """The name the model calls agent `agent` by."""
-    return _NOT_IN_NAME.sub("_", agent)[:64]
+    return function_name(agent)[:64]
 
 
 class ChildRuns(Protocol):

@@ -32,10 +32,16 @@ _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def function_name(text: str) -> str:
+    """`text` with each character an OpenAI function name cannot hold (a `.`, say) replaced
+    by `_`."""
+    return _NOT_IN_NAME.sub("_", text)
+
+
 def model_tool_name(server: str, tool: str) -> str:
-    """The name the model calls tool `tool` of MCP server `server` by: `server__tool`, with
-    any character an OpenAI function name cannot hold (a `.`, say) replaced by `_`."""
-    return f"{server}__{_NOT_IN_NAME.sub('_', tool)}"
+    """The name the model calls tool `tool` of MCP server `server` by: `server__tool`
+    (`function_name` of the tool's)."""
+    return f"{server}__{function_name(tool)}"
 
 
 def mcp_server_of(model_name: str) -> str:

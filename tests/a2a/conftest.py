@@ -24,7 +24,6 @@ from agio_grpc.config import AgentConfig, LimitsConfig, ToolOptionsConfig
 from agio_grpc.service.app import AgioApp
 from agio_grpc.store.keys import KeyStore
 from agio_grpc.testing import FakeModelServer
-from tests.roles import open_roles
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 
@@ -61,15 +60,6 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
 async def a2a_app(store_url: str, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
     async with serving(a2a_settings(store_url, fake_model.base_url)) as app:
         yield app
-
-
-@pytest.fixture
-async def keys(store_url: str) -> AsyncIterator[KeyStore]:
-    store = await open_roles(store_url)
-    try:
-        yield store.keys()
-    finally:
-        await store.close()
 
 
 @dataclass

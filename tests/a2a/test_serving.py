@@ -262,6 +262,40 @@ async def test_a_push_url_naming_an_internal_host_or_no_web_url_is_refused(
     assert not listed.configs
 
 
+@pytest.mark.one_binding
+async def test_push_config_fields_out_of_bounds_are_refused_naming_the_field(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    fake_model.enqueue(Turn.text("Done."))
+    task, _ = final_task(await remote.stream(send("hi")))
+    url = "https://93.184.216.34/hook"  # public, and no name to look up
+    bad: list[tuple[a2a.TaskPushNotificationConfig, str]] = [
+        (a2a.TaskPushNotificationConfig(task_id=task.id, url=url, id="bad id!"), "id"),
+        (a2a.TaskPushNotificationConfig(task_id=task.id, url=url, token="t" * 5000), "token"),
+        (a2a.TaskPushNotificationConfig(task_id=task.id, url="https://x\x00.test/"), "url"),
+        (
+            a2a.TaskPushNotificationConfig(
+                task_id=task.id,
+                url=url,
+                authentication=a2a.AuthenticationInfo(scheme="Bearer x", credentials="c"),
+            ),
+            "authentication.scheme",
+        ),
+        (
+            a2a.TaskPushNotificationConfig(
+                task_id=task.id,
+                url=url,
+                authentication=a2a.AuthenticationInfo(scheme="Bearer", credentials="c" * 5000),
+            ),
+            "authentication.credentials",
+        ),
+    ]
+    for config, field in bad:
+        with pytest.raises(a2a_errors.InvalidParamsError, match=field):
+            await remote.client.create_task_push_notification_config(config, context=remote.context)
+
+
 def _value(data: dict[str, object]) -> struct_pb2.Value:
     value = struct_pb2.Value()
     json_format.ParseDict(data, value)

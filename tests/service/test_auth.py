@@ -28,7 +28,7 @@ from agio_grpc.service.startup import StartupError
 from agio_grpc.store.keys import IssuedKey, KeyStore
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import agent_service_pb2
-from tests.roles import StoreRoles, open_roles
+from tests.roles import StoreRoles
 from tests.service.auth_helpers import (
     auth_settings,
     bearer,
@@ -47,16 +47,6 @@ async def keyed_app(store_url: str, fake_model: FakeModelServer) -> AsyncIterato
     """The service with `auth.mode: api_key` (no key cached) on the backend under test."""
     async with serving(auth_settings(store_url, fake_model.base_url, auth=API_KEY_AUTH)) as app:
         yield app
-
-
-@pytest.fixture
-async def keys(store_url: str) -> AsyncIterator[KeyStore]:
-    """The keys of the same database, as `agio-grpc keys` opens them."""
-    store = await open_roles(store_url)
-    try:
-        yield store.keys()
-    finally:
-        await store.close()
 
 
 # -- API keys ------------------------------------------------------------------------------

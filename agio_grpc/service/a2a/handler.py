@@ -364,9 +364,8 @@ class AgentTasks(RequestHandler):
     # -- push notifications (service/a2a/push.py) --------------------------------------------
 
     async def _check_push(self, config: a2a.TaskPushNotificationConfig) -> None:
-        why = await self._push.allowed(config.url)
-        if why:
-            raise invalid_params("url", why)
+        """InvalidParams naming what is wrong with the config: its fields, then (a name
+        lookup, so only for an otherwise good config) its URL."""
         violations = [
             check_id("id", config.id, required=False),
             check_size("token", config.token, MAX_PUSH_TOKEN_BYTES),
@@ -382,6 +381,9 @@ class AgentTasks(RequestHandler):
                 FieldViolation("authentication.scheme", "must be a word such as Bearer")
             )
         raise_if_any(*violations)
+        why = await self._push.allowed(config.url)
+        if why:
+            raise invalid_params("url", why)
 
     async def _store_push(
         self, config: a2a.TaskPushNotificationConfig, run: resources_pb2.Run, *, new: bool

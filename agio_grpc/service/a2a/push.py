@@ -30,6 +30,7 @@ from a2a.utils.push_url_validator import validate_push_notification_url
 from google.protobuf.json_format import MessageToDict
 
 from agio_grpc.config import A2AConfig
+from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.service.a2a import mapping
@@ -41,6 +42,7 @@ MAX_URL_CHARS = 2_000
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 _RETRIED = frozenset({408, 429})
+_NOTIFIED = frozenset({"run_started", "run_completed", "run_failed"})
 
 
 class PushNotifier:
@@ -103,6 +105,8 @@ class PushNotifier:
     async def _follow(self, run_id: str, after_seq: int, started: bool) -> None:
         try:
             async for followed in self._runtime.follow(run_id, after_seq):
+                if isinstance(followed, SequencedEvent) and followed.event.type not in _NOTIFIED:
+                    continue  # a delta or a step: nothing to notify, nothing to encode
                 event = mapping.step_event(followed)
                 kind = event.WhichOneof("event")
                 if kind == "run_started" and started:
