@@ -90,6 +90,10 @@ class FakeModelServer:
         """The prompt size over which requests are refused (None: no limit); settable."""
         self.refusal_states_window = refusal_states_window
         """Whether a refusal's message states `context_window`; settable."""
+        self.hold: asyncio.Event | None = None
+        """While an unset event: each chat.completions request waits for it to be set
+        before it takes a turn; a client that leaves meanwhile takes none. For races whose
+        first model call must wait for the other side, without a timed delay; settable."""
         self._turns: deque[Turn] = deque()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -254,6 +258,8 @@ class FakeModelServer:
                 writer.write(json_response(400, answer, keep_alive=request.keep_alive))
                 await writer.drain()
                 return request.keep_alive
+        if self.hold is not None and not await _held(self.hold, reader):
+            return False
         turn = self._next_turn(body)
         if turn.hang:
             await _wait_for_disconnect(reader)
@@ -263,6 +269,18 @@ class FakeModelServer:
         if wants_stream(body):
             return await _send_stream(turn, body, request.keep_alive, writer)
         return await _send_completion(turn, body, request.keep_alive, writer)
+
+
+async def _held(hold: asyncio.Event, reader: asyncio.StreamReader) -> bool:
+    """Wait for `hold` to be set (True) or the client to leave first (False)."""
+    released = asyncio.ensure_future(hold.wait())
+    left = asyncio.ensure_future(_wait_for_disconnect(reader))
+    try:
+        await asyncio.wait((released, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        released.cancel()
+        left.cancel()
+    return hold.is_set() and not left.done()
 
 
 async def _wait_for_disconnect(reader: asyncio.StreamReader) -> None:

@@ -48,11 +48,6 @@ from tests.engine.harness import (
 from tests.roles import StoreRoles, open_roles
 
 REPETITIONS = 20
-# The first model call of a superseded pair: slower than an interrupt takes on a loaded
-# machine (at 1 s one was seen stored first), and paid in full by the winner whenever the
-# interrupt came before that call, so those races repeat fewer times.
-SLOW_FIRST_TOKEN_S = 3.0
-SUPERSEDED_REPETITIONS = 10
 
 
 @pytest.fixture
@@ -207,18 +202,27 @@ async def test_a_queued_run_cancelled_before_it_starts_never_starts(policies: Ha
 
 
 async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcome, Outcome]:
-    """Two runs racing with `policy` on an idle session whose first model call is slow: the
-    one that started is interrupted by the other. Returns (interrupted, winner). (Slow, not
-    hanging: when the interrupted run is stopped before it calls the model, the winner's
-    call is the first and gets that turn: `SLOW_FIRST_TOKEN_S`.)"""
+    """Two runs racing with `policy` on an idle session: the one that started is interrupted
+    by the other. Returns (interrupted, winner). The model holds every call until one of the
+    runs has ended, which can only be the interrupted one: a call it made is cut by the
+    interrupt, and the winner's call is answered after it."""
     session_id = await idle_session(policies)
-    policies.model.enqueue(Turn.text("slow", first_token_delay=SLOW_FIRST_TOKEN_S))
+    policies.model.enqueue(Turn.text("answer"))
+    policies.model.hold = ended = asyncio.Event()
     requests = [RunInput(f"run {n}", session_id=session_id, on_busy=policy) for n in range(2)]
     first, second = handles(await race(policies, *requests))
     check = policy is not BusyPolicy.ROLLBACK  # the loser's steps go as it is collected
-    one, other = await asyncio.gather(
-        policies.collect(first, check_stored=check), policies.collect(second, check_stored=check)
-    )
+
+    async def collect(handle: RunHandle) -> Outcome:
+        try:
+            return await policies.collect(handle, check_stored=check)
+        finally:
+            ended.set()
+
+    try:
+        one, other = await asyncio.gather(collect(first), collect(second))
+    finally:
+        policies.model.hold = None
     interrupted, winner = (one, other) if one.run.status is RunStatus.CANCELLED else (other, one)
     return interrupted, winner
 
@@ -227,7 +231,7 @@ async def superseded_pair(policies: Harness, policy: BusyPolicy) -> tuple[Outcom
 async def test_interrupt_and_rollback_racing_runs_the_later_supersedes_the_other(
     policies: Harness, policy: BusyPolicy
 ) -> None:
-    for _ in range(SUPERSEDED_REPETITIONS):
+    for _ in range(REPETITIONS):
         interrupted, winner = await superseded_pair(policies, policy)
         assert interrupted.run.status is RunStatus.CANCELLED
         signal = interrupted.run.stop_signal

@@ -478,6 +478,27 @@ async def test_hanging_request_is_abandoned_when_the_client_gives_up(
     assert content_of(await stream_chunks(client)) == "next"
 
 
+async def test_a_held_request_takes_no_turn_if_it_leaves_and_the_next_turn_once_released(
+    server: FakeModelServer, client: openai.AsyncOpenAI
+) -> None:
+    server.enqueue(Turn.text("first"), Turn.text("second"))
+    server.hold = asyncio.Event()
+
+    leaving = asyncio.create_task(stream_chunks(client))
+    await server.wait_for_requests(1)
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert server.pending == 2
+    waiting = asyncio.create_task(stream_chunks(client))
+    await server.wait_for_requests(2)
+    assert server.pending == 2
+    server.hold.set()
+
+    assert content_of(await waiting) == "first"
+    assert server.pending == 1
+
+
 async def test_stopping_the_server_releases_a_hanging_request(
     server: FakeModelServer, client: openai.AsyncOpenAI
 ) -> None:
