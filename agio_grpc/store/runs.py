@@ -4,10 +4,11 @@ GetRun and ListRuns, a watch's replay, the queues). Changing a run is the `RunLe
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Protocol
 
-from agio_grpc.domain import Run
+from agio_grpc.domain import Run, RunStatus
 from agio_grpc.store.records import JournalRecord
 
 
@@ -28,6 +29,23 @@ class RunRecords(Protocol):
     ) -> list[Run]:
         """A session's runs newest first, `(create_time, id)` strictly after `after`.
         Raises NotFoundError for an unknown session."""
+        ...
+
+    async def list_agent_runs(
+        self,
+        agent: str,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str,
+        session_id: str | None = None,
+        statuses: Collection[RunStatus] = (),
+        changed_since: datetime | None = None,
+    ) -> list[Run]:
+        """A tenant's runs of `agent` newest first, `(create_time, id)` strictly after
+        `after`; only `session_id`'s if given, only those in one of `statuses` if any are,
+        and only those whose status last changed (`end_time`, else `create_time`) at or
+        after `changed_since`. Nothing (never NotFoundError) for an unknown session."""
         ...
 
     async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:

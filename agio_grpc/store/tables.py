@@ -182,6 +182,8 @@ runs = Table(
     # rejects them (revision 0012; the stop signal's `approval_deadline`, rows.py).
     Column("approval_deadline", UTCDateTime, nullable=True),
     Index("ix_runs_session_id_create_time_id", "session_id", "create_time", "id"),
+    # A2A's ListTasks (revision 0014): a tenant's tasks of one agent, newest first.
+    Index("ix_runs_tenant_agent_create_time_id", "tenant", "agent", "create_time", "id"),
     Index("ix_runs_session_id_status", "session_id", "status"),
     Index("ix_runs_session_id_request_id", "session_id", "request_id"),
     # A tenant's running or queued runs, counted against its quotas (revision 0007).

@@ -97,6 +97,46 @@ async def test_a_second_message_in_the_context_continues_the_session(
     assert {t.id for t in listed.tasks} == {first.id, second.id}
 
 
+async def test_tasks_are_listed_across_contexts_per_agent_and_tenant_newest_first(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    mine, theirs = await connect(), await connect(tenant="globex")
+    helper = await connect("helper")
+    fake_model.enqueue(*(Turn.text(f"Reply {n}.") for n in range(5)))
+    first, _ = final_task(await mine.stream(send("one")))
+    second, _ = final_task(await mine.stream(send("two")))
+    third, _ = final_task(await mine.stream(send("three", context_id=first.context_id)))
+    final_task(await theirs.stream(send("not yours")))
+    final_task(await helper.stream(send("another agent")))
+
+    pages, token, tokens = [], "", []
+    while True:
+        request = a2a.ListTasksRequest(page_size=2, page_token=token, include_artifacts=True)
+        listed = await mine.client.list_tasks(request, context=mine.context)
+        pages.append([task.id for task in listed.tasks])
+        if not (token := listed.next_page_token):
+            break
+        tokens.append(token)
+    assert pages == [[third.id, second.id], [first.id]]
+    assert listed.tasks[0].artifacts[0].parts[0].text == "Reply 0."
+    done = await mine.client.list_tasks(
+        a2a.ListTasksRequest(status=a2a.TASK_STATE_COMPLETED, context_id=first.context_id),
+        context=mine.context,
+    )
+    assert [task.id for task in done.tasks] == [third.id, first.id]
+    failed = a2a.ListTasksRequest(status=a2a.TASK_STATE_FAILED)
+    assert not (await mine.client.list_tasks(failed, context=mine.context)).tasks
+    other_filter = a2a.ListTasksRequest(
+        page_size=2, page_token=tokens[0], status=a2a.TASK_STATE_WORKING
+    )
+    with pytest.raises(a2a_errors.InvalidParamsError, match="page_token"):
+        await mine.client.list_tasks(other_filter, context=mine.context)
+    with pytest.raises(a2a_errors.TaskNotFoundError):
+        await theirs.client.list_tasks(
+            a2a.ListTasksRequest(context_id=first.context_id), context=theirs.context
+        )
+
+
 async def test_input_required_for_an_approval_then_completed_after_the_reply(
     connect: Connect, fake_model: FakeModelServer
 ) -> None:
@@ -216,7 +256,11 @@ async def test_bad_messages_get_a2a_errors(connect: Connect) -> None:
     with pytest.raises(a2a_errors.TaskNotFoundError):
         await remote.client.get_task(a2a.GetTaskRequest(id="run_missing"), context=remote.context)
     with pytest.raises(a2a_errors.InvalidParamsError, match="context_id"):
-        await remote.client.list_tasks(a2a.ListTasksRequest(), context=remote.context)
+        await remote.client.list_tasks(
+            a2a.ListTasksRequest(context_id="bad id!"), context=remote.context
+        )
+    with pytest.raises(a2a_errors.InvalidParamsError, match="page_size"):
+        await remote.client.list_tasks(a2a.ListTasksRequest(page_size=101), context=remote.context)
     with pytest.raises(a2a_errors.TaskNotFoundError):
         await remote.client.create_task_push_notification_config(
             a2a.TaskPushNotificationConfig(task_id="run_x", url="https://x.test/hook"),

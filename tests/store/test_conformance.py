@@ -897,6 +897,73 @@ async def test_list_runs_of_a_missing_session_raises_not_found(store: StoreRoles
         await store.list_runs("sess_missing", limit=10)
 
 
+async def test_list_agent_runs_filters_by_tenant_agent_session_status_and_change(
+    store: StoreRoles,
+) -> None:
+    mine = await store.new_session(Session(tenant="acme"))
+    other = await store.new_session(Session(tenant="acme"))
+    theirs = await store.new_session(Session(tenant="globex"))
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+
+    async def seed(
+        run_id: str,
+        session: Session,
+        agent: str,
+        second: int,
+        status: RunStatus = RunStatus.RUNNING,
+        end_time: datetime | None = None,
+    ) -> None:
+        at = base + timedelta(seconds=second)
+        await store.seed_run(
+            Run(
+                session.id,
+                agent,
+                id=run_id,
+                tenant=session.tenant,
+                create_time=at,
+                status=status,
+                end_time=end_time,
+            )
+        )
+
+    await seed("run_a", mine, "assistant", 0, status=RunStatus.COMPLETED, end_time=base)
+    await seed("run_b", other, "assistant", 1, status=RunStatus.INTERRUPTED)
+    await seed("run_c", mine, "assistant", 1, status=RunStatus.FAILED, end_time=base)
+    await seed("run_d", mine, "helper", 2)
+    await seed("run_e", theirs, "assistant", 3)
+    await seed("run_f", other, "assistant", 4)
+
+    async def ids(
+        limit: int = 10,
+        after: tuple[datetime, str] | None = None,
+        session_id: str | None = None,
+        statuses: frozenset[RunStatus] = frozenset(),
+        changed_since: datetime | None = None,
+    ) -> list[str]:
+        runs = await store.list_agent_runs(
+            "assistant",
+            limit,
+            after,
+            tenant="acme",
+            session_id=session_id,
+            statuses=statuses,
+            changed_since=changed_since,
+        )
+        return [run.id for run in runs]
+
+    assert await ids() == ["run_f", "run_c", "run_b", "run_a"]
+    assert await ids(2, after=(base + timedelta(seconds=1), "run_c")) == ["run_b", "run_a"]
+    assert await ids(session_id=mine.id) == ["run_c", "run_a"]
+    assert await ids(session_id=theirs.id) == []
+    assert await ids(session_id="sess_missing") == []
+    failed = frozenset({RunStatus.FAILED, RunStatus.INTERRUPTED})
+    assert await ids(statuses=failed) == ["run_c", "run_b"]
+    assert await ids(changed_since=base + timedelta(seconds=1)) == ["run_f", "run_b"]
+    assert await ids(0) == []
+    with pytest.raises(ValueError, match="aware"):
+        await ids(changed_since=datetime(2025, 1, 1))
+
+
 # -- one active run per session ------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC
 
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.request_handler import RequestHandler
@@ -182,35 +183,42 @@ class AgentTasks(RequestHandler):
         self, params: a2a.ListTasksRequest, context: ServerCallContext
     ) -> a2a.ListTasksResponse:
         agent = self._agent_of(params.tenant or context.tenant)
-        if not params.context_id:
-            raise invalid_params("context_id", "is required: tasks are listed per context")
-        raise_if_any(check_id("context_id", params.context_id))
+        if params.context_id:
+            raise_if_any(check_id("context_id", params.context_id))
         if params.history_length < 0:
             raise invalid_params("history_length", "must not be negative")
         size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
         if not 1 <= size <= MAX_LIST_TASKS_PAGE_SIZE:
             raise invalid_params("page_size", f"must be 1..{MAX_LIST_TASKS_PAGE_SIZE}")
+        since = None
+        if params.HasField("status_timestamp_after"):
+            since = params.status_timestamp_after.ToDatetime(tzinfo=UTC)
         tenant = current_caller().tenant
         pages = self._pages.for_tenant(tenant)
-        query: dict[str, object] = {"rpc": "ListTasks", "context": params.context_id}
+        query: dict[str, object] = {
+            "rpc": "ListTasks",
+            "agent": agent,
+            "context": params.context_id,
+            "status": params.status,
+            "since": since.isoformat() if since else "",
+        }
         after = time_key(pages.decode(params.page_token, query))
-        await self._runtime.log.get_session(params.context_id, tenant=tenant)
-        runs = await self._runtime.runs.list_runs(params.context_id, size + 1, after, tenant=tenant)
-        runs, token = pages.trim_time_keyed(runs, size, query)
-        wanted = mapping.run_status(params.status)
-        since = (
-            params.status_timestamp_after.ToDatetime(tzinfo=None)
-            if params.HasField("status_timestamp_after")
-            else None
+        if params.context_id:
+            await self._runtime.log.get_session(params.context_id, tenant=tenant)
+        runs = await self._runtime.runs.list_agent_runs(
+            agent,
+            size + 1,
+            after,
+            tenant=tenant,
+            session_id=params.context_id or None,
+            statuses=mapping.run_statuses(params.status),
+            changed_since=since,
         )
+        runs, token = pages.trim_time_keyed(runs, size, query)
+        wants_steps = params.include_artifacts or params.history_length
         tasks = []
         for found in runs:
             run = convert.run_to_proto(found)
-            if run.agent != agent or (wanted is not None and run.status != wanted):
-                continue
-            if since is not None and mapping.task_status(run).timestamp.ToDatetime() < since:
-                continue
-            wants_steps = params.include_artifacts or params.history_length
             steps = await self._steps(run) if wants_steps else []
             tasks.append(
                 mapping.task(

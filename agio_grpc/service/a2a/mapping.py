@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from a2a.types import a2a_pb2 as a2a
 from google.protobuf import json_format, struct_pb2
 
+from agio_grpc.domain import RunStatus
 from agio_grpc.engine.remote import FollowedEvent, RelayedEvent
 from agio_grpc.service import convert
 from agio_grpc.v1 import events_pb2, resources_pb2
@@ -46,7 +47,7 @@ _STATES = {
     resources_pb2.RUN_STATUS_FAILED: a2a.TASK_STATE_FAILED,
     resources_pb2.RUN_STATUS_INTERRUPTED: a2a.TASK_STATE_FAILED,
 }
-_RUN_STATUSES = {state: status for status, state in reversed(_STATES.items())}
+
 TERMINAL_STATES = frozenset(
     {a2a.TASK_STATE_COMPLETED, a2a.TASK_STATE_CANCELED, a2a.TASK_STATE_FAILED}
 )
@@ -57,9 +58,14 @@ def task_state(status: resources_pb2.RunStatus) -> a2a.TaskState:
     return _STATES.get(status, a2a.TASK_STATE_UNSPECIFIED)
 
 
-def run_status(state: a2a.TaskState) -> resources_pb2.RunStatus | None:
-    """The `RunStatus` a task state filter selects (None for UNSPECIFIED: any)."""
-    return _RUN_STATUSES.get(state)
+def run_statuses(state: a2a.TaskState) -> frozenset[RunStatus]:
+    """The run statuses a task state filter selects (none for UNSPECIFIED: any); FAILED
+    selects both FAILED and INTERRUPTED runs."""
+    return frozenset(status for status in RunStatus if _task_state_of(status) == state)
+
+
+def _task_state_of(status: RunStatus) -> a2a.TaskState:
+    return _STATES[getattr(resources_pb2, convert.run_status_to_proto(status))]
 
 
 def _data(value: Mapping[str, object]) -> a2a.Part:

@@ -3,7 +3,7 @@ reads of runs and their journal (store/runs.py) on one `Database`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final, cast
@@ -45,6 +45,7 @@ from agio_grpc.store.records import (
     RunStart,
 )
 from agio_grpc.store.rows import (
+    aware_utc,
     journal_from_row,
     run_from_row,
     stored_run,
@@ -452,6 +453,40 @@ class SqlRunLedger(SqlRole):
             if not rows:
                 require_session(conn, session_id, tenant=tenant)
             return [run_from_row(row) for row in rows]
+
+        return await self._read(work)
+
+    async def list_agent_runs(
+        self,
+        agent: str,
+        limit: int,
+        after: tuple[datetime, str] | None = None,
+        *,
+        tenant: str,
+        session_id: str | None = None,
+        statuses: Collection[RunStatus] = (),
+        changed_since: datetime | None = None,
+    ) -> list[Run]:
+        check_limit(limit)
+        created, run_id = run_table.c.create_time, run_table.c.id
+        query = (
+            select(run_table)
+            .where(run_table.c.tenant == tenant, run_table.c.agent == agent)
+            .order_by(created.desc(), run_id.desc())
+            .limit(limit)
+        )
+        if session_id is not None:
+            query = query.where(run_table.c.session_id == session_id)
+        if statuses:
+            query = query.where(run_table.c.status.in_(sorted(statuses)))
+        if changed_since is not None:
+            since = aware_utc(changed_since, "changed_since")
+            query = query.where(func.coalesce(run_table.c.end_time, created) >= since)
+        if after is not None:
+            query = query.where(older_than(created, run_id, after))
+
+        def work(conn: Connection) -> list[Run]:
+            return [run_from_row(row) for row in conn.execute(query).all()]
 
         return await self._read(work)
 
