@@ -281,6 +281,10 @@ class HumanPrinter:
             self._completed(event.step_completed.step)
         elif kind == "error":
             print(f"  ! {event.error.reason}: {event.error.message}", file=sys.stderr)
+        elif kind == "tool_progress":
+            progress = event.tool_progress
+            said = f": {progress.message}" if progress.message else ""
+            print(f"  .. {progress.name} {progress.state}{said}", file=sys.stderr)
         elif kind in ("run_completed", "run_failed"):
             self._end_line()
             run = getattr(event, kind).run

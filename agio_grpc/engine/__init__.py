@@ -35,6 +35,7 @@ from agio_grpc.engine.events import (
     StepDelta,
     StepStarted,
     ToolCallDelta,
+    ToolProgress,
 )
 from agio_grpc.engine.hooks import Hooks, StopRun
 from agio_grpc.engine.models import ModelDriver
@@ -83,6 +84,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolContext",
     "ToolOutput",
+    "ToolProgress",
     "ToolRegistry",
     "ToolStop",
     "load_tools",

@@ -6,7 +6,9 @@ description is the remote agent's card's, read at start-up and retried with capp
 backoff until it is read (the tool is unavailable meanwhile, with the reason). A call sends
 one message over the binding the card prefers (of JSON-RPC, HTTP+JSON and gRPC), streaming
 when the card offers it, with the entry's headers and the current trace context
-(`traceparent`: the remote agent's spans join the caller's trace). The answer is the text
+(`traceparent`: the remote agent's spans join the caller's trace). Each status the task
+streams (its state and status message, with the task's ids) is the call's `tool_progress`
+event. The answer is the text
 of the task's artifacts (or of the agent's message), as JSON with the remote task and
 context ids.
 
@@ -159,7 +161,13 @@ class RemoteAgentTool:
             async for event in client.send_message(
                 a2a.SendMessageRequest(message=message), context=call
             ):
-                outcome.add(event)
+                if outcome.add(event):
+                    context.report_progress(
+                        outcome.status_text,
+                        state=_state_name(outcome.state),
+                        remote_task_id=outcome.task_id,
+                        remote_context_id=outcome.context_id,
+                    )
         except asyncio.CancelledError:
             if outcome.task_id:
                 cancel = client.cancel_task(a2a.CancelTaskRequest(id=outcome.task_id), context=call)
@@ -192,7 +200,8 @@ class _Outcome:
     artifacts: dict[str, str] = field(default_factory=dict)
     message_text: str = ""
 
-    def add(self, event: a2a.StreamResponse) -> None:
+    def add(self, event: a2a.StreamResponse) -> bool:
+        """Take in one event; True when it told the task's status (progress to report)."""
         kind = event.WhichOneof("payload")
         if kind == "task":
             task = event.task
@@ -200,11 +209,13 @@ class _Outcome:
             self._status(task.status)
             for artifact in task.artifacts:
                 self.artifacts[artifact.artifact_id] = _text(artifact.parts)
-        elif kind == "status_update":
+            return True
+        if kind == "status_update":
             self.task_id = self.task_id or event.status_update.task_id
             self.context_id = self.context_id or event.status_update.context_id
             self._status(event.status_update.status)
-        elif kind == "artifact_update":
+            return True
+        if kind == "artifact_update":
             update = event.artifact_update
             before = self.artifacts.get(update.artifact.artifact_id, "") if update.append else ""
             self.artifacts[update.artifact.artifact_id] = before + _text(update.artifact.parts)
@@ -212,24 +223,32 @@ class _Outcome:
             self.context_id = self.context_id or event.message.context_id
             self.message_text = _text(event.message.parts)
             self.state = a2a.TASK_STATE_COMPLETED
+        return False
 
     def _status(self, status: a2a.TaskStatus) -> None:
         self.state = status.state
-        if status.HasField("message"):
-            self.status_text = _text(status.message.parts)
+        self.status_text = _text(status.message.parts) if status.HasField("message") else ""
 
     def result(self, name: str) -> str:
         if self.state in _FAILED:
             detail = f": {self.status_text}" if self.status_text else ""
             raise ToolError(f"Error: A2A agent {name!r} {_FAILED[self.state]}{detail}")
         if self.state != a2a.TASK_STATE_COMPLETED:
-            state = a2a.TaskState.Name(self.state)
+            state = _state_name(self.state)
             raise ToolError(f"Error: A2A agent {name!r}'s task ended {state}, not completed.")
         answer = self.message_text or "\n".join(t for t in self.artifacts.values() if t)
         return json.dumps(
             {"answer": answer, "task_id": self.task_id, "context_id": self.context_id},
             ensure_ascii=False,
         )
+
+
+def _state_name(state: int) -> str:
+    """A task state's name; a number no version of A2A defines is named by its number."""
+    try:
+        return a2a.TaskState.Name(state)
+    except ValueError:
+        return f"TASK_STATE_{state}"
 
 
 def _text(parts: Iterable[a2a.Part]) -> str:

@@ -6,7 +6,9 @@ own, in the caller's tenant, and answers with the child's final answer as JSON:
 `{"answer": ..., "agent": ..., "run_id": ..., "session_id": ...}` (the ids link the
 parent's tool step to the child; the child run's metadata links back: `agio.parent_run_id`,
 `agio.parent_session_id`, `agio.parent_tool_call_id`). The child is a run like any other:
-WatchRun follows it, GetRun reads it, its spans nest under the tool call's span.
+WatchRun follows it, GetRun reads it, its spans nest under the tool call's span. Its
+start is the call's `tool_progress` event (with the child's ids), so a client can watch it
+live.
 
 - **Cancel cascades**: the call ending early (the parent cancelled, timed out, or its
   server stopping) stops the child CANCELLED.
@@ -164,6 +166,12 @@ class AgentTool:
             )
         )
         depths[child.run_id] = depth
+        context.report_progress(
+            f"agent {self.agent.name!r} is working on it in run {child.run_id}",
+            state=f"RUN_STATUS_{child.run.status.value}",
+            child_run_id=child.run_id,
+            child_session_id=child.session_id,
+        )
         try:
             ended, answer = await _followed(child)
         except asyncio.CancelledError:

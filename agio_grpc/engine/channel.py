@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from agio_grpc.domain import Run, Step, utc_now
-from agio_grpc.engine.events import Event, SequencedEvent, StepDelta
+from agio_grpc.engine.events import LIVE_ONLY, Event, SequencedEvent, StepDelta
 from agio_grpc.engine.journal import record_of
 from agio_grpc.store.records import Journal, JournalRecord
 
@@ -85,7 +85,7 @@ class RunChannel:
             )
             # Inline rather than `_append` and `_wake`: this runs for every delta.
             self._journal.append(sequenced)
-            if not isinstance(event, StepDelta):
+            if not isinstance(event, LIVE_ONLY):
                 self._closed = sequenced.is_terminal
                 self._unjournaled.append(sequenced)
         self._wakeup.set()

@@ -145,6 +145,29 @@ class ContextCompacted:
     type: Literal["context_compacted"] = "context_compacted"
 
 
+@dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """A server tool call in progress said how it goes (`ToolContext.report_progress`):
+    between its tool step's `StepStarted` and `StepCompleted`. Live only, as deltas are (never
+    journaled), and adds nothing to the stored step. `state` is as the source names it; the
+    ids are the child run of a local agent tool, or the task of a remote A2A agent."""
+
+    step_id: str
+    tool_call_id: str
+    name: str
+    message: str = ""
+    state: str = ""
+    child_run_id: str = ""
+    child_session_id: str = ""
+    remote_task_id: str = ""
+    remote_context_id: str = ""
+    type: Literal["tool_progress"] = "tool_progress"
+
+
+LIVE_ONLY = (StepDelta, ToolProgress)
+"""The event kinds a replay never needs: served live, never journaled."""
+
+
 Event = (
     RunStarted
     | StepStarted
@@ -154,6 +177,7 @@ Event = (
     | RunFailed
     | ErrorNotice
     | ContextCompacted
+    | ToolProgress
 )
 """Every kind of run event."""
 

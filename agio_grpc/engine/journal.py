@@ -6,8 +6,9 @@ in the same transaction as the change it announces (`RunChannel.journal_for`):
 `run_started` and the first `step_completed`s with the run's start, each `step_completed`
 with its step, the terminal event with the run's end. `step_started` and `error` events
 change nothing in the store: they are journaled with the next write, the step they
-announce. Deltas are not journaled; a finished step's `step_completed` carries its whole
-content, and the deltas of the step in progress are served live by the channel.
+announce. Deltas and tool progress are not journaled; a finished step's `step_completed`
+carries its whole content, and the deltas and progress of the steps in progress are served
+live by the channel.
 
 This module only converts; it never reads or writes the store.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from agio_grpc.domain import Role
 from agio_grpc.engine.events import (
+    LIVE_ONLY,
     ContextCompacted,
     ErrorNotice,
     Event,
@@ -26,13 +28,14 @@ from agio_grpc.engine.events import (
     StepCompleted,
     StepDelta,
     StepStarted,
+    ToolProgress,
 )
 from agio_grpc.store.records import JournalRecord
 
 
 def is_journaled(event: Event) -> bool:
-    """Whether a replay needs `event` (every kind but deltas)."""
-    return not isinstance(event, StepDelta)
+    """Whether a replay needs `event` (every kind but deltas and tool progress)."""
+    return not isinstance(event, LIVE_ONLY)
 
 
 def record_of(sequenced: SequencedEvent) -> JournalRecord:
@@ -72,8 +75,8 @@ def record_of(sequenced: SequencedEvent) -> JournalRecord:
                 "trigger": event.trigger,
             }
             return JournalRecord(seq, time, event.type, data=data)
-        case StepDelta():
-            raise ValueError("deltas are not journaled")
+        case StepDelta() | ToolProgress():
+            raise ValueError(f"{event.type} events are not journaled")
 
 
 def event_of(run_id: str, session_id: str, record: JournalRecord) -> SequencedEvent:

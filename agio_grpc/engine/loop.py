@@ -20,6 +20,8 @@ interrupted tools.
 
 Every store write journals the events it announces (engine/journal.py) in its own
 transaction, and they are published once it committed, under the seqs they were stored with.
+What running tools report of their progress is published live only while they run
+(engine/progress.py), never during a write.
 
 Limits: a step's tool calls always run before a limit stops the run, so a limit never
 leaves a call without a result. MAX_STEPS counts model calls over the whole run; the run
@@ -100,6 +102,7 @@ from agio_grpc.engine.models import (
     ModelReply,
 )
 from agio_grpc.engine.output import OutputAttempts, answer_of
+from agio_grpc.engine.progress import ProgressRelay
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult
 from agio_grpc.engine.tracing import NO_RUN_TRACE, RunTrace, SpanIds, ToolCallTrace
 from agio_grpc.store.errors import LeaseLostError
@@ -180,6 +183,7 @@ class RunLoop:
         self.trace = segment.trace
         # The span of each tool call that started, for its step's trace and span ids.
         self.tool_spans: dict[str, SpanIds] = {}
+        self.progress = ProgressRelay(self.channel)
         output = segment.settings.output
         self.output_attempts = OutputAttempts(output) if output is not None else None
 
@@ -441,18 +445,19 @@ class RunLoop:
                         name=call.name,
                     )
                 )
-            results = await execute_tool_calls(
-                server_calls,
-                self.services.registry,
-                offered=self.settings.tools,
-                make_context=self._tool_context,
-                timeout_s=self.settings.limits.tool_timeout_s,
-                max_parallel=self.settings.limits.max_parallel_tools,
-                completed=self.finished_results,
-                trace_call=lambda call: self._trace_tool_call(call, sequences[call.id]),
-                max_result_bytes=self.settings.limits.max_step_bytes,
-                stop_on_error=self.settings.stop_on_error_tools,
-            )
+            with self.progress.running(step_ids):
+                results = await execute_tool_calls(
+                    server_calls,
+                    self.services.registry,
+                    offered=self.settings.tools,
+                    make_context=self._tool_context,
+                    timeout_s=self.settings.limits.tool_timeout_s,
+                    max_parallel=self.settings.limits.max_parallel_tools,
+                    completed=self.finished_results,
+                    trace_call=lambda call: self._trace_tool_call(call, sequences[call.id]),
+                    max_result_bytes=self.settings.limits.max_step_bytes,
+                    stop_on_error=self.settings.stop_on_error_tools,
+                )
             for result in results:
                 if result.is_error:
                     self.channel.publish(
@@ -478,7 +483,13 @@ class RunLoop:
 
     def _tool_context(self, call: ToolCall) -> ToolContext:
         return ToolContext(
-            self.run_row.id, self.run_row.session_id, call.id, call.name, self.run_row.tenant
+            self.run_row.id,
+            self.run_row.session_id,
+            call.id,
+            call.name,
+            self.run_row.tenant,
+            step_id=self.tool_step_ids[call.id],
+            progress=self.progress.report,
         )
 
     def _tool_step(self, result: ToolResult, step_id: str) -> Step:

@@ -26,6 +26,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from agio_grpc.domain import DEFAULT_TENANT, StopSignal, ToolCall, Usage
+from agio_grpc.engine.events import ToolProgress
 from agio_grpc.engine.loading import import_object
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
@@ -191,6 +192,15 @@ class ToolSource(Protocol):
         ...
 
 
+MAX_PROGRESS_MESSAGE_CHARS = 4096
+"""The longest message a `tool_progress` event carries (a remote agent's status may be
+anything)."""
+
+
+def _no_progress(event: ToolProgress) -> None:
+    """A context made outside a run (a test, a direct call) reports to nobody."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """Where a tool call comes from; declare a parameter of this type to receive it."""
@@ -204,6 +214,37 @@ class ToolContext:
     usage: Usage = field(default_factory=Usage)
     """Tokens the call spent on models (a local agent's child run): the tool step's, so
     they count toward the run's usage and token budget."""
+    step_id: str = ""
+    """The tool step the call will be stored as."""
+    progress: Callable[[ToolProgress], None] = _no_progress
+    """Where `report_progress` sends its events: the run's stream while the call runs."""
+
+    def report_progress(
+        self,
+        message: str = "",
+        *,
+        state: str = "",
+        child_run_id: str = "",
+        child_session_id: str = "",
+        remote_task_id: str = "",
+        remote_context_id: str = "",
+    ) -> None:
+        """Tell the run's clients how the call goes: a `tool_progress` event, live only (a
+        replay has none), dropped once the call is over. `message` is cut to
+        `MAX_PROGRESS_MESSAGE_CHARS`."""
+        self.progress(
+            ToolProgress(
+                self.step_id,
+                self.tool_call_id,
+                self.tool_name,
+                message[:MAX_PROGRESS_MESSAGE_CHARS],
+                state,
+                child_run_id,
+                child_session_id,
+                remote_task_id,
+                remote_context_id,
+            )
+        )
 
     @property
     def idempotency_key(self) -> str:

@@ -238,6 +238,18 @@ def event_to_proto(sequenced: events.SequencedEvent) -> events_pb2.StepEvent:
                     retryable=event.retryable,
                 )
             )
+        case events.ToolProgress():
+            progress = message.tool_progress
+            progress.SetInParent()
+            progress.step_id = event.step_id
+            progress.tool_call_id = event.tool_call_id
+            progress.name = event.name
+            progress.message = event.message
+            progress.state = event.state
+            progress.child_run_id = event.child_run_id
+            progress.child_session_id = event.child_session_id
+            progress.remote_task_id = event.remote_task_id
+            progress.remote_context_id = event.remote_context_id
         case events.ContextCompacted():
             message.context_compacted.CopyFrom(
                 events_pb2.ContextCompactedEvent(

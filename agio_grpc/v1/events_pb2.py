@@ -27,7 +27,7 @@ from agio_grpc.v1 import resources_pb2 as agio_dot_v1_dot_resources__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61gio/v1/events.proto\x12\x07\x61gio.v1\x1a\x17\x61gio/v1/resources.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x04\n\tStepEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brun_started\x18\n \x01(\x0b\x32\x18.agio.v1.RunStartedEventH\x00\x12\x31\n\x0cstep_started\x18\x0b \x01(\x0b\x32\x19.agio.v1.StepStartedEventH\x00\x12-\n\nstep_delta\x18\x0c \x01(\x0b\x32\x17.agio.v1.StepDeltaEventH\x00\x12\x35\n\x0estep_completed\x18\r \x01(\x0b\x32\x1b.agio.v1.StepCompletedEventH\x00\x12\x33\n\rrun_completed\x18\x0e \x01(\x0b\x32\x1a.agio.v1.RunCompletedEventH\x00\x12-\n\nrun_failed\x18\x0f \x01(\x0b\x32\x17.agio.v1.RunFailedEventH\x00\x12$\n\x05\x65rror\x18\x10 \x01(\x0b\x32\x13.agio.v1.ErrorEventH\x00\x12;\n\x11\x63ontext_compacted\x18\x11 \x01(\x0b\x32\x1e.agio.v1.ContextCompactedEventH\x00\x42\x07\n\x05\x65vent\"\xa7\x01\n\x15\x43ontextCompactedEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x03 \x01(\x03\x12\x15\n\rlast_sequence\x18\x04 \x01(\x03\x12\x15\n\rtokens_before\x18\x05 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x06 \x01(\x03\x12\x0f\n\x07trigger\x18\x07 \x01(\t\",\n\x0fRunStartedEvent\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"v\n\x10StepStartedEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x1b\n\x04role\x18\x03 \x01(\x0e\x32\r.agio.v1.Role\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x8b\x01\n\x0eStepDeltaEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x19\n\x11reasoning_content\x18\x04 \x01(\t\x12*\n\ntool_calls\x18\x05 \x03(\x0b\x32\x16.agio.v1.ToolCallDelta\"1\n\x12StepCompletedEvent\x12\x1b\n\x04step\x18\x01 \x01(\x0b\x32\r.agio.v1.Step\".\n\x11RunCompletedEvent\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"+\n\x0eRunFailedEvent\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"P\n\nErrorEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x11\n\tretryable\x18\x04 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61gio/v1/events.proto\x12\x07\x61gio.v1\x1a\x17\x61gio/v1/resources.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x04\n\tStepEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brun_started\x18\n \x01(\x0b\x32\x18.agio.v1.RunStartedEventH\x00\x12\x31\n\x0cstep_started\x18\x0b \x01(\x0b\x32\x19.agio.v1.StepStartedEventH\x00\x12-\n\nstep_delta\x18\x0c \x01(\x0b\x32\x17.agio.v1.StepDeltaEventH\x00\x12\x35\n\x0estep_completed\x18\r \x01(\x0b\x32\x1b.agio.v1.StepCompletedEventH\x00\x12\x33\n\rrun_completed\x18\x0e \x01(\x0b\x32\x1a.agio.v1.RunCompletedEventH\x00\x12-\n\nrun_failed\x18\x0f \x01(\x0b\x32\x17.agio.v1.RunFailedEventH\x00\x12$\n\x05\x65rror\x18\x10 \x01(\x0b\x32\x13.agio.v1.ErrorEventH\x00\x12;\n\x11\x63ontext_compacted\x18\x11 \x01(\x0b\x32\x1e.agio.v1.ContextCompactedEventH\x00\x12\x33\n\rtool_progress\x18\x12 \x01(\x0b\x32\x1a.agio.v1.ToolProgressEventH\x00\x42\x07\n\x05\x65vent\"\xcb\x01\n\x11ToolProgressEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x14\n\x0c\x63hild_run_id\x18\x06 \x01(\t\x12\x18\n\x10\x63hild_session_id\x18\x07 \x01(\t\x12\x16\n\x0eremote_task_id\x18\x08 \x01(\t\x12\x19\n\x11remote_context_id\x18\t \x01(\t\"\xa7\x01\n\x15\x43ontextCompactedEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x03 \x01(\x03\x12\x15\n\rlast_sequence\x18\x04 \x01(\x03\x12\x15\n\rtokens_before\x18\x05 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x06 \x01(\x03\x12\x0f\n\x07trigger\x18\x07 \x01(\t\",\n\x0fRunStartedEvent\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"v\n\x10StepStartedEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x1b\n\x04role\x18\x03 \x01(\x0e\x32\r.agio.v1.Role\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x8b\x01\n\x0eStepDeltaEvent\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x19\n\x11reasoning_content\x18\x04 \x01(\t\x12*\n\ntool_calls\x18\x05 \x03(\x0b\x32\x16.agio.v1.ToolCallDelta\"1\n\x12StepCompletedEvent\x12\x1b\n\x04step\x18\x01 \x01(\x0b\x32\r.agio.v1.Step\".\n\x11RunCompletedEvent\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"+\n\x0eRunFailedEvent\x12\x19\n\x03run\x18\x01 \x01(\x0b\x32\x0c.agio.v1.Run\"P\n\nErrorEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x11\n\tretryable\x18\x04 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agio.v1.events_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STEPEVENT']._serialized_start=92
-  _globals['_STEPEVENT']._serialized_end=604
-  _globals['_CONTEXTCOMPACTEDEVENT']._serialized_start=607
-  _globals['_CONTEXTCOMPACTEDEVENT']._serialized_end=774
-  _globals['_RUNSTARTEDEVENT']._serialized_start=776
-  _globals['_RUNSTARTEDEVENT']._serialized_end=820
-  _globals['_STEPSTARTEDEVENT']._serialized_start=822
-  _globals['_STEPSTARTEDEVENT']._serialized_end=940
-  _globals['_TOOLCALLDELTA']._serialized_start=942
-  _globals['_TOOLCALLDELTA']._serialized_end=1017
-  _globals['_STEPDELTAEVENT']._serialized_start=1020
-  _globals['_STEPDELTAEVENT']._serialized_end=1159
-  _globals['_STEPCOMPLETEDEVENT']._serialized_start=1161
-  _globals['_STEPCOMPLETEDEVENT']._serialized_end=1210
-  _globals['_RUNCOMPLETEDEVENT']._serialized_start=1212
-  _globals['_RUNCOMPLETEDEVENT']._serialized_end=1258
-  _globals['_RUNFAILEDEVENT']._serialized_start=1260
-  _globals['_RUNFAILEDEVENT']._serialized_end=1303
-  _globals['_ERROREVENT']._serialized_start=1305
-  _globals['_ERROREVENT']._serialized_end=1385
+  _globals['_STEPEVENT']._serialized_end=657
+  _globals['_TOOLPROGRESSEVENT']._serialized_start=660
+  _globals['_TOOLPROGRESSEVENT']._serialized_end=863
+  _globals['_CONTEXTCOMPACTEDEVENT']._serialized_start=866
+  _globals['_CONTEXTCOMPACTEDEVENT']._serialized_end=1033
+  _globals['_RUNSTARTEDEVENT']._serialized_start=1035
+  _globals['_RUNSTARTEDEVENT']._serialized_end=1079
+  _globals['_STEPSTARTEDEVENT']._serialized_start=1081
+  _globals['_STEPSTARTEDEVENT']._serialized_end=1199
+  _globals['_TOOLCALLDELTA']._serialized_start=1201
+  _globals['_TOOLCALLDELTA']._serialized_end=1276
+  _globals['_STEPDELTAEVENT']._serialized_start=1279
+  _globals['_STEPDELTAEVENT']._serialized_end=1418
+  _globals['_STEPCOMPLETEDEVENT']._serialized_start=1420
+  _globals['_STEPCOMPLETEDEVENT']._serialized_end=1469
+  _globals['_RUNCOMPLETEDEVENT']._serialized_start=1471
+  _globals['_RUNCOMPLETEDEVENT']._serialized_end=1517
+  _globals['_RUNFAILEDEVENT']._serialized_start=1519
+  _globals['_RUNFAILEDEVENT']._serialized_end=1562
+  _globals['_ERROREVENT']._serialized_start=1564
+  _globals['_ERROREVENT']._serialized_end=1644
 # @@protoc_insertion_point(module_scope)

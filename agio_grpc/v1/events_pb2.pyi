@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StepEvent(_message.Message):
-    __slots__ = ("run_id", "session_id", "seq", "time", "run_started", "step_started", "step_delta", "step_completed", "run_completed", "run_failed", "error", "context_compacted")
+    __slots__ = ("run_id", "session_id", "seq", "time", "run_started", "step_started", "step_delta", "step_completed", "run_completed", "run_failed", "error", "context_compacted", "tool_progress")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class StepEvent(_message.Message):
     RUN_FAILED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     session_id: str
     seq: int
@@ -37,7 +38,30 @@ class StepEvent(_message.Message):
     run_failed: RunFailedEvent
     error: ErrorEvent
     context_compacted: ContextCompactedEvent
-    def __init__(self, run_id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_started: _Optional[_Union[RunStartedEvent, _Mapping]] = ..., step_started: _Optional[_Union[StepStartedEvent, _Mapping]] = ..., step_delta: _Optional[_Union[StepDeltaEvent, _Mapping]] = ..., step_completed: _Optional[_Union[StepCompletedEvent, _Mapping]] = ..., run_completed: _Optional[_Union[RunCompletedEvent, _Mapping]] = ..., run_failed: _Optional[_Union[RunFailedEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., context_compacted: _Optional[_Union[ContextCompactedEvent, _Mapping]] = ...) -> None: ...
+    tool_progress: ToolProgressEvent
+    def __init__(self, run_id: _Optional[str] = ..., session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_started: _Optional[_Union[RunStartedEvent, _Mapping]] = ..., step_started: _Optional[_Union[StepStartedEvent, _Mapping]] = ..., step_delta: _Optional[_Union[StepDeltaEvent, _Mapping]] = ..., step_completed: _Optional[_Union[StepCompletedEvent, _Mapping]] = ..., run_completed: _Optional[_Union[RunCompletedEvent, _Mapping]] = ..., run_failed: _Optional[_Union[RunFailedEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., context_compacted: _Optional[_Union[ContextCompactedEvent, _Mapping]] = ..., tool_progress: _Optional[_Union[ToolProgressEvent, _Mapping]] = ...) -> None: ...
+
+class ToolProgressEvent(_message.Message):
+    __slots__ = ("step_id", "tool_call_id", "name", "message", "state", "child_run_id", "child_session_id", "remote_task_id", "remote_context_id")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CHILD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CHILD_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    step_id: str
+    tool_call_id: str
+    name: str
+    message: str
+    state: str
+    child_run_id: str
+    child_session_id: str
+    remote_task_id: str
+    remote_context_id: str
+    def __init__(self, step_id: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., message: _Optional[str] = ..., state: _Optional[str] = ..., child_run_id: _Optional[str] = ..., child_session_id: _Optional[str] = ..., remote_task_id: _Optional[str] = ..., remote_context_id: _Optional[str] = ...) -> None: ...
 
 class ContextCompactedEvent(_message.Message):
     __slots__ = ("step_id", "sequence", "first_sequence", "last_sequence", "tokens_before", "tokens_after", "trigger")

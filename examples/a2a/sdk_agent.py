@@ -8,6 +8,9 @@ sees the first. What it does with a message:
 - `fail`: fails the task; `ask`: asks for input (INPUT_REQUIRED);
 - `wait`: works until the task is cancelled.
 
+Each task first says what it reads (a WORKING status with a message), which the caller
+streams as its tool call's progress.
+
     .tools/bin/uv run python examples/a2a/sdk_agent.py --port 9999
 
 serves its card at http://127.0.0.1:9999/.well-known/agent-card.json, and JSON-RPC and
@@ -56,9 +59,9 @@ class NoteKeeper(AgentExecutor):
                     context.task_id, context.context_id, a2a.TASK_STATE_SUBMITTED, history=history
                 )
             )
-        await updater.start_work()
         text = context.get_user_input().strip()
         command, _, rest = text.partition(" ")
+        await updater.start_work(new_text_message(f"Reading {command!r}"))
         if command == "fail":
             await updater.failed(new_text_message("the note book is on fire"))
         elif command == "ask":

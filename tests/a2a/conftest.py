@@ -41,6 +41,7 @@ def a2a_settings(store_url: str, model_url: str, **overrides: Any) -> Any:
                 description="Answers questions and does sums.",
                 instructions="You are a test assistant. SECRET-INSTRUCTIONS",
                 tools=["calculate", "echo", "hang"],
+                agents=["helper"],
                 tool_options={"echo": ToolOptionsConfig(needs_approval=True)},
                 limits=LimitsConfig(max_steps=5, tool_timeout_s=5.0),
             ),

@@ -7,7 +7,6 @@ budget, the depth limit, and the start-up refusal of cycles and unknown agents."
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -99,6 +98,37 @@ async def test_a_call_runs_a_child_run_linked_both_ways_and_watchable(
     assert result.run.usage.total_tokens == own + child.usage.total_tokens
 
 
+async def test_the_call_s_progress_names_the_child_run_as_it_starts(
+    client: AgioClient, fake_model: FakeModelServer
+) -> None:
+    fake_model.enqueue(ask("worker", "What is 2+2?"), Turn.text("4"), Turn.text("It is 4."))
+    events = [event async for event in client.run("Ask the worker")]
+    kinds = [event.WhichOneof("event") for event in events]
+    [progress] = [event.tool_progress for event in events if event.HasField("tool_progress")]
+    [started] = [
+        e.step_started for e in events if e.HasField("step_started") and e.step_started.name
+    ]
+    [stored] = [
+        e.step_completed.step
+        for e in events
+        if e.HasField("step_completed") and e.step_completed.step.role == Role.ROLE_TOOL
+    ]
+    assert kinds.index("tool_progress") > kinds.index("step_started")
+    assert (progress.step_id, progress.tool_call_id, progress.name) == (
+        started.step_id,
+        "call_1",
+        "worker",
+    )
+    assert progress.step_id == stored.id
+    assert progress.state == "RUN_STATUS_RUNNING"
+    linked = json.loads(stored.content)
+    assert (progress.child_run_id, progress.child_session_id) == (
+        linked["run_id"],
+        linked["session_id"],
+    )
+    assert "worker" in progress.message
+
+
 async def test_the_worker_is_offered_as_a_tool_with_its_description(
     client: AgioClient, fake_model: FakeModelServer
 ) -> None:
@@ -128,20 +158,11 @@ async def test_cancelling_the_parent_cancels_the_child(
 ) -> None:
     fake_model.enqueue(ask("worker", "wait"), Turn.hanging())
     parent = await client.start_run("Ask the worker")
-    await fake_model.wait_for_requests(2)  # the child's model call hangs
-    child_id = ""
-    for _ in range(100):
-        children = [
-            run
-            for session in await client.list_sessions()
-            for run in await client.list_runs(session.id)
-            if run.metadata.get("agio.parent_run_id") == parent.id
-        ]
-        if children:
-            child_id = children[0].id
+    async for event in client.watch_run(parent.id):
+        if event.HasField("tool_progress"):
+            child_id = event.tool_progress.child_run_id
             break
-        await asyncio.sleep(0.02)
-    assert child_id
+    await fake_model.wait_for_requests(2)  # the child's model call hangs
     ended = await client.cancel_run(parent.id)
     assert ended.status == RunStatus.RUN_STATUS_CANCELLED
     child = await client.get_run(child_id)

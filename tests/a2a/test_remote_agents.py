@@ -156,6 +156,38 @@ async def test_a_call_answers_and_the_session_keeps_its_remote_context(
     assert remote.keeper.headers[0]["x-notes-token"] == "s3cret"
 
 
+async def test_the_remote_task_s_status_streams_as_the_tool_call_s_progress(
+    app: AgioApp, fake_model: FakeModelServer
+) -> None:
+    async with AgioClient(app.address) as client:
+        fake_model.enqueue(call("note milk"), Turn.text("Noted."))
+        events = [event async for event in client.run("Remember milk")]
+    kinds = [event.WhichOneof("event") for event in events]
+    progress = [event.tool_progress for event in events if event.HasField("tool_progress")]
+    [stored] = [
+        e.step_completed.step
+        for e in events
+        if e.HasField("step_completed") and e.step_completed.step.role == Role.ROLE_TOOL
+    ]
+    answer = json.loads(stored.content)
+    said = [(p.state, p.message) for p in progress]
+    assert ("TASK_STATE_WORKING", "Reading 'note'") in said
+    assert said[-1] == ("TASK_STATE_COMPLETED", "")
+    for each in progress:
+        assert (each.step_id, each.tool_call_id, each.name) == (stored.id, "call_1", "notes")
+        assert (each.remote_task_id, each.remote_context_id) == (
+            answer["task_id"],
+            answer["context_id"],
+        )
+    first, last = kinds.index("tool_progress"), len(kinds) - kinds[::-1].index("tool_progress")
+    tool_started = next(
+        i for i, e in enumerate(events) if e.HasField("step_started") and e.step_started.name
+    )
+    tool_stored = events.index(next(e for e in events if e.step_completed.step.id == stored.id))
+    assert tool_started < first
+    assert last <= tool_stored
+
+
 async def test_a_remote_failure_and_input_required_are_errors_the_model_sees(
     app: AgioApp, fake_model: FakeModelServer
 ) -> None:
@@ -180,11 +212,9 @@ async def test_cancelling_the_run_cancels_the_remote_task(
     async with AgioClient(app.address) as client:
         fake_model.enqueue(call("wait"))
         run = await client.start_run("Wait")
-        for _ in range(200):
-            if remote.keeper.headers:
-                break
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.1)  # the remote task is working
+        async for event in client.watch_run(run.id):
+            if event.tool_progress.message == "Reading 'wait'":
+                break  # the remote task is working
         ended = await client.cancel_run(run.id)
     assert ended.status == RunStatus.RUN_STATUS_CANCELLED
     for _ in range(200):

@@ -39,7 +39,7 @@ async def test_the_card_names_the_agent_its_three_bindings_skills_and_bearer_aut
     assert set(bindings) == {"JSONRPC", "HTTP+JSON", "GRPC"}
     assert bindings["JSONRPC"].url.endswith("/a2a/assistant/")
     assert bindings["GRPC"].tenant == "assistant"
-    assert [s.id for s in card.skills] == ["assistant", "calculate", "echo", "hang"]
+    assert [s.id for s in card.skills] == ["assistant", "calculate", "echo", "hang", "helper"]
     scheme = card.security_schemes["agio"].http_auth_security_scheme
     assert scheme.scheme == "Bearer"
     helper = await connect("helper")
@@ -135,6 +135,24 @@ async def test_tasks_are_listed_across_contexts_per_agent_and_tenant_newest_firs
         await theirs.client.list_tasks(
             a2a.ListTasksRequest(context_id=first.context_id), context=theirs.context
         )
+
+
+async def test_a_tool_call_s_progress_is_a_working_status_with_its_message(
+    connect: Connect, fake_model: FakeModelServer
+) -> None:
+    remote = await connect()
+    ask = ToolCallSpec("helper", json.dumps({"input": "2+2?"}), id="call_helper")
+    fake_model.enqueue(Turn.tool_calls([ask]), Turn.text("4"), Turn.text("The helper says 4."))
+    events = await remote.stream(send("Ask the helper"))
+    statuses = [e.status_update.status for e in events if e.HasField("status_update")]
+    said = [s for s in statuses if s.message.parts]
+    [progress] = [s for s in said if "helper is working" in s.message.parts[0].text]
+    assert progress.state == a2a.TASK_STATE_WORKING
+    facts = json_format.MessageToDict(progress.message.parts[1].data)["tool_progress"]
+    assert facts["tool_call_id"] == "call_helper"
+    assert facts["state"] == "RUN_STATUS_RUNNING"
+    assert facts["child_run_id"].startswith("run_")
+    assert answer_text(events) == "The helper says 4."
 
 
 async def test_input_required_for_an_approval_then_completed_after_the_reply(

@@ -27,6 +27,7 @@ from agio_grpc.engine import (
     RuntimeOptions,
     SequencedEvent,
     StepCompleted,
+    ToolContext,
     ToolRegistry,
     ToolStop,
 )
@@ -54,6 +55,7 @@ TEST_TOOLS = [
     "explode",
     "finish",
     "repeat",
+    "report",
 ]
 LOOKUP = ClientTool("lookup", "Look an order up.", '{"type": "object"}')
 """A client tool: a call to it ends the run REQUIRES_ACTION."""
@@ -74,6 +76,8 @@ class Gate:
 
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    contexts: list[ToolContext] = field(default_factory=list)
+    """The context of each `report` call, kept past the call."""
     calls: int = 0
     running: int = 0
     most_running: int = 0
@@ -125,8 +129,15 @@ def make_registry(gate: Gate) -> ToolRegistry:
         """Returns `text` `times` times (a result much longer than its arguments)."""
         return text * times
 
+    def report(steps: int, context: ToolContext) -> str:
+        """Reports progress `steps` times from its worker thread (a sync tool), then answers."""
+        gate.contexts.append(context)
+        for step in range(1, steps + 1):
+            context.report_progress(f"step {step} of {steps}", state="WORKING")
+        return "reported"
+
     registry = ToolRegistry(TOOLS)
-    for function in (note, wait_for_gate, explode, finish, repeat):
+    for function in (note, wait_for_gate, explode, finish, repeat, report):
         registry.register(function)
     return registry
 

@@ -15,6 +15,7 @@ from agio_grpc.engine.events import (
     StepDelta,
     StepStarted,
     ToolCallDelta,
+    ToolProgress,
 )
 
 RUN = Run(session_id="sess", agent="a", id="run")
@@ -127,3 +128,21 @@ async def test_nothing_is_published_after_the_terminal_event() -> None:
     assert channel.closed
     with pytest.raises(ChannelClosedError):
         channel.publish(delta("late"))
+
+
+async def test_tool_progress_is_streamed_live_but_never_journaled() -> None:
+    channel = RunChannel("run", "sess")
+    channel.publish(StepStarted(step_id="s1", role=Role.TOOL, tool_call_id="c1", name="t"))
+    channel.publish(ToolProgress("s1", "c1", "t", "half way", "TASK_STATE_WORKING"))
+    channel.publish(ToolProgress("s1", "c1", "t", "nearly", "TASK_STATE_WORKING"))
+    journal = channel.journal_for(lambda run, steps: [RunCompleted(RUN)])
+    records = journal(RUN, [])
+    channel.publish_journaled()
+    events = await drain(channel)
+    assert [type(e.event) for e in events] == [
+        StepStarted,
+        ToolProgress,
+        ToolProgress,  # never merged: each says something of its own
+        RunCompleted,
+    ]
+    assert [(r.seq, r.kind) for r in records] == [(1, "step_started"), (4, "run_completed")]

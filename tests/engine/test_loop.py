@@ -29,6 +29,7 @@ from agio_grpc.engine import (
     StepDelta,
     StepStarted,
     StopRun,
+    ToolProgress,
 )
 from agio_grpc.engine.hooks import Hooks
 from agio_grpc.store.errors import (
@@ -138,6 +139,33 @@ async def test_a_tool_call_is_executed_stored_and_answered(harness: Harness) -> 
     assert outcome.run.usage.total_tokens == sum(
         s.metrics.total_tokens for s in outcome.steps_of(Role.ASSISTANT)
     )
+
+
+async def test_a_sync_tool_s_progress_streams_from_its_thread_and_stops_with_the_call(
+    harness: Harness,
+) -> None:
+    call = ToolCallSpec("report", '{"steps": 3}', id="call_r")
+    harness.model.enqueue(Turn.tool_calls([call]), Turn.text("Done."))
+
+    outcome = await harness.run("Report")
+
+    kinds = [event.event.type for event in outcome.events]
+    progress = outcome.of(ToolProgress)
+    [tool_step] = outcome.steps_of(Role.TOOL)
+    assert [p.message for p in progress] == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
+    assert {(p.step_id, p.tool_call_id, p.name, p.state) for p in progress} == {
+        (tool_step.id, "call_r", "report", "WORKING")
+    }
+    tool_started = next(
+        i
+        for i, e in enumerate(outcome.events)
+        if isinstance(e.event, StepStarted) and e.event.role is Role.TOOL
+    )
+    assert kinds[tool_started + 1 : tool_started + 4] == ["tool_progress"] * 3
+    assert tool_step.content == "reported"
+    [kept] = harness.gate.contexts
+    # Once the call is over its context reports to nobody: the run's stream has ended.
+    kept.report_progress("after the call")
 
 
 async def test_parallel_tool_calls_are_stored_in_call_order(harness: Harness) -> None:

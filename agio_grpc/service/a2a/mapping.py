@@ -17,6 +17,7 @@ events arrive already encoded, read the same.
 | `Run.output` (an output schema's answer) | an artifact (`output`) holding a data part |
 | `step_delta` text | `TaskArtifactUpdateEvent` appending to the step's artifact |
 | tool calls | `TaskStatusUpdateEvent` WORKING naming them |
+| `tool_progress` | `TaskStatusUpdateEvent` WORKING with the tool's message and ids |
 """
 
 from __future__ import annotations
@@ -241,6 +242,8 @@ class EventTranslator:
                 yield self._chunk(delta.step_id, delta.content, last=False)
         elif kind == "step_completed":
             yield from self._completed(event.step_completed.step)
+        elif kind == "tool_progress":
+            yield self._progress(event.tool_progress, event.seq)
         elif kind in ("run_completed", "run_failed"):
             run = getattr(event, kind).run
             if run.HasField("output"):
@@ -288,6 +291,29 @@ class EventTranslator:
                     ),
                 ),
             )
+
+    def _progress(
+        self, progress: events_pb2.ToolProgressEvent, seq: int
+    ) -> a2a.TaskStatusUpdateEvent:
+        said = f": {progress.message}" if progress.message else ""
+        facts = json_format.MessageToDict(progress, preserving_proto_field_name=True)
+        return a2a.TaskStatusUpdateEvent(
+            task_id=self.task_id,
+            context_id=self.context_id,
+            status=a2a.TaskStatus(
+                state=a2a.TASK_STATE_WORKING,
+                message=a2a.Message(
+                    message_id=f"{progress.step_id}-progress-{seq}",
+                    context_id=self.context_id,
+                    task_id=self.task_id,
+                    role=a2a.ROLE_AGENT,
+                    parts=[
+                        a2a.Part(text=f"{progress.name} is working{said}"),
+                        _data({"tool_progress": facts}),
+                    ],
+                ),
+            ),
+        )
 
     def _chunk(self, step_id: str, text: str, *, last: bool) -> a2a.TaskArtifactUpdateEvent:
         first = step_id not in self.sent

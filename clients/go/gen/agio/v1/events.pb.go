@@ -47,6 +47,7 @@ type StepEvent struct {
 	//	*StepEvent_RunFailed
 	//	*StepEvent_Error
 	//	*StepEvent_ContextCompacted
+	//	*StepEvent_ToolProgress
 	Event         isStepEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -189,6 +190,15 @@ func (x *StepEvent) GetContextCompacted() *ContextCompactedEvent {
 	return nil
 }
 
+func (x *StepEvent) GetToolProgress() *ToolProgressEvent {
+	if x != nil {
+		if x, ok := x.Event.(*StepEvent_ToolProgress); ok {
+			return x.ToolProgress
+		}
+	}
+	return nil
+}
+
 type isStepEvent_Event interface {
 	isStepEvent_Event()
 }
@@ -233,6 +243,12 @@ type StepEvent_ContextCompacted struct {
 	ContextCompacted *ContextCompactedEvent `protobuf:"bytes,17,opt,name=context_compacted,json=contextCompacted,proto3,oneof"`
 }
 
+type StepEvent_ToolProgress struct {
+	// A server tool call in progress said how it goes. Live only, as deltas are: a replay
+	// from the journal has none (the tool step's `step_completed` holds the outcome).
+	ToolProgress *ToolProgressEvent `protobuf:"bytes,18,opt,name=tool_progress,json=toolProgress,proto3,oneof"`
+}
+
 func (*StepEvent_RunStarted) isStepEvent_Event() {}
 
 func (*StepEvent_StepStarted) isStepEvent_Event() {}
@@ -248,6 +264,130 @@ func (*StepEvent_RunFailed) isStepEvent_Event() {}
 func (*StepEvent_Error) isStepEvent_Event() {}
 
 func (*StepEvent_ContextCompacted) isStepEvent_Event() {}
+
+func (*StepEvent_ToolProgress) isStepEvent_Event() {}
+
+// ToolProgressEvent reports how a server tool call in progress goes: a remote A2A agent's
+// task status, the child run a local agent tool started. It comes between the tool step's
+// `step_started` and its `step_completed`; it adds nothing to the stored step.
+type ToolProgressEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tool step the call will be stored as (its `step_started`'s id).
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The call in progress.
+	ToolCallId string `protobuf:"bytes,2,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	// The tool's name.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// What the tool said, for people: e.g. a remote agent's status message. May be empty.
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// The state of the work the call waits on, as its source names it: an A2A task state
+	// (`TASK_STATE_WORKING`, ...) for a remote agent; a run status (`RUN_STATUS_RUNNING`)
+	// for a local agent's child run.
+	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	// A local agent tool: the child run the call started (watch it with WatchRun).
+	ChildRunId string `protobuf:"bytes,6,opt,name=child_run_id,json=childRunId,proto3" json:"child_run_id,omitempty"`
+	// A local agent tool: the child run's session.
+	ChildSessionId string `protobuf:"bytes,7,opt,name=child_session_id,json=childSessionId,proto3" json:"child_session_id,omitempty"`
+	// A remote A2A agent: its task's id.
+	RemoteTaskId string `protobuf:"bytes,8,opt,name=remote_task_id,json=remoteTaskId,proto3" json:"remote_task_id,omitempty"`
+	// A remote A2A agent: its task's context id.
+	RemoteContextId string `protobuf:"bytes,9,opt,name=remote_context_id,json=remoteContextId,proto3" json:"remote_context_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ToolProgressEvent) Reset() {
+	*x = ToolProgressEvent{}
+	mi := &file_agio_v1_events_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolProgressEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolProgressEvent) ProtoMessage() {}
+
+func (x *ToolProgressEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_agio_v1_events_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolProgressEvent.ProtoReflect.Descriptor instead.
+func (*ToolProgressEvent) Descriptor() ([]byte, []int) {
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ToolProgressEvent) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetChildRunId() string {
+	if x != nil {
+		return x.ChildRunId
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetChildSessionId() string {
+	if x != nil {
+		return x.ChildSessionId
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetRemoteTaskId() string {
+	if x != nil {
+		return x.RemoteTaskId
+	}
+	return ""
+}
+
+func (x *ToolProgressEvent) GetRemoteContextId() string {
+	if x != nil {
+		return x.RemoteContextId
+	}
+	return ""
+}
 
 // ContextCompactedEvent reports a compaction: the summary step stored (its
 // `step_completed` comes first) and what it saved.
@@ -274,7 +414,7 @@ type ContextCompactedEvent struct {
 
 func (x *ContextCompactedEvent) Reset() {
 	*x = ContextCompactedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[1]
+	mi := &file_agio_v1_events_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +426,7 @@ func (x *ContextCompactedEvent) String() string {
 func (*ContextCompactedEvent) ProtoMessage() {}
 
 func (x *ContextCompactedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[1]
+	mi := &file_agio_v1_events_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,7 +439,7 @@ func (x *ContextCompactedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextCompactedEvent.ProtoReflect.Descriptor instead.
 func (*ContextCompactedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{1}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ContextCompactedEvent) GetStepId() string {
@@ -362,7 +502,7 @@ type RunStartedEvent struct {
 
 func (x *RunStartedEvent) Reset() {
 	*x = RunStartedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[2]
+	mi := &file_agio_v1_events_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +514,7 @@ func (x *RunStartedEvent) String() string {
 func (*RunStartedEvent) ProtoMessage() {}
 
 func (x *RunStartedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[2]
+	mi := &file_agio_v1_events_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +527,7 @@ func (x *RunStartedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStartedEvent.ProtoReflect.Descriptor instead.
 func (*RunStartedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{2}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RunStartedEvent) GetRun() *Run {
@@ -416,7 +556,7 @@ type StepStartedEvent struct {
 
 func (x *StepStartedEvent) Reset() {
 	*x = StepStartedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[3]
+	mi := &file_agio_v1_events_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -428,7 +568,7 @@ func (x *StepStartedEvent) String() string {
 func (*StepStartedEvent) ProtoMessage() {}
 
 func (x *StepStartedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[3]
+	mi := &file_agio_v1_events_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -441,7 +581,7 @@ func (x *StepStartedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepStartedEvent.ProtoReflect.Descriptor instead.
 func (*StepStartedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{3}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StepStartedEvent) GetStepId() string {
@@ -496,7 +636,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_agio_v1_events_proto_msgTypes[4]
+	mi := &file_agio_v1_events_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +648,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[4]
+	mi := &file_agio_v1_events_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +661,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -572,7 +712,7 @@ type StepDeltaEvent struct {
 
 func (x *StepDeltaEvent) Reset() {
 	*x = StepDeltaEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[5]
+	mi := &file_agio_v1_events_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +724,7 @@ func (x *StepDeltaEvent) String() string {
 func (*StepDeltaEvent) ProtoMessage() {}
 
 func (x *StepDeltaEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[5]
+	mi := &file_agio_v1_events_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +737,7 @@ func (x *StepDeltaEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDeltaEvent.ProtoReflect.Descriptor instead.
 func (*StepDeltaEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{5}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StepDeltaEvent) GetStepId() string {
@@ -646,7 +786,7 @@ type StepCompletedEvent struct {
 
 func (x *StepCompletedEvent) Reset() {
 	*x = StepCompletedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[6]
+	mi := &file_agio_v1_events_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +798,7 @@ func (x *StepCompletedEvent) String() string {
 func (*StepCompletedEvent) ProtoMessage() {}
 
 func (x *StepCompletedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[6]
+	mi := &file_agio_v1_events_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +811,7 @@ func (x *StepCompletedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepCompletedEvent.ProtoReflect.Descriptor instead.
 func (*StepCompletedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{6}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StepCompletedEvent) GetStep() *Step {
@@ -692,7 +832,7 @@ type RunCompletedEvent struct {
 
 func (x *RunCompletedEvent) Reset() {
 	*x = RunCompletedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[7]
+	mi := &file_agio_v1_events_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +844,7 @@ func (x *RunCompletedEvent) String() string {
 func (*RunCompletedEvent) ProtoMessage() {}
 
 func (x *RunCompletedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[7]
+	mi := &file_agio_v1_events_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +857,7 @@ func (x *RunCompletedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCompletedEvent.ProtoReflect.Descriptor instead.
 func (*RunCompletedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{7}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunCompletedEvent) GetRun() *Run {
@@ -738,7 +878,7 @@ type RunFailedEvent struct {
 
 func (x *RunFailedEvent) Reset() {
 	*x = RunFailedEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[8]
+	mi := &file_agio_v1_events_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +890,7 @@ func (x *RunFailedEvent) String() string {
 func (*RunFailedEvent) ProtoMessage() {}
 
 func (x *RunFailedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[8]
+	mi := &file_agio_v1_events_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +903,7 @@ func (x *RunFailedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFailedEvent.ProtoReflect.Descriptor instead.
 func (*RunFailedEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunFailedEvent) GetRun() *Run {
@@ -790,7 +930,7 @@ type ErrorEvent struct {
 
 func (x *ErrorEvent) Reset() {
 	*x = ErrorEvent{}
-	mi := &file_agio_v1_events_proto_msgTypes[9]
+	mi := &file_agio_v1_events_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +942,7 @@ func (x *ErrorEvent) String() string {
 func (*ErrorEvent) ProtoMessage() {}
 
 func (x *ErrorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agio_v1_events_proto_msgTypes[9]
+	mi := &file_agio_v1_events_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +955,7 @@ func (x *ErrorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorEvent.ProtoReflect.Descriptor instead.
 func (*ErrorEvent) Descriptor() ([]byte, []int) {
-	return file_agio_v1_events_proto_rawDescGZIP(), []int{9}
+	return file_agio_v1_events_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ErrorEvent) GetReason() string {
@@ -850,7 +990,7 @@ var File_agio_v1_events_proto protoreflect.FileDescriptor
 
 const file_agio_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x14agio/v1/events.proto\x12\aagio.v1\x1a\x17agio/v1/resources.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x05\n" +
+	"\x14agio/v1/events.proto\x12\aagio.v1\x1a\x17agio/v1/resources.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x05\n" +
 	"\tStepEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
@@ -868,8 +1008,21 @@ const file_agio_v1_events_proto_rawDesc = "" +
 	"\n" +
 	"run_failed\x18\x0f \x01(\v2\x17.agio.v1.RunFailedEventH\x00R\trunFailed\x12+\n" +
 	"\x05error\x18\x10 \x01(\v2\x13.agio.v1.ErrorEventH\x00R\x05error\x12M\n" +
-	"\x11context_compacted\x18\x11 \x01(\v2\x1e.agio.v1.ContextCompactedEventH\x00R\x10contextCompactedB\a\n" +
-	"\x05event\"\xfa\x01\n" +
+	"\x11context_compacted\x18\x11 \x01(\v2\x1e.agio.v1.ContextCompactedEventH\x00R\x10contextCompacted\x12A\n" +
+	"\rtool_progress\x18\x12 \x01(\v2\x1a.agio.v1.ToolProgressEventH\x00R\ftoolProgressB\a\n" +
+	"\x05event\"\xb0\x02\n" +
+	"\x11ToolProgressEvent\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12 \n" +
+	"\ftool_call_id\x18\x02 \x01(\tR\n" +
+	"toolCallId\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12 \n" +
+	"\fchild_run_id\x18\x06 \x01(\tR\n" +
+	"childRunId\x12(\n" +
+	"\x10child_session_id\x18\a \x01(\tR\x0echildSessionId\x12$\n" +
+	"\x0eremote_task_id\x18\b \x01(\tR\fremoteTaskId\x12*\n" +
+	"\x11remote_context_id\x18\t \x01(\tR\x0fremoteContextId\"\xfa\x01\n" +
 	"\x15ContextCompactedEvent\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x03R\bsequence\x12%\n" +
@@ -925,44 +1078,46 @@ func file_agio_v1_events_proto_rawDescGZIP() []byte {
 	return file_agio_v1_events_proto_rawDescData
 }
 
-var file_agio_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_agio_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_agio_v1_events_proto_goTypes = []any{
 	(*StepEvent)(nil),             // 0: agio.v1.StepEvent
-	(*ContextCompactedEvent)(nil), // 1: agio.v1.ContextCompactedEvent
-	(*RunStartedEvent)(nil),       // 2: agio.v1.RunStartedEvent
-	(*StepStartedEvent)(nil),      // 3: agio.v1.StepStartedEvent
-	(*ToolCallDelta)(nil),         // 4: agio.v1.ToolCallDelta
-	(*StepDeltaEvent)(nil),        // 5: agio.v1.StepDeltaEvent
-	(*StepCompletedEvent)(nil),    // 6: agio.v1.StepCompletedEvent
-	(*RunCompletedEvent)(nil),     // 7: agio.v1.RunCompletedEvent
-	(*RunFailedEvent)(nil),        // 8: agio.v1.RunFailedEvent
-	(*ErrorEvent)(nil),            // 9: agio.v1.ErrorEvent
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*Run)(nil),                   // 11: agio.v1.Run
-	(Role)(0),                     // 12: agio.v1.Role
-	(*Step)(nil),                  // 13: agio.v1.Step
+	(*ToolProgressEvent)(nil),     // 1: agio.v1.ToolProgressEvent
+	(*ContextCompactedEvent)(nil), // 2: agio.v1.ContextCompactedEvent
+	(*RunStartedEvent)(nil),       // 3: agio.v1.RunStartedEvent
+	(*StepStartedEvent)(nil),      // 4: agio.v1.StepStartedEvent
+	(*ToolCallDelta)(nil),         // 5: agio.v1.ToolCallDelta
+	(*StepDeltaEvent)(nil),        // 6: agio.v1.StepDeltaEvent
+	(*StepCompletedEvent)(nil),    // 7: agio.v1.StepCompletedEvent
+	(*RunCompletedEvent)(nil),     // 8: agio.v1.RunCompletedEvent
+	(*RunFailedEvent)(nil),        // 9: agio.v1.RunFailedEvent
+	(*ErrorEvent)(nil),            // 10: agio.v1.ErrorEvent
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*Run)(nil),                   // 12: agio.v1.Run
+	(Role)(0),                     // 13: agio.v1.Role
+	(*Step)(nil),                  // 14: agio.v1.Step
 }
 var file_agio_v1_events_proto_depIdxs = []int32{
-	10, // 0: agio.v1.StepEvent.time:type_name -> google.protobuf.Timestamp
-	2,  // 1: agio.v1.StepEvent.run_started:type_name -> agio.v1.RunStartedEvent
-	3,  // 2: agio.v1.StepEvent.step_started:type_name -> agio.v1.StepStartedEvent
-	5,  // 3: agio.v1.StepEvent.step_delta:type_name -> agio.v1.StepDeltaEvent
-	6,  // 4: agio.v1.StepEvent.step_completed:type_name -> agio.v1.StepCompletedEvent
-	7,  // 5: agio.v1.StepEvent.run_completed:type_name -> agio.v1.RunCompletedEvent
-	8,  // 6: agio.v1.StepEvent.run_failed:type_name -> agio.v1.RunFailedEvent
-	9,  // 7: agio.v1.StepEvent.error:type_name -> agio.v1.ErrorEvent
-	1,  // 8: agio.v1.StepEvent.context_compacted:type_name -> agio.v1.ContextCompactedEvent
-	11, // 9: agio.v1.RunStartedEvent.run:type_name -> agio.v1.Run
-	12, // 10: agio.v1.StepStartedEvent.role:type_name -> agio.v1.Role
-	4,  // 11: agio.v1.StepDeltaEvent.tool_calls:type_name -> agio.v1.ToolCallDelta
-	13, // 12: agio.v1.StepCompletedEvent.step:type_name -> agio.v1.Step
-	11, // 13: agio.v1.RunCompletedEvent.run:type_name -> agio.v1.Run
-	11, // 14: agio.v1.RunFailedEvent.run:type_name -> agio.v1.Run
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	11, // 0: agio.v1.StepEvent.time:type_name -> google.protobuf.Timestamp
+	3,  // 1: agio.v1.StepEvent.run_started:type_name -> agio.v1.RunStartedEvent
+	4,  // 2: agio.v1.StepEvent.step_started:type_name -> agio.v1.StepStartedEvent
+	6,  // 3: agio.v1.StepEvent.step_delta:type_name -> agio.v1.StepDeltaEvent
+	7,  // 4: agio.v1.StepEvent.step_completed:type_name -> agio.v1.StepCompletedEvent
+	8,  // 5: agio.v1.StepEvent.run_completed:type_name -> agio.v1.RunCompletedEvent
+	9,  // 6: agio.v1.StepEvent.run_failed:type_name -> agio.v1.RunFailedEvent
+	10, // 7: agio.v1.StepEvent.error:type_name -> agio.v1.ErrorEvent
+	2,  // 8: agio.v1.StepEvent.context_compacted:type_name -> agio.v1.ContextCompactedEvent
+	1,  // 9: agio.v1.StepEvent.tool_progress:type_name -> agio.v1.ToolProgressEvent
+	12, // 10: agio.v1.RunStartedEvent.run:type_name -> agio.v1.Run
+	13, // 11: agio.v1.StepStartedEvent.role:type_name -> agio.v1.Role
+	5,  // 12: agio.v1.StepDeltaEvent.tool_calls:type_name -> agio.v1.ToolCallDelta
+	14, // 13: agio.v1.StepCompletedEvent.step:type_name -> agio.v1.Step
+	12, // 14: agio.v1.RunCompletedEvent.run:type_name -> agio.v1.Run
+	12, // 15: agio.v1.RunFailedEvent.run:type_name -> agio.v1.Run
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_agio_v1_events_proto_init() }
@@ -980,6 +1135,7 @@ func file_agio_v1_events_proto_init() {
 		(*StepEvent_RunFailed)(nil),
 		(*StepEvent_Error)(nil),
 		(*StepEvent_ContextCompacted)(nil),
+		(*StepEvent_ToolProgress)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -987,7 +1143,7 @@ func file_agio_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agio_v1_events_proto_rawDesc), len(file_agio_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

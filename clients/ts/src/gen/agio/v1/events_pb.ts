@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agio/v1/events.proto.
  */
 export const file_agio_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChRhZ2lvL3YxL2V2ZW50cy5wcm90bxIHYWdpby52MSKABAoJU3RlcEV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEgsKA3NlcRgDIAEoAxIoCgR0aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtydW5fc3RhcnRlZBgKIAEoCzIYLmFnaW8udjEuUnVuU3RhcnRlZEV2ZW50SAASMQoMc3RlcF9zdGFydGVkGAsgASgLMhkuYWdpby52MS5TdGVwU3RhcnRlZEV2ZW50SAASLQoKc3RlcF9kZWx0YRgMIAEoCzIXLmFnaW8udjEuU3RlcERlbHRhRXZlbnRIABI1Cg5zdGVwX2NvbXBsZXRlZBgNIAEoCzIbLmFnaW8udjEuU3RlcENvbXBsZXRlZEV2ZW50SAASMwoNcnVuX2NvbXBsZXRlZBgOIAEoCzIaLmFnaW8udjEuUnVuQ29tcGxldGVkRXZlbnRIABItCgpydW5fZmFpbGVkGA8gASgLMhcuYWdpby52MS5SdW5GYWlsZWRFdmVudEgAEiQKBWVycm9yGBAgASgLMhMuYWdpby52MS5FcnJvckV2ZW50SAASOwoRY29udGV4dF9jb21wYWN0ZWQYESABKAsyHi5hZ2lvLnYxLkNvbnRleHRDb21wYWN0ZWRFdmVudEgAQgcKBWV2ZW50IqcBChVDb250ZXh0Q29tcGFjdGVkRXZlbnQSDwoHc3RlcF9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAxIWCg5maXJzdF9zZXF1ZW5jZRgDIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAQgASgDEhUKDXRva2Vuc19iZWZvcmUYBSABKAMSFAoMdG9rZW5zX2FmdGVyGAYgASgDEg8KB3RyaWdnZXIYByABKAkiLAoPUnVuU3RhcnRlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuInYKEFN0ZXBTdGFydGVkRXZlbnQSDwoHc3RlcF9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAxIbCgRyb2xlGAMgASgOMg0uYWdpby52MS5Sb2xlEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIMCgRuYW1lGAUgASgJIksKDVRvb2xDYWxsRGVsdGESDQoFaW5kZXgYASABKAUSCgoCaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIRCglhcmd1bWVudHMYBCABKAkiiwEKDlN0ZXBEZWx0YUV2ZW50Eg8KB3N0ZXBfaWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMSDwoHY29udGVudBgDIAEoCRIZChFyZWFzb25pbmdfY29udGVudBgEIAEoCRIqCgp0b29sX2NhbGxzGAUgAygLMhYuYWdpby52MS5Ub29sQ2FsbERlbHRhIjEKElN0ZXBDb21wbGV0ZWRFdmVudBIbCgRzdGVwGAEgASgLMg0uYWdpby52MS5TdGVwIi4KEVJ1bkNvbXBsZXRlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIisKDlJ1bkZhaWxlZEV2ZW50EhkKA3J1bhgBIAEoCzIMLmFnaW8udjEuUnVuIlAKCkVycm9yRXZlbnQSDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEhEKCXJldHJ5YWJsZRgEIAEoCEKVAQoLY29tLmFnaW8udjFCC0V2ZW50c1Byb3RvUAFaPGdpdGh1Yi5jb20vYWdpby1ncnBjL2FnaW8tZ3JwYy9jbGllbnRzL2dvL2dlbi9hZ2lvL3YxO2FnaW92MaICA0FYWKoCB0FnaW8uVjHKAgdBZ2lvXFYx4gITQWdpb1xWMVxHUEJNZXRhZGF0YeoCCEFnaW86OlYxYgZwcm90bzM", [file_agio_v1_resources, file_google_protobuf_timestamp]);
+  fileDesc("ChRhZ2lvL3YxL2V2ZW50cy5wcm90bxIHYWdpby52MSK1BAoJU3RlcEV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEgsKA3NlcRgDIAEoAxIoCgR0aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtydW5fc3RhcnRlZBgKIAEoCzIYLmFnaW8udjEuUnVuU3RhcnRlZEV2ZW50SAASMQoMc3RlcF9zdGFydGVkGAsgASgLMhkuYWdpby52MS5TdGVwU3RhcnRlZEV2ZW50SAASLQoKc3RlcF9kZWx0YRgMIAEoCzIXLmFnaW8udjEuU3RlcERlbHRhRXZlbnRIABI1Cg5zdGVwX2NvbXBsZXRlZBgNIAEoCzIbLmFnaW8udjEuU3RlcENvbXBsZXRlZEV2ZW50SAASMwoNcnVuX2NvbXBsZXRlZBgOIAEoCzIaLmFnaW8udjEuUnVuQ29tcGxldGVkRXZlbnRIABItCgpydW5fZmFpbGVkGA8gASgLMhcuYWdpby52MS5SdW5GYWlsZWRFdmVudEgAEiQKBWVycm9yGBAgASgLMhMuYWdpby52MS5FcnJvckV2ZW50SAASOwoRY29udGV4dF9jb21wYWN0ZWQYESABKAsyHi5hZ2lvLnYxLkNvbnRleHRDb21wYWN0ZWRFdmVudEgAEjMKDXRvb2xfcHJvZ3Jlc3MYEiABKAsyGi5hZ2lvLnYxLlRvb2xQcm9ncmVzc0V2ZW50SABCBwoFZXZlbnQiywEKEVRvb2xQcm9ncmVzc0V2ZW50Eg8KB3N0ZXBfaWQYASABKAkSFAoMdG9vbF9jYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSDwoHbWVzc2FnZRgEIAEoCRINCgVzdGF0ZRgFIAEoCRIUCgxjaGlsZF9ydW5faWQYBiABKAkSGAoQY2hpbGRfc2Vzc2lvbl9pZBgHIAEoCRIWCg5yZW1vdGVfdGFza19pZBgIIAEoCRIZChFyZW1vdGVfY29udGV4dF9pZBgJIAEoCSKnAQoVQ29udGV4dENvbXBhY3RlZEV2ZW50Eg8KB3N0ZXBfaWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMSFgoOZmlyc3Rfc2VxdWVuY2UYAyABKAMSFQoNbGFzdF9zZXF1ZW5jZRgEIAEoAxIVCg10b2tlbnNfYmVmb3JlGAUgASgDEhQKDHRva2Vuc19hZnRlchgGIAEoAxIPCgd0cmlnZ2VyGAcgASgJIiwKD1J1blN0YXJ0ZWRFdmVudBIZCgNydW4YASABKAsyDC5hZ2lvLnYxLlJ1biJ2ChBTdGVwU3RhcnRlZEV2ZW50Eg8KB3N0ZXBfaWQYASABKAkSEAoIc2VxdWVuY2UYAiABKAMSGwoEcm9sZRgDIAEoDjINLmFnaW8udjEuUm9sZRIUCgx0b29sX2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCSJLCg1Ub29sQ2FsbERlbHRhEg0KBWluZGV4GAEgASgFEgoKAmlkGAIgASgJEgwKBG5hbWUYAyABKAkSEQoJYXJndW1lbnRzGAQgASgJIosBCg5TdGVwRGVsdGFFdmVudBIPCgdzdGVwX2lkGAEgASgJEhAKCHNlcXVlbmNlGAIgASgDEg8KB2NvbnRlbnQYAyABKAkSGQoRcmVhc29uaW5nX2NvbnRlbnQYBCABKAkSKgoKdG9vbF9jYWxscxgFIAMoCzIWLmFnaW8udjEuVG9vbENhbGxEZWx0YSIxChJTdGVwQ29tcGxldGVkRXZlbnQSGwoEc3RlcBgBIAEoCzINLmFnaW8udjEuU3RlcCIuChFSdW5Db21wbGV0ZWRFdmVudBIZCgNydW4YASABKAsyDC5hZ2lvLnYxLlJ1biIrCg5SdW5GYWlsZWRFdmVudBIZCgNydW4YASABKAsyDC5hZ2lvLnYxLlJ1biJQCgpFcnJvckV2ZW50Eg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEg4KBnNvdXJjZRgDIAEoCRIRCglyZXRyeWFibGUYBCABKAhClQEKC2NvbS5hZ2lvLnYxQgtFdmVudHNQcm90b1ABWjxnaXRodWIuY29tL2FnaW8tZ3JwYy9hZ2lvLWdycGMvY2xpZW50cy9nby9nZW4vYWdpby92MTthZ2lvdjGiAgNBWFiqAgdBZ2lvLlYxygIHQWdpb1xWMeICE0FnaW9cVjFcR1BCTWV0YWRhdGHqAghBZ2lvOjpWMWIGcHJvdG8z", [file_agio_v1_resources, file_google_protobuf_timestamp]);
 
 /**
  * StepEvent is one streamed event of a run. Every run stream ends with exactly one
@@ -121,6 +121,15 @@ export type StepEvent = Message<"agio.v1.StepEvent"> & {
      */
     value: ContextCompactedEvent;
     case: "contextCompacted";
+  } | {
+    /**
+     * A server tool call in progress said how it goes. Live only, as deltas are: a replay
+     * from the journal has none (the tool step's `step_completed` holds the outcome).
+     *
+     * @generated from field: agio.v1.ToolProgressEvent tool_progress = 18;
+     */
+    value: ToolProgressEvent;
+    case: "toolProgress";
   } | { case: undefined; value?: undefined };
 };
 
@@ -130,6 +139,87 @@ export type StepEvent = Message<"agio.v1.StepEvent"> & {
  */
 export const StepEventSchema: GenMessage<StepEvent> = /*@__PURE__*/
   messageDesc(file_agio_v1_events, 0);
+
+/**
+ * ToolProgressEvent reports how a server tool call in progress goes: a remote A2A agent's
+ * task status, the child run a local agent tool started. It comes between the tool step's
+ * `step_started` and its `step_completed`; it adds nothing to the stored step.
+ *
+ * @generated from message agio.v1.ToolProgressEvent
+ */
+export type ToolProgressEvent = Message<"agio.v1.ToolProgressEvent"> & {
+  /**
+   * The tool step the call will be stored as (its `step_started`'s id).
+   *
+   * @generated from field: string step_id = 1;
+   */
+  stepId: string;
+
+  /**
+   * The call in progress.
+   *
+   * @generated from field: string tool_call_id = 2;
+   */
+  toolCallId: string;
+
+  /**
+   * The tool's name.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * What the tool said, for people: e.g. a remote agent's status message. May be empty.
+   *
+   * @generated from field: string message = 4;
+   */
+  message: string;
+
+  /**
+   * The state of the work the call waits on, as its source names it: an A2A task state
+   * (`TASK_STATE_WORKING`, ...) for a remote agent; a run status (`RUN_STATUS_RUNNING`)
+   * for a local agent's child run.
+   *
+   * @generated from field: string state = 5;
+   */
+  state: string;
+
+  /**
+   * A local agent tool: the child run the call started (watch it with WatchRun).
+   *
+   * @generated from field: string child_run_id = 6;
+   */
+  childRunId: string;
+
+  /**
+   * A local agent tool: the child run's session.
+   *
+   * @generated from field: string child_session_id = 7;
+   */
+  childSessionId: string;
+
+  /**
+   * A remote A2A agent: its task's id.
+   *
+   * @generated from field: string remote_task_id = 8;
+   */
+  remoteTaskId: string;
+
+  /**
+   * A remote A2A agent: its task's context id.
+   *
+   * @generated from field: string remote_context_id = 9;
+   */
+  remoteContextId: string;
+};
+
+/**
+ * Describes the message agio.v1.ToolProgressEvent.
+ * Use `create(ToolProgressEventSchema)` to create a new message.
+ */
+export const ToolProgressEventSchema: GenMessage<ToolProgressEvent> = /*@__PURE__*/
+  messageDesc(file_agio_v1_events, 1);
 
 /**
  * ContextCompactedEvent reports a compaction: the summary step stored (its
@@ -194,7 +284,7 @@ export type ContextCompactedEvent = Message<"agio.v1.ContextCompactedEvent"> & {
  * Use `create(ContextCompactedEventSchema)` to create a new message.
  */
 export const ContextCompactedEventSchema: GenMessage<ContextCompactedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 1);
+  messageDesc(file_agio_v1_events, 2);
 
 /**
  * RunStartedEvent announces a run.
@@ -215,7 +305,7 @@ export type RunStartedEvent = Message<"agio.v1.RunStartedEvent"> & {
  * Use `create(RunStartedEventSchema)` to create a new message.
  */
 export const RunStartedEventSchema: GenMessage<RunStartedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 2);
+  messageDesc(file_agio_v1_events, 3);
 
 /**
  * StepStartedEvent announces a step before its content streams.
@@ -264,7 +354,7 @@ export type StepStartedEvent = Message<"agio.v1.StepStartedEvent"> & {
  * Use `create(StepStartedEventSchema)` to create a new message.
  */
 export const StepStartedEventSchema: GenMessage<StepStartedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 3);
+  messageDesc(file_agio_v1_events, 4);
 
 /**
  * ToolCallDelta is a fragment of a tool call being streamed.
@@ -306,7 +396,7 @@ export type ToolCallDelta = Message<"agio.v1.ToolCallDelta"> & {
  * Use `create(ToolCallDeltaSchema)` to create a new message.
  */
 export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 4);
+  messageDesc(file_agio_v1_events, 5);
 
 /**
  * StepDeltaEvent carries fragments of the step in progress; consecutive fragments may be
@@ -356,7 +446,7 @@ export type StepDeltaEvent = Message<"agio.v1.StepDeltaEvent"> & {
  * Use `create(StepDeltaEventSchema)` to create a new message.
  */
 export const StepDeltaEventSchema: GenMessage<StepDeltaEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 5);
+  messageDesc(file_agio_v1_events, 6);
 
 /**
  * StepCompletedEvent carries a step after it was durably stored.
@@ -377,7 +467,7 @@ export type StepCompletedEvent = Message<"agio.v1.StepCompletedEvent"> & {
  * Use `create(StepCompletedEventSchema)` to create a new message.
  */
 export const StepCompletedEventSchema: GenMessage<StepCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 6);
+  messageDesc(file_agio_v1_events, 7);
 
 /**
  * RunCompletedEvent ends a run that stopped without error.
@@ -398,7 +488,7 @@ export type RunCompletedEvent = Message<"agio.v1.RunCompletedEvent"> & {
  * Use `create(RunCompletedEventSchema)` to create a new message.
  */
 export const RunCompletedEventSchema: GenMessage<RunCompletedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 7);
+  messageDesc(file_agio_v1_events, 8);
 
 /**
  * RunFailedEvent ends a run that stopped with an error.
@@ -419,7 +509,7 @@ export type RunFailedEvent = Message<"agio.v1.RunFailedEvent"> & {
  * Use `create(RunFailedEventSchema)` to create a new message.
  */
 export const RunFailedEventSchema: GenMessage<RunFailedEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 8);
+  messageDesc(file_agio_v1_events, 9);
 
 /**
  * ErrorEvent reports a non-fatal problem while the run goes on.
@@ -461,5 +551,5 @@ export type ErrorEvent = Message<"agio.v1.ErrorEvent"> & {
  * Use `create(ErrorEventSchema)` to create a new message.
  */
 export const ErrorEventSchema: GenMessage<ErrorEvent> = /*@__PURE__*/
-  messageDesc(file_agio_v1_events, 9);
+  messageDesc(file_agio_v1_events, 10);
 
