@@ -8,6 +8,7 @@ that each StepCompleted step is in the store when it is published.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -32,6 +33,7 @@ from agio_grpc.engine import (
     ToolProgress,
 )
 from agio_grpc.engine.hooks import Hooks
+from agio_grpc.engine.progress import MAX_PROGRESS_PER_CALL
 from agio_grpc.store.errors import (
     DuplicateRequestError,
     NotFoundError,
@@ -166,6 +168,19 @@ async def test_a_sync_tool_s_progress_streams_from_its_thread_and_stops_with_the
     [kept] = harness.gate.contexts
     # Once the call is over its context reports to nobody: the run's stream has ended.
     kept.report_progress("after the call")
+
+
+async def test_a_call_publishes_at_most_its_share_of_progress(harness: Harness) -> None:
+    flood = MAX_PROGRESS_PER_CALL + 5
+    harness.model.enqueue(
+        Turn.tool_calls([ToolCallSpec("report", json.dumps({"steps": flood}))]),
+        Turn.text("Done."),
+    )
+    outcome = await harness.run("Report a lot")
+    progress = outcome.of(ToolProgress)
+    assert len(progress) == MAX_PROGRESS_PER_CALL
+    assert progress[-1].message == f"step {MAX_PROGRESS_PER_CALL} of {flood}"
+    assert outcome.reason is StopReason.COMPLETED
 
 
 async def test_parallel_tool_calls_are_stored_in_call_order(harness: Harness) -> None:

@@ -9,7 +9,15 @@ import pytest
 from pydantic import Field
 
 from agio_grpc.engine.builtin_tools import calculate, current_time, echo
-from agio_grpc.engine.tools import Tool, ToolContext, ToolRegistry, load_tools, render_result
+from agio_grpc.engine.events import ToolProgress
+from agio_grpc.engine.tools import (
+    MAX_PROGRESS_MESSAGE_CHARS,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    load_tools,
+    render_result,
+)
 
 CONTEXT = ToolContext("run_1", "sess_1", "call_1", "t")
 
@@ -178,3 +186,19 @@ def test_calculator_refuses_anything_but_bounded_arithmetic(expression: str, mes
 
 def test_current_time_is_iso_utc() -> None:
     assert current_time().endswith("+00:00")
+
+
+def test_a_progress_message_is_cut_to_its_limit() -> None:
+    reported: list[ToolProgress] = []
+    context = ToolContext(
+        "run_1", "sess_1", "call_1", "t", step_id="step_1", progress=reported.append
+    )
+    context.report_progress("x" * (MAX_PROGRESS_MESSAGE_CHARS + 10), state="WORKING")
+    [event] = reported
+    assert len(event.message) == MAX_PROGRESS_MESSAGE_CHARS
+    assert (event.step_id, event.tool_call_id, event.name, event.state) == (
+        "step_1",
+        "call_1",
+        "t",
+        "WORKING",
+    )
