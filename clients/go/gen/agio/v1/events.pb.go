@@ -269,7 +269,8 @@ func (*StepEvent_ToolProgress) isStepEvent_Event() {}
 
 // ToolProgressEvent reports how a server tool call in progress goes: a remote A2A agent's
 // task status, the child run a local agent tool started. It comes between the tool step's
-// `step_started` and its `step_completed`; it adds nothing to the stored step.
+// `step_started` and its `step_completed`; it adds nothing to the stored step. A call sends
+// at most 1,000.
 type ToolProgressEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The tool step the call will be stored as (its `step_started`'s id).
@@ -278,7 +279,8 @@ type ToolProgressEvent struct {
 	ToolCallId string `protobuf:"bytes,2,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	// The tool's name.
 	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	// What the tool said, for people: e.g. a remote agent's status message. May be empty.
+	// What the tool said, for people: e.g. a remote agent's status message (at most 4,096
+	// characters). May be empty.
 	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	// The state of the work the call waits on, as its source names it: an A2A task state
 	// (`TASK_STATE_WORKING`, ...) for a remote agent; a run status (`RUN_STATUS_RUNNING`)

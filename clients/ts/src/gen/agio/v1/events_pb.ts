@@ -143,7 +143,8 @@ export const StepEventSchema: GenMessage<StepEvent> = /*@__PURE__*/
 /**
  * ToolProgressEvent reports how a server tool call in progress goes: a remote A2A agent's
  * task status, the child run a local agent tool started. It comes between the tool step's
- * `step_started` and its `step_completed`; it adds nothing to the stored step.
+ * `step_started` and its `step_completed`; it adds nothing to the stored step. A call sends
+ * at most 1,000.
  *
  * @generated from message agio.v1.ToolProgressEvent
  */
@@ -170,7 +171,8 @@ export type ToolProgressEvent = Message<"agio.v1.ToolProgressEvent"> & {
   name: string;
 
   /**
-   * What the tool said, for people: e.g. a remote agent's status message. May be empty.
+   * What the tool said, for people: e.g. a remote agent's status message (at most 4,096
+   * characters). May be empty.
    *
    * @generated from field: string message = 4;
    */
