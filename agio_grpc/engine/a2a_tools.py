@@ -12,8 +12,10 @@ event. The answer is the text
 of the task's artifacts (or of the agent's message), as JSON with the remote task and
 context ids.
 
-- A conversation continues: the remote context id is kept per session (in this process),
-  so a session's next call to the same agent sends it.
+- A conversation continues: a call sends the remote context id of the session's last
+  answer from the same agent (its tool step's `context_id`). The steps are the only record,
+  so it holds across restarts and members; a compaction that summarized that answer starts
+  a new remote context.
 - A remote task that fails, is cancelled or rejected, or stops for input or
   authentication (INPUT_REQUIRED, AUTH_REQUIRED: a tool call cannot give them) is an error
   result the model sees; so is an unreachable agent or an A2A error.
@@ -28,7 +30,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from google.protobuf import json_format
 
+from agio_grpc.domain import Role, Step
 from agio_grpc.engine.agent_tools import ARGUMENTS_SCHEMA, checked_input
 from agio_grpc.engine.tools import ToolContext, ToolError, ToolOrigin, function_definition
 
@@ -47,8 +50,6 @@ log = logging.getLogger(__name__)
 SOURCE = "a2a"
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
-MAX_CONTEXTS = 10_000
-"""Sessions whose remote context ids are kept per tool (the oldest forgotten first)."""
 _FAILED = {
     a2a.TASK_STATE_FAILED: "failed",
     a2a.TASK_STATE_CANCELED: "was cancelled",
@@ -89,7 +90,6 @@ class RemoteAgentTool:
         self.card: a2a.AgentCard | None = None
         self._client: Client | None = None
         self._problem = "its agent card was not read yet"
-        self._contexts: dict[str, str] = {}
 
     @property
     def description(self) -> str:
@@ -150,7 +150,7 @@ class RemoteAgentTool:
             message_id=f"{context.run_id}-{context.tool_call_id}-{uuid.uuid4().hex[:8]}",
             role=a2a.ROLE_USER,
             parts=[a2a.Part(text=arguments["input"])],
-            context_id=self._contexts.get(context.session_id, ""),
+            context_id=remote_context(context.history, self.name),
         )
         call = ClientCallContext(
             timeout=self.spec.timeout_s,
@@ -178,15 +178,20 @@ class RemoteAgentTool:
             raise
         except Exception as error:
             raise ToolError(f"Error: A2A agent {self.name!r} failed: {error}") from None
-        if outcome.context_id:
-            self._remember(context.session_id, outcome.context_id)
         return outcome.result(self.name)
 
-    def _remember(self, session_id: str, context_id: str) -> None:
-        self._contexts.pop(session_id, None)
-        self._contexts[session_id] = context_id
-        while len(self._contexts) > MAX_CONTEXTS:
-            del self._contexts[next(iter(self._contexts))]
+
+def remote_context(history: Sequence[Step], tool_name: str) -> str:
+    """The remote context of the session's last answer from the tool (its result's
+    `context_id`), or "" (a new one)."""
+    for step in reversed(history):
+        if step.role is Role.TOOL and step.name == tool_name and not step.is_error:
+            try:
+                context_id = json.loads(step.content).get("context_id")
+            except (ValueError, AttributeError):
+                return ""
+            return context_id if isinstance(context_id, str) else ""
+    return ""
 
 
 @dataclass(slots=True)

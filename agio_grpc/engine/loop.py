@@ -489,6 +489,7 @@ class RunLoop:
             call.name,
             self.run_row.tenant,
             step_id=self.tool_step_ids[call.id],
+            history=tuple(self.history),
             progress=self.progress.report,
         )
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_type_hints
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agio_grpc.domain import DEFAULT_TENANT, StopSignal, ToolCall, Usage
+from agio_grpc.domain import DEFAULT_TENANT, Step, StopSignal, ToolCall, Usage
 from agio_grpc.engine.events import ToolProgress
 from agio_grpc.engine.loading import import_object
 
@@ -216,6 +216,9 @@ class ToolContext:
     they count toward the run's usage and token budget."""
     step_id: str = ""
     """The tool step the call will be stored as."""
+    history: Sequence[Step] = ()
+    """The session's steps before the call, as the run builds its context from them (the
+    conversation: their metrics are not kept)."""
     progress: Callable[[ToolProgress], None] = _no_progress
     """Where `report_progress` sends its events: the run's stream while the call runs."""
 

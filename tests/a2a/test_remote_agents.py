@@ -21,6 +21,9 @@ import pytest
 
 from agio_grpc.client import AgioClient
 from agio_grpc.config import A2AAgentConfig, AgentConfig, LimitsConfig
+from agio_grpc.domain import Role as DomainRole
+from agio_grpc.domain import Step
+from agio_grpc.engine.a2a_tools import remote_context
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1.resources_pb2 import Role, RunStatus
@@ -186,6 +189,41 @@ async def test_the_remote_task_s_status_streams_as_the_tool_call_s_progress(
     tool_stored = events.index(next(e for e in events if e.step_completed.step.id == stored.id))
     assert tool_started < first
     assert last <= tool_stored
+
+
+def test_the_remote_context_is_the_last_good_answer_s_of_that_tool() -> None:
+    def result(name: str, content: str, is_error: bool = False) -> Step:
+        return Step("sess", "run", DomainRole.TOOL, content, name=name, is_error=is_error)
+
+    answer = json.dumps({"answer": "a", "context_id": "ctx-1"})
+    assert remote_context([], "notes") == ""
+    assert remote_context([result("notes", answer)], "notes") == "ctx-1"
+    later = [result("notes", answer), result("notes", "Error: failed", is_error=True)]
+    assert remote_context(later, "notes") == "ctx-1"
+    assert remote_context([result("other", answer)], "notes") == ""
+    for bad in ("not json", "[1]", json.dumps({"context_id": 7}), "\x00"):
+        assert remote_context([result("notes", bad)], "notes") == ""
+
+
+async def test_the_remote_context_outlives_a_restart(
+    store_url: str, fake_model: FakeModelServer, remote: Remote
+) -> None:
+    async def run_once(text: str, session_id: str = "") -> Any:
+        started = await AgioApp.start(settings(store_url, fake_model.base_url, remote.url))
+        try:
+            await offered(started)
+            async with AgioClient(started.address) as client:
+                return await client.run_to_end(text, session_id=session_id)
+        finally:
+            await started.stop(grace=0)
+
+    fake_model.enqueue(call("note milk"), Turn.text("Noted."))
+    first = await run_once("Remember milk")
+    fake_model.enqueue(call("note eggs"), Turn.text("Noted too."))
+    second = await run_once("And eggs", first.run.session_id)
+    [one], [two] = tool_steps(first.steps), tool_steps(second.steps)
+    assert json.loads(two.content)["context_id"] == json.loads(one.content)["context_id"]
+    assert json.loads(two.content)["answer"] == "notes: milk; eggs"
 
 
 async def test_a_remote_failure_and_input_required_are_errors_the_model_sees(
