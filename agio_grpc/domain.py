@@ -11,7 +11,7 @@ import copy
 import enum
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -431,6 +431,17 @@ class Run:
     def queued(self) -> Run:
         """This run waiting in its session's queue: QUEUED."""
         return replace(self, status=RunStatus.QUEUED, stop_signal=None, end_time=None)
+
+    def with_steps(self, stored: Sequence[Step]) -> Run:
+        """A copy counting `stored`, its steps just stored (in sequence order)."""
+        if not stored:
+            return self
+        return replace(
+            self,
+            step_count=self.step_count + len(stored),
+            first_sequence=self.first_sequence or stored[0].sequence,
+            last_sequence=stored[-1].sequence,
+        )
 
     def snapshot(self) -> Run:
         """A copy for an event, cheaper than a deep copy: what the loop goes on changing

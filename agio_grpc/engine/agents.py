@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run
+from agio_grpc.domain import DEFAULT_TENANT, BusyPolicy, Run, StopReason, StopSignal
 from agio_grpc.engine.errors import AgentNotFoundError, InvalidInputError
 from agio_grpc.engine.output import FINAL_OUTPUT_TOOL, OutputSpec
 from agio_grpc.engine.tools import ToolRegistry, mcp_server_of
@@ -46,6 +46,29 @@ class Limits:
     """The largest step a run stores from a model reply or a server tool's result (UTF-8
     bytes of its texts): a larger one is cut to it and ends the run (MAX_TOKENS for a reply,
     TOOL_ERROR for a tool result), so that every step fits in a gRPC message."""
+
+    def reached(self, model_calls: int, used_tokens: int) -> list[StopSignal]:
+        """The limits that forbid another model call after `model_calls` calls that used
+        `used_tokens` tokens."""
+        signals = self.budget_reached(used_tokens)
+        if model_calls >= self.max_steps:
+            message = f"reached max_steps ({self.max_steps})"
+            signals.append(StopSignal(StopReason.MAX_STEPS, message, "loop"))
+        return signals
+
+    def budget_reached(self, used_tokens: int) -> list[StopSignal]:
+        """TOKEN_BUDGET once `used_tokens` reached the budget."""
+        budget = self.token_budget
+        if budget is None or used_tokens < budget:
+            return []
+        return [
+            StopSignal(
+                StopReason.TOKEN_BUDGET,
+                f"used {used_tokens} tokens of a budget of {budget}",
+                "loop",
+                context={"used_tokens": used_tokens, "token_budget": budget},
+            )
+        ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ Every transition is ONE store transaction that also journals the events it annou
 with the busy policy's `QueueRequest`); `begin_queued` starts the run heading a free
 session's queue; `resume` takes the session, checks the run still waits on the log the
 call read, stores the outputs; `restart` takes the session, deletes and creates; `end`
-stores the run's end, its session's release and the terminal event; `end_idle` closes a
+stores the loop's last steps (a reply that stopped the run), the run's end, its session's
+release and the terminal event; `end_idle` closes a
 waiting run's calls and ends it, or ends a queued one. Whenever a transition frees a
 session with a queue, `on_session_free` is told, so that the next queued run starts.
 
@@ -44,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -65,7 +66,12 @@ from agio_grpc.domain import (
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import open_tool_calls
 from agio_grpc.engine.events import Event, RunStarted, StepCompleted, terminal_event
-from agio_grpc.store.errors import NotFoundError, StoreError, StoreUnavailableError
+from agio_grpc.store.errors import (
+    LeaseLostError,
+    NotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
 from agio_grpc.store.ledger import RunLedger
 from agio_grpc.store.log import SessionLog
 from agio_grpc.store.records import (
@@ -216,6 +222,13 @@ def closed(run: Run | None, steps: Sequence[Step]) -> list[Event]:
     return [*(StepCompleted(step) for step in steps), terminal_event(run.snapshot())]
 
 
+def _ending(run: Run, signal: StopSignal, channel: RunChannel, steps: Sequence[Step]) -> Run:
+    """The run as its end stores it: the terminal event after the steps' `step_completed`s."""
+    ended = run.ended(signal)
+    ended.last_event_seq = channel.last_seq + len(steps) + 1
+    return ended
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentEnd:
     """What `Lifecycle.end` stored."""
@@ -226,6 +239,9 @@ class SegmentEnd:
     """The run held its session to its end and let it go (see `RunEnd.released`)."""
     journaled: bool
     """Its terminal event is in the journal, ready for `publish`."""
+    steps: list[Step] = field(default_factory=list)
+    """The steps stored with the end (journaled with it: `publish` sends their
+    `step_completed`s before the terminal event)."""
 
     def publish(self, channel: RunChannel) -> Run:
         """Send the terminal event (the journaled one, under its stored seq); the final run."""
@@ -316,21 +332,25 @@ class Lifecycle:
         channel.publish_journaled()
         return started
 
-    async def end(self, run: Run, signal: StopSignal, channel: RunChannel) -> SegmentEnd:
-        """The loop's end: the run's final state, its session's release and its terminal
-        event, stored together. A write that fails is tried again (`END_RETRY_PAUSES_S`);
-        unless the store was unavailable, with the signal reduced to what any store takes
-        (`storable`).
+    async def end(
+        self, run: Run, signal: StopSignal, channel: RunChannel, steps: Sequence[Step] = ()
+    ) -> SegmentEnd:
+        """The loop's end: its last `steps` (not stored yet: a final answer), the run's final
+        state, its session's release and the terminal event, stored together. A write that
+        fails is tried again (`END_RETRY_PAUSES_S`): the same one after an unavailable store;
+        else without the steps, stopped as a failed write of them stops a run (`lease_lost`,
+        `internal_error`), and with the signal reduced to what any store takes (`storable`).
         If every try fails the session stays held: once its lease runs out, the next run on
         it, a restart of this server or any replica's start ends the run INTERRUPTED, as
         the stream is told now; never is a run left RUNNING on a released session."""
-        ended = run.ended(signal)
-        ended.last_event_seq = channel.last_seq + 1  # the terminal event's
+        ended = _ending(run, signal, channel, steps)
         for attempt, pause_s in enumerate(END_RETRY_PAUSES_S):
             if pause_s:
                 await asyncio.sleep(pause_s)
             try:
-                stored = await self._ledger.end_run(ended, journal=channel.journal_for(closed))
+                stored = await self._ledger.end_run(
+                    ended, steps=steps, journal=channel.journal_for(closed)
+                )
             except Exception as error:
                 # The error's type only: a driver's message may quote what was written.
                 logger.warning(
@@ -339,8 +359,14 @@ class Lifecycle:
                     attempt + 1,
                     type(error).__name__,
                 )
-                if not isinstance(error, StoreUnavailableError):  # what was written failed
-                    ended.stop_signal = storable(signal)
+                if isinstance(error, StoreUnavailableError):
+                    continue  # nothing was wrong with what was written: the same again
+                if steps:  # the run stops as a failed write of its steps would stop it
+                    steps = ()
+                    lost = isinstance(error, LeaseLostError)
+                    signal = lease_lost() if lost else internal_error(error)
+                    signal.resume_from_sequence = run.last_sequence + 1
+                ended = _ending(run, storable(signal), channel, steps)
                 continue
             if stored.queued:
                 self.on_session_free(run.session_id)
@@ -349,14 +375,16 @@ class Lifecycle:
                 # lease ran out (this one stalled past it): that end is the run's.
                 logger.warning("run %s was ended by a take-over of its session", run.id)
                 return SegmentEnd(stored.earlier_end, stored.released, journaled=False)
-            return SegmentEnd(ended, stored.released, journaled=True)
+            return SegmentEnd(
+                ended.with_steps(stored.steps), stored.released, journaled=True, steps=stored.steps
+            )
         logger.error(
             "run %s: its end could not be stored; it ends INTERRUPTED when its session's "
             "lease runs out",
             run.id,
         )
         unstored = run.ended(end_unstored(run.last_sequence + 1))
-        unstored.last_event_seq = ended.last_event_seq
+        unstored.last_event_seq = channel.last_seq + 1
         return SegmentEnd(unstored, released=False, journaled=False)
 
     async def end_idle(

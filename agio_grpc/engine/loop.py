@@ -1,8 +1,13 @@
 """One run segment's agent loop (DESIGN.md section 3), from its first model call to its end.
 
     [run pending tool calls] -> limits? -> build context -> model call (deltas streamed)
-        -> store assistant step -> no tool calls: stop
-        -> server tools in parallel -> store tool steps in call order -> stop signals? -> loop
+        -> a reply that stops the run: stored with the run's end (one write), stop
+        -> store assistant step -> server tools in parallel -> store tool steps in call order
+        -> stop signals? -> loop
+
+A reply that stops the run is stored by the end's own transaction (`_ends_with`: not when
+it has tool calls, which get results first, nor when after_step hooks must see it stored
+before the end), so a run that asks the model once costs two writes: its start and its end.
 
 Calls of client tools and calls needing approval (engine/approvals.py) are not run: once
 the turn's other calls have their results, the segment ends REQUIRES_ACTION with them open.
@@ -95,7 +100,12 @@ from agio_grpc.engine.lifecycle import (
     lease_lost,
     task_cancelled,
 )
-from agio_grpc.engine.model_call import ModelCall, model_request, streamed_to
+from agio_grpc.engine.model_call import (
+    ModelCall,
+    model_error_signal,
+    model_request,
+    streamed_to,
+)
 from agio_grpc.engine.models import (
     ModelDriver,
     ModelError,
@@ -184,6 +194,8 @@ class RunLoop:
         # The span of each tool call that started, for its step's trace and span ids.
         self.tool_spans: dict[str, SpanIds] = {}
         self.progress = ProgressRelay(self.channel)
+        # The reply that stopped the run, stored with its end (`_ends_with`).
+        self.last_step: Step | None = None
         output = segment.settings.output
         self.output_attempts = OutputAttempts(output) if output is not None else None
 
@@ -236,7 +248,12 @@ class RunLoop:
             if signal := pick_stop_signal(self._limits_reached()):
                 return signal
             assistant, reply = await self._model_step()
-            if signal := self._reply_signal(assistant, reply):
+            signal = self._reply_signal(assistant, reply)
+            if signal is not None and self._ends_with(assistant):
+                self.last_step = assistant  # stored with the run's end: one write fewer
+                return signal
+            (assistant,) = await self._store_steps([assistant])
+            if signal is not None:
                 return signal
             if assistant.tool_calls:
                 signals = await self._run_tool_calls(assistant.tool_calls)
@@ -258,9 +275,10 @@ class RunLoop:
     # -- model ------------------------------------------------------------------------------
 
     async def _model_step(self) -> tuple[Step, ModelReply]:
-        """Call the model with the history (compacted first when it nears the window),
-        stream its deltas, store the assistant step. A context the provider finds too long
-        is compacted once and the call made again."""
+        """Call the model with the history (compacted first when it nears the window) and
+        stream its deltas: the assistant step, not stored yet (its sequence is the one it
+        will be stored at). A context the provider finds too long is compacted once and the
+        call made again."""
         await self._compact("threshold")
         call = await self._model_call()
         self.channel.publish(StepStarted(step_id=call.step_id, role=Role.ASSISTANT))
@@ -291,32 +309,21 @@ class RunLoop:
             tool_calls=reply.tool_calls,
             metrics=reply.metrics,
             id=call.step_id,
+            sequence=self._next_sequence(),
             trace_id=called.trace_id,
             span_id=called.span_id,
         )
         self.run_row.usage.add(reply.metrics)
         self.run_row.tool_call_count += len(reply.tool_calls)
-        (stored,) = await self._store_steps([step])
-        return stored, reply
+        return step, reply
+
+    def _ends_with(self, answer: Step) -> bool:
+        """Whether the run's last step, a reply that stops it, is stored with its end: unless
+        it has calls (they get results first) or after_step hooks must see it stored first."""
+        return not answer.tool_calls and not self.services.hooks.after_step
 
     def _model_error_signal(self, error: ModelError) -> StopSignal:
-        # What failed and how hard it was tried: the last HTTP error status, the code of an
-        # error the model sent in its stream, the retries (each only when there is one).
-        context: dict[str, object] = {}
-        if error.status_code is not None:
-            context["status_code"] = error.status_code
-        if error.error_code is not None:
-            context["error_code"] = error.error_code
-        if error.retries:
-            context["retries"] = error.retries
-        return StopSignal(
-            StopReason.MODEL_ERROR,
-            error.message,
-            "model",
-            context=context,
-            retryable=error.retryable,
-            resume_from_sequence=self._next_sequence() if error.retryable else 0,
-        )
+        return model_error_signal(error, self._next_sequence())
 
     async def _model_call(self, step_id: str = "") -> ModelCall:
         request = model_request(self.settings, self.services.registry, self.history, self.trace)
@@ -518,27 +525,10 @@ class RunLoop:
 
     def _limits_reached(self) -> list[StopSignal]:
         """Limits that forbid another model call."""
-        signals = self._budget_reached()
-        max_steps = self.settings.limits.max_steps
-        if self.model_calls >= max_steps:
-            signals.append(
-                StopSignal(StopReason.MAX_STEPS, f"reached max_steps ({max_steps})", "loop")
-            )
-        return signals
+        return self.settings.limits.reached(self.model_calls, self.run_row.usage.total_tokens)
 
     def _budget_reached(self) -> list[StopSignal]:
-        budget = self.settings.limits.token_budget
-        used = self.run_row.usage.total_tokens
-        if budget is None or used < budget:
-            return []
-        return [
-            StopSignal(
-                StopReason.TOKEN_BUDGET,
-                f"used {used} tokens of a budget of {budget}",
-                "loop",
-                context={"used_tokens": used, "token_budget": budget},
-            )
-        ]
+        return self.settings.limits.budget_reached(self.run_row.usage.total_tokens)
 
     def _start_timer(self) -> asyncio.TimerHandle:
         timeout = self.settings.limits.run_timeout_s
@@ -614,7 +604,8 @@ class RunLoop:
     # -- the end ----------------------------------------------------------------------------
 
     async def _finish(self, signal: StopSignal) -> Run:
-        """Close open tool calls, then end the run: its row, the session, the stream."""
+        """Close open tool calls, then end the run: its last step, its row, the session, the
+        stream."""
         run = self.run_row
         try:
             if signal.reason is not StopReason.REQUIRES_ACTION and self.pending_calls:
@@ -625,10 +616,12 @@ class RunLoop:
             logger.warning("run %s: its session is no longer its own to close calls in", run.id)
         except Exception:
             logger.exception("run %s: could not store results for open tool calls", run.id)
+        last = [self.last_step] if self.last_step is not None else []
         if signal.retryable and not signal.resume_from_sequence:
-            signal.resume_from_sequence = self._next_sequence()
-        ended = await self.services.lifecycle.end(run, signal, self.channel)
+            signal.resume_from_sequence = self._next_sequence() + len(last)
+        ended = await self.services.lifecycle.end(run, signal, self.channel, last)
         run = self.run_row = ended.run
+        self.history.extend(ended.steps)
         if ended.released and self.segment.history_is_log:
             # The history is the stored log exactly: read under the session, extended only by
             # this run's own writes, the session held throughout. Kept before the terminal

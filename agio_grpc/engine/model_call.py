@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from agio_grpc.domain import Step
+from agio_grpc.domain import Step, StopReason, StopSignal
 from agio_grpc.engine.agents import RunSettings
 from agio_grpc.engine.channel import RunChannel
 from agio_grpc.engine.context import build_context
@@ -21,6 +21,7 @@ from agio_grpc.engine.events import ErrorNotice, StepDelta
 from agio_grpc.engine.models import (
     ModelDelta,
     ModelDriver,
+    ModelError,
     ModelEvent,
     ModelListener,
     ModelReply,
@@ -127,3 +128,25 @@ def streamed_to(channel: RunChannel, step_id: str) -> ModelListener:
             )
 
     return on_event
+
+
+def model_error_signal(error: ModelError, next_sequence: int) -> StopSignal:
+    """MODEL_ERROR for a model call that failed; a retryable one resumes at `next_sequence`
+    (where its reply would have been stored)."""
+    # What failed and how hard it was tried: the last HTTP error status, the code of an error
+    # the model sent in its stream, the retries (each only when there is one).
+    context: dict[str, object] = {}
+    if error.status_code is not None:
+        context["status_code"] = error.status_code
+    if error.error_code is not None:
+        context["error_code"] = error.error_code
+    if error.retries:
+        context["retries"] = error.retries
+    return StopSignal(
+        StopReason.MODEL_ERROR,
+        error.message,
+        "model",
+        context=context,
+        retryable=error.retryable,
+        resume_from_sequence=next_sequence if error.retryable else 0,
+    )

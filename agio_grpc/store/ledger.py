@@ -126,13 +126,16 @@ class RunLedger(RunRecords, Protocol):
         TenantQuotaError."""
         ...
 
-    async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
-        """Store the run's end (status, stop signal, usage, counts, end time), release its
-        session (`release_session(run.session_id, run.id)`) and store what `journal` makes of
-        the run (its terminal event), in one transaction: together or not at all. A run
-        that is no longer RUNNING in the store was ended first by another server (a
-        take-over after its lease ran out): that end stays, and is returned. Raises
-        NotFoundError."""
+    async def end_run(
+        self, run: Run, *, steps: Sequence[Step] = (), journal: Journal | None = None
+    ) -> RunEnd:
+        """Store the run's last `steps` (appended while the run holds its session, else
+        LeaseLostError), the run's end (status, stop signal, usage, counts, end time), release
+        its session (`release_session(run.session_id, run.id)`) and store what `journal`
+        makes of the run and the steps (their `step_completed`s, its terminal event), in one
+        transaction: together or not at all. A run that is no longer RUNNING in the store was
+        ended first by another server (a take-over after its lease ran out): that end stays,
+        and is returned. Raises NotFoundError."""
         ...
 
     async def end_idle_run(

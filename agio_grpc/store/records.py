@@ -160,3 +160,5 @@ class RunEnd:
     """The run as another server ended it first (then the given end was not stored)."""
     queued: bool = False
     """The session it released has queued runs: the next one may start."""
+    steps: list[Step] = field(default_factory=list)
+    """The steps it stored with the end, as stored."""

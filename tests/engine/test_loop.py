@@ -571,7 +571,8 @@ async def test_a_reused_request_id_is_refused(harness: Harness) -> None:
 
 
 class FailingStore:
-    """The real store, except that storing an assistant step raises `error`."""
+    """The real store, except that storing an assistant step raises `error` (one stored
+    alone: a reply that stops the run is stored with its end, below)."""
 
     def __init__(self, store: StoreRoles, error: Exception) -> None:
         self._store = store
@@ -613,7 +614,7 @@ async def test_an_unexpected_error_fails_the_run_with_a_clean_message(
     store = cast(StoreRoles, FailingStore(sqlite_store, error))
     harness = build_runtime(store, fake_model, Gate())
     try:
-        fake_model.enqueue(Turn.text("never stored"))
+        fake_model.enqueue(Turn.tool_calls([ToolCallSpec("note", '{"text": "never stored"}')]))
         handle = await harness.runtime.start_run(RunInput("hi"))
         events = [e async for e in own(handle.events())]
     finally:

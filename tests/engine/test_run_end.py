@@ -12,7 +12,7 @@ import pytest
 from agio_grpc.domain import RunStatus, StopReason
 from agio_grpc.engine import ClientTool
 from agio_grpc.engine import lifecycle as lifecycle_module
-from agio_grpc.store.errors import StoreError, StoreUnavailableError
+from agio_grpc.store.errors import LeaseLostError, StoreError, StoreUnavailableError
 from agio_grpc.store.records import terminal_kind
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, build_runtime
@@ -102,13 +102,14 @@ async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_ru
         await harness.runtime.shutdown(grace_s=0)
         await harness.driver.close()
         await real.close()
-    # Told what the take-over will store: INTERRUPTED, retryable after the reply.
+    # Told what the take-over will store: INTERRUPTED, retryable from the reply, which was
+    # to be stored with the end.
     signal = outcome.run.stop_signal
     assert signal is not None
     assert (signal.reason, signal.retryable, signal.resume_from_sequence) == (
         StopReason.INTERRUPTED,
         True,
-        3,
+        2,
     )
     restarted = await open_roles(store_url, instance_id="host/127.0.0.1:50051")
     try:
@@ -119,9 +120,88 @@ async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_ru
         ended = await restarted.get_run(outcome.run_id)
         assert ended.status is RunStatus.INTERRUPTED
         assert ended.stop_signal is not None
-        assert ended.stop_signal.resume_from_sequence == 3
+        assert ended.stop_signal.resume_from_sequence == 2
+        assert [step.content for step in await restarted.get_steps(outcome.session_id)] == ["hi"]
         assert (await restarted.get_session(outcome.session_id)).active_run_id == ""
         kinds = [record.kind for record in await restarted.read_journal(outcome.run_id)]
         assert kinds[-1] == terminal_kind(ended)
     finally:
         await restarted.close()
+
+
+class CountingWrites:
+    """The real store, counting its step writes and its ends."""
+
+    def __init__(self, store: StoreRoles) -> None:
+        self._store = store
+        self.appends = 0
+        self.ended_with: list[int] = []
+
+    async def append_steps(self, steps: Any, **kwargs: Any) -> Any:
+        self.appends += 1
+        return await self._store.append_steps(steps, **kwargs)
+
+    async def end_run(self, run: Any, **kwargs: Any) -> Any:
+        self.ended_with.append(len(kwargs.get("steps", ())))
+        return await self._store.end_run(run, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_the_reply_that_ends_a_run_is_stored_with_its_end(
+    store: StoreRoles, fake_model: FakeModelServer
+) -> None:
+    counting = CountingWrites(store)
+    harness = build_runtime(cast(StoreRoles, counting), fake_model, Gate())
+    fake_model.enqueue(Turn.text("done"))
+    try:
+        outcome = await harness.run("hi")
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+    assert (counting.appends, counting.ended_with) == (0, [1])
+    kinds = [event.event.type for event in outcome.events]
+    assert kinds[-2:] == ["step_completed", "run_completed"]
+    stored = await store.get_run(outcome.run_id)
+    assert (stored.step_count, stored.first_sequence, stored.last_sequence) == (2, 1, 2)
+    assert outcome.run == stored
+    steps = await store.get_steps(outcome.session_id)
+    assert [(step.role.value, step.content) for step in steps] == [
+        ("user", "hi"),
+        ("assistant", "done"),
+    ]
+    journal = await store.read_journal(outcome.run_id)
+    assert [record.seq for record in journal][-2:] == [e.seq for e in outcome.events][-2:]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "message"),
+    [
+        (StoreError("value out of range"), StopReason.INTERNAL_ERROR, "storage error"),
+        (LeaseLostError("sess", "run"), StopReason.INTERRUPTED, "lost its session lease"),
+    ],
+)
+async def test_a_reply_its_end_cannot_store_ends_the_run_without_it(
+    store: StoreRoles,
+    fake_model: FakeModelServer,
+    error: Exception,
+    reason: StopReason,
+    message: str,
+) -> None:
+    failing = FailingEnds(store, error)
+    harness = build_runtime(cast(StoreRoles, failing), fake_model, Gate())
+    fake_model.enqueue(Turn.text("done"))
+    try:
+        outcome = await harness.run("hi")
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+    signal = outcome.run.stop_signal
+    assert signal is not None
+    assert (signal.reason, signal.retryable, signal.resume_from_sequence) == (reason, True, 2)
+    assert message in signal.message
+    assert outcome.run == await store.get_run(outcome.run_id)
+    assert [step.content for step in await store.get_steps(outcome.session_id)] == ["hi"]
+    assert (await store.get_session(outcome.session_id)).active_run_id == ""
+    assert "step_completed" not in [e.event.type for e in outcome.events[2:]]

@@ -265,21 +265,28 @@ class SqlRunLedger(SqlRole):
             raise ValueError(f"delete_from must be at least 1, got {delete_from}")
         return await self._write(work)
 
-    async def end_run(self, run: Run, *, journal: Journal | None = None) -> RunEnd:
-        values = run_update(run)
-        ended = stored_run(run)
+    async def end_run(
+        self, run: Run, *, steps: Sequence[Step] = (), journal: Journal | None = None
+    ) -> RunEnd:
+        if any(step.session_id != run.session_id for step in steps):
+            raise ValueError("end_run takes steps of the run's session")
         released = {"session_id": run.session_id, "run_id": run.id}
 
         def work(conn: Connection) -> RunEnd:
             # The session row first, as every take does (then the run's): one lock order,
             # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
+            # Steps are appended while the run still holds it (LeaseLostError if not).
+            stored = append(conn, run.session_id, steps, held_by=run.id) if steps else []
             release = RELEASE_SESSION.execute(conn, released) == 1
-            if END_RUNNING_RUN.execute(conn, values) == 1:
+            ended = stored_run(run.with_steps(stored))
+            if END_RUNNING_RUN.execute(conn, run_update(ended)) == 1:
                 if journal is not None:
-                    write_journal(conn, run.id, journal(ended, ()))
+                    write_journal(conn, run.id, journal(ended, stored))
                 session = {"session_id": run.session_id}
                 queued = release and QUEUED_RUN.first(conn, session) is not None
-                return RunEnd(release, queued=queued)
+                return RunEnd(release, queued=queued, steps=stored)
+            if stored:  # held its session, yet not RUNNING: no end of the run does that
+                raise RunStateConflictError(run.id, "not RUNNING", "RUNNING with its session held")
             row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
             if row is None:
                 raise NotFoundError("run", run.id)
@@ -319,13 +326,7 @@ class SqlRunLedger(SqlRole):
             if steps:  # the results answer the calls of the log the caller read
                 check_last_step(conn, run.session_id, expect)
             stored = append(conn, run.session_id, steps) if steps else []
-            ended = stored_run(
-                replace(
-                    run,
-                    step_count=run.step_count + len(stored),
-                    last_sequence=stored[-1].sequence if stored else run.last_sequence,
-                )
-            )
+            ended = stored_run(run.with_steps(stored))
             conn.execute(UPDATE_RUN, run_update(ended))
             if journal is not None:
                 write_journal(conn, run.id, journal(ended, stored))
