@@ -43,6 +43,7 @@ from google.protobuf import json_format
 
 from agio_grpc.domain import Role, Step
 from agio_grpc.engine.agent_tools import ARGUMENTS_SCHEMA, checked_input
+from agio_grpc.engine.tls import client_tls_context
 from agio_grpc.engine.tools import ToolContext, ToolError, ToolOrigin, function_definition
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,9 @@ class RemoteAgentTool:
         self.parameters = ARGUMENTS_SCHEMA
         self.timeout_s: float | None = spec.timeout_s
         self._trace_headers = trace_headers
-        self._http = httpx.AsyncClient(headers=dict(spec.headers), timeout=spec.timeout_s)
+        self._http = httpx.AsyncClient(
+            headers=dict(spec.headers), timeout=spec.timeout_s, verify=client_tls_context()
+        )
         self.card: a2a.AgentCard | None = None
         self._client: Client | None = None
         self._problem = "its agent card was not read yet"

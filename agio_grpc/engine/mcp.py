@@ -42,6 +42,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 
 from agio_grpc.engine.mcp_stdio import StdioProcess, Streams, started_process
+from agio_grpc.engine.tls import client_tls_context
 from agio_grpc.engine.tools import (
     ArgumentsError,
     ToolContext,
@@ -380,6 +381,7 @@ class McpServer:
             headers=dict(self.spec.headers),
             # A call's own timeout bounds its wait for the answer, not the HTTP client's.
             timeout=httpx2.Timeout(self.spec.connect_timeout_s, read=None),
+            verify=client_tls_context(),
             event_hooks={"response": [note_session]},
         )
         async with client, streamable_http_client(self.spec.url, http_client=client) as streams:

@@ -67,6 +67,7 @@ from agio_grpc.engine.models.retries import (
     is_transient,
 )
 from agio_grpc.engine.models.sse import IdleWatchdog, body_lines, finish_body, sse_data
+from agio_grpc.engine.tls import client_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,15 @@ class OpenAIModelDriver:
         """`timeout_s` bounds connecting, the wait for the response and each wait for the next
         chunk (the idle watchdog: a model silent this long fails the attempt)."""
         # Only for what a request must carry; nothing is sent through it.
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            http_client=httpx2.AsyncClient(verify=client_tls_context()),
+        )
         self._url = f"{str(self._client.base_url).rstrip('/')}/chat/completions"
         self._headers = _request_headers(self._client)
         self._proxy = _proxy_from_environment(self._url)
-        self._ssl = httpx2.create_ssl_context()  # the certificates the openai client trusts
+        self._ssl = client_tls_context()  # the certificates the openai client trusts
         # No read timeout in the transport: `IdleWatchdog` bounds every wait instead.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s)
         self._http: aiohttp.ClientSession | None = None

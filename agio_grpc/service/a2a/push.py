@@ -32,6 +32,7 @@ from google.protobuf.json_format import MessageToDict
 from agio_grpc.config import A2AConfig
 from agio_grpc.engine.events import SequencedEvent
 from agio_grpc.engine.runtime import Runtime
+from agio_grpc.engine.tls import client_tls_context
 from agio_grpc.service import convert
 from agio_grpc.service.a2a import mapping
 from agio_grpc.store.push import PushConfig, PushConfigs
@@ -58,7 +59,9 @@ class PushNotifier:
         self.configs = configs
         self._runtime = runtime
         self._settings = settings
-        self._http = http or httpx.AsyncClient(timeout=settings.push_timeout_s)
+        self._http = http or httpx.AsyncClient(
+            timeout=settings.push_timeout_s, verify=client_tls_context()
+        )
         self._watching: dict[str, asyncio.Task[None]] = {}
 
     async def allowed(self, url: str) -> str:
