@@ -15,7 +15,7 @@ from agio_grpc.engine import lifecycle as lifecycle_module
 from agio_grpc.store.errors import LeaseLostError, StoreError, StoreUnavailableError
 from agio_grpc.store.records import terminal_kind
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
-from tests.engine.harness import Gate, build_runtime
+from tests.engine.harness import Gate, Outcome, build_runtime
 from tests.roles import StoreRoles, open_roles
 
 
@@ -129,6 +129,18 @@ async def test_an_end_never_stored_keeps_the_session_until_a_restart_ends_the_ru
         await restarted.close()
 
 
+async def run_once(store: Any, fake_model: FakeModelServer, turn: Turn, text: str) -> Outcome:
+    """One run on a runtime over `store` (a wrapper of the real one), the model answering
+    `turn`."""
+    harness = build_runtime(cast(StoreRoles, store), fake_model, Gate())
+    fake_model.enqueue(turn)
+    try:
+        return await harness.run(text)
+    finally:
+        await harness.runtime.shutdown(grace_s=0)
+        await harness.driver.close()
+
+
 class CountingWrites:
     """The real store, counting its step writes and its ends."""
 
@@ -153,13 +165,7 @@ async def test_the_reply_that_ends_a_run_is_stored_with_its_end(
     store: StoreRoles, fake_model: FakeModelServer
 ) -> None:
     counting = CountingWrites(store)
-    harness = build_runtime(cast(StoreRoles, counting), fake_model, Gate())
-    fake_model.enqueue(Turn.text("done"))
-    try:
-        outcome = await harness.run("hi")
-    finally:
-        await harness.runtime.shutdown(grace_s=0)
-        await harness.driver.close()
+    outcome = await run_once(counting, fake_model, Turn.text("done"), "hi")
     assert (counting.appends, counting.ended_with) == (0, [1])
     kinds = [event.event.type for event in outcome.events]
     assert kinds[-2:] == ["step_completed", "run_completed"]
@@ -189,14 +195,7 @@ async def test_a_reply_its_end_cannot_store_ends_the_run_without_it(
     reason: StopReason,
     message: str,
 ) -> None:
-    failing = FailingEnds(store, error)
-    harness = build_runtime(cast(StoreRoles, failing), fake_model, Gate())
-    fake_model.enqueue(Turn.text("done"))
-    try:
-        outcome = await harness.run("hi")
-    finally:
-        await harness.runtime.shutdown(grace_s=0)
-        await harness.driver.close()
+    outcome = await run_once(FailingEnds(store, error), fake_model, Turn.text("done"), "hi")
     signal = outcome.run.stop_signal
     assert signal is not None
     assert (signal.reason, signal.retryable, signal.resume_from_sequence) == (reason, True, 2)

@@ -274,45 +274,32 @@ class EventTranslator:
         self.streaming.discard(step.id)
         if step.tool_calls:
             names = ", ".join(c.name for c in step.tool_calls)
-            yield a2a.TaskStatusUpdateEvent(
-                task_id=self.task_id,
-                context_id=self.context_id,
-                status=a2a.TaskStatus(
-                    state=a2a.TASK_STATE_WORKING,
-                    message=a2a.Message(
-                        message_id=f"{step.id}-calls",
-                        context_id=self.context_id,
-                        task_id=self.task_id,
-                        role=a2a.ROLE_AGENT,
-                        parts=[
-                            a2a.Part(text=f"Calling {names}"),
-                            _data({"tool_calls": _calls(step.tool_calls)}),
-                        ],
-                    ),
-                ),
-            )
+            calls = {"tool_calls": _calls(step.tool_calls)}
+            yield self._working(f"{step.id}-calls", f"Calling {names}", calls)
 
     def _progress(
         self, progress: events_pb2.ToolProgressEvent, seq: int
     ) -> a2a.TaskStatusUpdateEvent:
         said = f": {progress.message}" if progress.message else ""
         facts = json_format.MessageToDict(progress, preserving_proto_field_name=True)
+        text = f"{progress.name} is working{said}"
+        return self._working(f"{progress.step_id}-progress-{seq}", text, {"tool_progress": facts})
+
+    def _working(
+        self, message_id: str, text: str, data: Mapping[str, object]
+    ) -> a2a.TaskStatusUpdateEvent:
+        """A WORKING status whose message says `text` and holds `data` as a data part."""
+        message = a2a.Message(
+            message_id=message_id,
+            context_id=self.context_id,
+            task_id=self.task_id,
+            role=a2a.ROLE_AGENT,
+            parts=[a2a.Part(text=text), _data(data)],
+        )
         return a2a.TaskStatusUpdateEvent(
             task_id=self.task_id,
             context_id=self.context_id,
-            status=a2a.TaskStatus(
-                state=a2a.TASK_STATE_WORKING,
-                message=a2a.Message(
-                    message_id=f"{progress.step_id}-progress-{seq}",
-                    context_id=self.context_id,
-                    task_id=self.task_id,
-                    role=a2a.ROLE_AGENT,
-                    parts=[
-                        a2a.Part(text=f"{progress.name} is working{said}"),
-                        _data({"tool_progress": facts}),
-                    ],
-                ),
-            ),
+            status=a2a.TaskStatus(state=a2a.TASK_STATE_WORKING, message=message),
         )
 
     def _chunk(self, step_id: str, text: str, *, last: bool) -> a2a.TaskArtifactUpdateEvent:
