@@ -13,6 +13,8 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils import errors as a2a_errors
 from google.protobuf import json_format, struct_pb2
 
+from agio_grpc.domain import RunStatus
+from agio_grpc.service.a2a.handler import task_filters
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.a2a.conftest import (
@@ -126,6 +128,8 @@ async def test_tasks_are_listed_across_contexts_per_agent_and_tenant_newest_firs
     assert [task.id for task in done.tasks] == [third.id, first.id]
     failed = a2a.ListTasksRequest(status=a2a.TASK_STATE_FAILED)
     assert not (await mine.client.list_tasks(failed, context=mine.context)).tasks
+    rejected = a2a.ListTasksRequest(status=a2a.TASK_STATE_REJECTED)  # no run is ever in it
+    assert not (await mine.client.list_tasks(rejected, context=mine.context)).tasks
     other_filter = a2a.ListTasksRequest(
         page_size=2, page_token=tokens[0], status=a2a.TASK_STATE_WORKING
     )
@@ -362,3 +366,18 @@ def _value(data: dict[str, object]) -> struct_pb2.Value:
     value = struct_pb2.Value()
     json_format.ParseDict(data, value)
     return value
+
+
+def test_list_filters_refuse_what_no_task_state_or_time_is() -> None:
+    assert task_filters(a2a.ListTasksRequest()) == (frozenset(), None)
+    failed = task_filters(a2a.ListTasksRequest(status=a2a.TASK_STATE_FAILED))
+    assert failed == (frozenset({RunStatus.FAILED, RunStatus.INTERRUPTED}), None)
+    assert task_filters(a2a.ListTasksRequest(status=a2a.TASK_STATE_AUTH_REQUIRED))[0] is None
+    with pytest.raises(a2a_errors.InvalidParamsError, match="status"):
+        task_filters(a2a.ListTasksRequest(status=cast(a2a.TaskState, 99)))
+    for seconds, nanos in ((2**62, 0), (-(2**62), 0), (0, -1)):
+        late = a2a.ListTasksRequest()
+        late.status_timestamp_after.seconds = seconds
+        late.status_timestamp_after.nanos = nanos
+        with pytest.raises(a2a_errors.InvalidParamsError, match="status_timestamp_after"):
+            task_filters(late)

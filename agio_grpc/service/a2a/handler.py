@@ -24,7 +24,7 @@ import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.request_handler import RequestHandler
@@ -33,6 +33,7 @@ from a2a.utils import errors as a2a_errors
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
 from google.protobuf import json_format
 
+from agio_grpc.domain import RunStatus
 from agio_grpc.engine.remote import FollowedEvent
 from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
@@ -67,6 +68,24 @@ def _answering() -> Iterator[None]:
         raise
     except Exception as error:
         raise to_a2a_error(error) from None
+
+
+def task_filters(
+    params: a2a.ListTasksRequest,
+) -> tuple[frozenset[RunStatus] | None, datetime | None]:
+    """The run statuses a ListTasks selects (empty: any; None: a state no run is ever in,
+    such as REJECTED) and the time their status last changed at or after (None: any)."""
+    if params.status not in a2a.TaskState.values():
+        raise invalid_params("status", "is not a task state")
+    statuses: frozenset[RunStatus] | None = frozenset()
+    if params.status != a2a.TASK_STATE_UNSPECIFIED:
+        statuses = mapping.run_statuses(params.status) or None
+    if not params.HasField("status_timestamp_after"):
+        return statuses, None
+    try:
+        return statuses, params.status_timestamp_after.ToDatetime(tzinfo=UTC)
+    except ValueError:
+        raise invalid_params("status_timestamp_after", "is not a valid timestamp") from None
 
 
 @contextlib.asynccontextmanager
@@ -190,9 +209,9 @@ class AgentTasks(RequestHandler):
         size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
         if not 1 <= size <= MAX_LIST_TASKS_PAGE_SIZE:
             raise invalid_params("page_size", f"must be 1..{MAX_LIST_TASKS_PAGE_SIZE}")
-        since = None
-        if params.HasField("status_timestamp_after"):
-            since = params.status_timestamp_after.ToDatetime(tzinfo=UTC)
+        statuses, since = task_filters(params)
+        if statuses is None:  # a state no run is ever in
+            return a2a.ListTasksResponse(page_size=size)
         tenant = current_caller().tenant
         pages = self._pages.for_tenant(tenant)
         query: dict[str, object] = {
@@ -211,7 +230,7 @@ class AgentTasks(RequestHandler):
             after,
             tenant=tenant,
             session_id=params.context_id or None,
-            statuses=mapping.run_statuses(params.status),
+            statuses=statuses,
             changed_since=since,
         )
         runs, token = pages.trim_time_keyed(runs, size, query)

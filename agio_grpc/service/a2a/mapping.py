@@ -60,8 +60,8 @@ def task_state(status: resources_pb2.RunStatus) -> a2a.TaskState:
 
 
 def run_statuses(state: a2a.TaskState) -> frozenset[RunStatus]:
-    """The run statuses a task state filter selects (none for UNSPECIFIED: any); FAILED
-    selects both FAILED and INTERRUPTED runs."""
+    """The run statuses in task state `state` (FAILED: both FAILED and INTERRUPTED; none
+    for a state no run is ever in)."""
     return frozenset(status for status in RunStatus if _task_state_of(status) == state)
 
 
