@@ -195,6 +195,13 @@ class ToolSource(Protocol):
 MAX_PROGRESS_MESSAGE_CHARS = 4096
 """The longest message a `tool_progress` event carries (a remote agent's status may be
 anything)."""
+MAX_PROGRESS_ID_CHARS = 256
+"""The longest state or id a `tool_progress` event carries: a longer one (a remote agent's
+task id may be anything) is left out rather than cut into an id of something else."""
+
+
+def _bounded(value: str) -> str:
+    return value if len(value) <= MAX_PROGRESS_ID_CHARS else ""
 
 
 def _no_progress(event: ToolProgress) -> None:
@@ -234,18 +241,19 @@ class ToolContext:
     ) -> None:
         """Tell the run's clients how the call goes: a `tool_progress` event, live only (a
         replay has none), dropped once the call is over. `message` is cut to
-        `MAX_PROGRESS_MESSAGE_CHARS`."""
+        `MAX_PROGRESS_MESSAGE_CHARS`; a state or id over `MAX_PROGRESS_ID_CHARS` is left
+        out."""
         self.progress(
             ToolProgress(
                 self.step_id,
                 self.tool_call_id,
                 self.tool_name,
                 message[:MAX_PROGRESS_MESSAGE_CHARS],
-                state,
-                child_run_id,
-                child_session_id,
-                remote_task_id,
-                remote_context_id,
+                _bounded(state),
+                _bounded(child_run_id),
+                _bounded(child_session_id),
+                _bounded(remote_task_id),
+                _bounded(remote_context_id),
             )
         )
 

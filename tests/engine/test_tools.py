@@ -11,6 +11,7 @@ from pydantic import Field
 from agio_grpc.engine.builtin_tools import calculate, current_time, echo
 from agio_grpc.engine.events import ToolProgress
 from agio_grpc.engine.tools import (
+    MAX_PROGRESS_ID_CHARS,
     MAX_PROGRESS_MESSAGE_CHARS,
     Tool,
     ToolContext,
@@ -188,14 +189,21 @@ def test_current_time_is_iso_utc() -> None:
     assert current_time().endswith("+00:00")
 
 
-def test_a_progress_message_is_cut_to_its_limit() -> None:
+def test_a_progress_message_is_cut_and_an_oversized_id_left_out() -> None:
     reported: list[ToolProgress] = []
     context = ToolContext(
         "run_1", "sess_1", "call_1", "t", step_id="step_1", progress=reported.append
     )
-    context.report_progress("x" * (MAX_PROGRESS_MESSAGE_CHARS + 10), state="WORKING")
+    context.report_progress(
+        "x" * (MAX_PROGRESS_MESSAGE_CHARS + 10),
+        state="WORKING",
+        remote_task_id="t" * (MAX_PROGRESS_ID_CHARS + 1),
+        remote_context_id="c" * MAX_PROGRESS_ID_CHARS,
+    )
     [event] = reported
     assert len(event.message) == MAX_PROGRESS_MESSAGE_CHARS
+    assert event.remote_task_id == ""
+    assert event.remote_context_id == "c" * MAX_PROGRESS_ID_CHARS
     assert (event.step_id, event.tool_call_id, event.name, event.state) == (
         "step_1",
         "call_1",

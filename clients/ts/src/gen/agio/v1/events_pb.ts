@@ -144,7 +144,7 @@ export const StepEventSchema: GenMessage<StepEvent> = /*@__PURE__*/
  * ToolProgressEvent reports how a server tool call in progress goes: a remote A2A agent's
  * task status, the child run a local agent tool started. It comes between the tool step's
  * `step_started` and its `step_completed`; it adds nothing to the stored step. A call sends
- * at most 1,000.
+ * at most 1,000; a state or id over 256 characters is left out (empty).
  *
  * @generated from message agio.v1.ToolProgressEvent
  */
