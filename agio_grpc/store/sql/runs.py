@@ -125,12 +125,12 @@ class SqlRunLedger(SqlRole):
         quotas, owner = self._quotas, self._lease.owner
 
         def work(conn: Connection) -> RunStart:
-            if fresh is not None:
+            if fresh is not None:  # created holding the sequences of its first steps
                 insert_session(
-                    conn, fresh, last_sequence=0, lease=self._lease, active_run_id=run.id
+                    conn, fresh, last_sequence=len(steps), lease=self._lease, active_run_id=run.id
                 )
                 quotas.check_running(conn, run.tenant)
-                return store_start(conn, run, steps, since, journal, insert=True)
+                return store_start(conn, run, steps, since, journal, insert=True, fresh=True)
             # The session row first (the lock order of every take): what is read below, the
             # runs in the way and a reused request_id, stays true until this commits. Only
             # the run's tenant's: another's is missing, busy or not.
@@ -275,9 +275,13 @@ class SqlRunLedger(SqlRole):
         def work(conn: Connection) -> RunEnd:
             # The session row first, as every take does (then the run's): one lock order,
             # so an end and a take over of an expired lease cannot deadlock on PostgreSQL.
-            # Steps are appended while the run still holds it (LeaseLostError if not).
-            stored = append(conn, run.session_id, steps, held_by=run.id) if steps else []
-            release = RELEASE_SESSION.execute(conn, released) == 1
+            # Steps are appended while the run still holds it (LeaseLostError if not), the
+            # session released by the same statement.
+            if steps:
+                stored = append(conn, run.session_id, steps, held_by=run.id, release=True)
+                release = True
+            else:
+                stored, release = [], RELEASE_SESSION.execute(conn, released) == 1
             ended = stored_run(run.with_steps(stored))
             if END_RUNNING_RUN.execute(conn, run_update(ended)) == 1:
                 if journal is not None:

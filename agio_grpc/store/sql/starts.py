@@ -45,6 +45,7 @@ from agio_grpc.store.rows import (
 from agio_grpc.store.sql.steps import (
     append,
     delete_steps,
+    insert_steps,
     read_history,
     read_start,
     require_session,
@@ -226,13 +227,15 @@ def store_start(
     journal: Journal | None,
     *,
     insert: bool,
+    fresh: bool = False,
 ) -> RunStart:
     """A run starting on the session it holds: the steps of the run it rolls back deleted,
-    its first steps appended, the run inserted (or, queued before, updated), its journal,
-    and the history read back after `since`."""
+    its first steps appended (at 1, 2... in a `fresh` session, created holding them), the
+    run inserted (or, queued before, updated), its journal, and the history read back after
+    `since`."""
     if run.rollback_from:
         roll_back(conn, run.session_id, run.supersedes, run.rollback_from)
-    stored_steps = append(conn, run.session_id, steps)
+    stored_steps = insert_steps(conn, steps, 1) if fresh else append(conn, run.session_id, steps)
     started = stored_run(
         replace(
             run,

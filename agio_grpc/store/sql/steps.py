@@ -72,6 +72,13 @@ ALLOCATE_HELD_SEQUENCES: Final = Prepared(
     ALLOCATE.where(session_table.c.active_run_id == bindparam("run_id"))
 )
 
+# The last steps of a run that ends: their sequences and the session's release, one statement.
+ALLOCATE_HELD_AND_RELEASE: Final = Prepared(
+    ALLOCATE.where(session_table.c.active_run_id == bindparam("run_id")).values(
+        active_run_id=None, lease_expires_at=None, lease_owner=None
+    )
+)
+
 # A session's steps as `steps_from_rows` reads them.
 SELECT_SESSION_STEPS: Final = select(*STEP_READ_COLUMNS).where(
     step_table.c.session_id == bindparam("session_id")
@@ -160,11 +167,22 @@ def read_start(
 
 
 def append(
-    conn: Connection, session_id: str, steps: Sequence[Step], held_by: str = ""
+    conn: Connection,
+    session_id: str,
+    steps: Sequence[Step],
+    held_by: str = "",
+    *,
+    release: bool = False,
 ) -> list[Step]:
-    count = len(steps)
-    last = allocate_sequences(conn, session_id, count, held_by)
-    first = last - count + 1
+    """Store `steps` at the session's next sequences (while run `held_by` holds it, when
+    given, and letting go of it with `release`); the steps as stored."""
+    last = allocate_sequences(conn, session_id, len(steps), held_by, release=release)
+    return insert_steps(conn, steps, last - len(steps) + 1)
+
+
+def insert_steps(conn: Connection, steps: Sequence[Step], first: int) -> list[Step]:
+    """Store `steps` at sequences `first`, `first + 1`... which the caller holds (allocated,
+    or in a session it just created with them); the steps as stored."""
     # Read the clock only once the sequences are ours, so create_time follows sequence
     # order even when writers queued for the session.
     now = utc_now()
@@ -176,9 +194,11 @@ def append(
     return stored
 
 
-def allocate_sequences(conn: Connection, session_id: str, count: int, held_by: str = "") -> int:
+def allocate_sequences(
+    conn: Connection, session_id: str, count: int, held_by: str = "", *, release: bool = False
+) -> int:
     """Reserve `count` sequences in the session (only while run `held_by` holds it, when
-    given); returns the last one reserved.
+    given, and then releasing it with `release`); returns the last one reserved.
 
     The UPDATE row-locks the session on PostgreSQL until commit, so concurrent appends
     queue here and each sees the counter the previous one committed; a take-over of the
@@ -186,7 +206,8 @@ def allocate_sequences(conn: Connection, session_id: str, count: int, held_by: s
     """
     params = {"session_id": session_id, "count": count, "now": utc_now()}
     if held_by:
-        statement, params["run_id"] = ALLOCATE_HELD_SEQUENCES, held_by
+        params["run_id"] = held_by
+        statement = ALLOCATE_HELD_AND_RELEASE if release else ALLOCATE_HELD_SEQUENCES
     else:
         statement = ALLOCATE_SEQUENCES
     row = statement.first(conn, params)
