@@ -39,7 +39,7 @@ from agio_grpc.engine.runtime import Runtime
 from agio_grpc.service import convert
 from agio_grpc.service.a2a import mapping
 from agio_grpc.service.a2a.errors import A2AError, invalid_params, to_a2a_error
-from agio_grpc.service.a2a.push import PushNotifier
+from agio_grpc.service.a2a.push import PushNotifier, run_steps
 from agio_grpc.service.agent_service import AgentServicer
 from agio_grpc.service.errors import FieldViolation
 from agio_grpc.service.identity import current_caller
@@ -171,15 +171,7 @@ class AgentTasks(RequestHandler):
         return convert.run_to_proto(run)
 
     async def _steps(self, run: resources_pb2.Run) -> list[resources_pb2.Step]:
-        if not run.first_sequence:
-            return []
-        steps = await self._runtime.log.get_steps(
-            run.session_id,
-            run.first_sequence,
-            run.last_sequence or None,
-            tenant=current_caller().tenant,
-        )
-        return [convert.step_to_proto(s) for s in steps if s.run_id == run.id]
+        return await run_steps(self._runtime.log, run, current_caller().tenant)
 
     async def on_get_task(self, params: a2a.GetTaskRequest, context: ServerCallContext) -> a2a.Task:
         with _answering():
@@ -451,9 +443,7 @@ class AgentTasks(RequestHandler):
             raise_if_any(check_id("id", params.id))
             found = await self._push.configs.get(run.id, params.id, tenant=current_caller().tenant)
             if found is None:
-                raise a2a_errors.TaskNotFoundError(
-                    f"push notification config {params.id!r} not found"
-                )
+                raise _no_push_config(params.id)
             return _push_config(found)
 
     async def on_list_task_push_notification_configs(
@@ -475,9 +465,7 @@ class AgentTasks(RequestHandler):
             if not await self._push.configs.delete(
                 run.id, params.id, tenant=current_caller().tenant
             ):
-                raise a2a_errors.TaskNotFoundError(
-                    f"push notification config {params.id!r} not found"
-                )
+                raise _no_push_config(params.id)
 
     # -- not offered -------------------------------------------------------------------------
 

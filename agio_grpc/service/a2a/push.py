@@ -35,7 +35,9 @@ from agio_grpc.engine.runtime import Runtime
 from agio_grpc.engine.tls import client_tls_context
 from agio_grpc.service import convert
 from agio_grpc.service.a2a import mapping
+from agio_grpc.store.log import SessionLog
 from agio_grpc.store.push import PushConfig, PushConfigs
+from agio_grpc.v1 import resources_pb2
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,18 @@ RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 _RETRIED = frozenset({408, 429})
 _NOTIFIED = frozenset({"run_started", "run_completed", "run_failed"})
+
+
+async def run_steps(
+    log: SessionLog, run: resources_pb2.Run, tenant: str | None = None
+) -> list[resources_pb2.Step]:
+    """The steps the run stored (a task's history and artifacts), as `agio.v1` has them."""
+    if not run.first_sequence:
+        return []
+    steps = await log.get_steps(
+        run.session_id, run.first_sequence, run.last_sequence or None, tenant=tenant
+    )
+    return [convert.step_to_proto(step) for step in steps if step.run_id == run.id]
 
 
 class PushNotifier:
@@ -120,12 +134,7 @@ class PushNotifier:
                     await self._notify(run_id, a2a.StreamResponse(status_update=update))
                 elif kind in ("run_completed", "run_failed"):
                     run = getattr(event, kind).run
-                    steps = await self._runtime.log.get_steps(
-                        run.session_id, run.first_sequence or 1, run.last_sequence or None
-                    )
-                    task = mapping.task(
-                        run, [convert.step_to_proto(s) for s in steps if s.run_id == run.id]
-                    )
+                    task = mapping.task(run, await run_steps(self._runtime.log, run))
                     await self._notify(run_id, a2a.StreamResponse(task=task))
                     return
         except asyncio.CancelledError:
