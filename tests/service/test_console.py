@@ -166,6 +166,28 @@ async def test_a_tool_call_shows_its_result(
     assert picture.startswith(b"\x89PNG")
 
 
+async def test_a_tool_call_s_progress_shows_while_it_runs(
+    browser: Browser, tmp_path: Path, fake_model: FakeModelServer
+) -> None:
+    helper = AgentConfig(name="helper", model="fake-model", instructions="Help.", tools=[])
+    settings = make_settings(
+        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        fake_model.base_url,
+        http_address="127.0.0.1:0",
+    )
+    front = settings.agents[0].model_copy(update={"agents": ["helper"]})
+    settings = settings.model_copy(update={"agents": [front, helper]})
+    ask = ToolCallSpec("helper", '{"input": "2+2?"}')
+    fake_model.enqueue(Turn.tool_calls([ask]), Turn.text("4"), Turn.text("The helper says 4."))
+    async with serving(settings) as app:
+        page = await open_console(browser, app)
+        await send(page, "Ask the helper")
+        await expect(page.locator("#live .status")).to_have_text("COMPLETED", timeout=WAIT_MS)
+        progress = page.locator("#live .tool-progress")
+        await expect(progress).to_have_count(1)
+        await expect(progress).to_contain_text("helper … agent 'helper' is working on it")
+
+
 async def test_a_trace_id_links_through_the_configured_template(
     browser: Browser, console_app: AgioApp
 ) -> None:

@@ -614,6 +614,9 @@ class Console {
           status.classList.add("ended");
           const output = ended ? outputJson(ended) : undefined;
           if (output !== undefined) show(element("pre", { class: "output" }, output));
+        } else if (kind === "toolProgress") {
+          const said = value.message || value.state;
+          show(element("div", { class: "tool-progress" }, `${value.name} … ${said}`));
         } else if (kind === "error") {
           show(element("div", { class: "event-error" }, value.message));
         }

@@ -123,6 +123,13 @@ func chat(address string, opts []grpc.DialOption, session, agent, input string, 
 		if step := event.GetStepCompleted().GetStep(); step != nil {
 			printStep(step)
 		}
+		if progress := event.GetToolProgress(); progress != nil {
+			said := ""
+			if progress.GetMessage() != "" {
+				said = ": " + progress.GetMessage()
+			}
+			fmt.Fprintf(os.Stderr, "  .. %s %s%s\n", progress.GetName(), progress.GetState(), said)
+		}
 		if run := agio.TerminalRun(event); run != nil {
 			signal, usage := run.GetStopSignal(), run.GetUsage()
 			fmt.Printf("\n[%s] %s | tokens in %d out %d | steps %d | session %s\n",

@@ -72,6 +72,9 @@ async function main(): Promise<number> {
       if (value.step.role === Role.TOOL) {
         process.stdout.write(`<- ${value.step.content}\n`);
       }
+    } else if (kind === "toolProgress") {
+      const said = value.message ? `: ${value.message}` : "";
+      console.error(`  .. ${value.name} ${value.state}${said}`);
     }
     const run = terminalRun(event);
     if (run) {
