@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +27,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import ConnectionPoolEntry, Pool, StaticPool
 
 from agio_grpc.store.errors import SequenceConflictError, StoreError, StoreUnavailableError
 from agio_grpc.store.tables import STEP_SEQUENCE_CONSTRAINT
@@ -143,6 +144,10 @@ transactions at once under load. A transaction that finds them all busy opens on
 login per transaction, what a pool too small for the load costs (docs/benchmarks/NOTES.md).
 Three processes at 20 + 10 stay under PostgreSQL's default max_connections of 100."""
 POOL_OVERFLOW: Final = 10
+
+PING_AFTER_IDLE_S: Final = 0.5
+"""A pooled PostgreSQL connection idle this long is pinged before use (HikariCP's default
+window); one used more recently is taken as it is, unless its socket has closed."""
 
 
 def open_database(
@@ -305,12 +310,11 @@ class PostgresDatabase:
             pool_size=pool_size,
             max_overflow=POOL_OVERFLOW,
             pool_timeout=30,
-            # Connections a restarted server dropped are replaced before use, not failed.
-            pool_pre_ping=True,
             pool_recycle=1800,
             connect_args={"timeout": 10},
             hide_parameters=True,  # a statement's error never carries user content
         )
+        _install_postgres_checkout(self._engine.sync_engine.pool)
 
     @property
     def backend(self) -> str:
@@ -340,6 +344,36 @@ class PostgresDatabase:
 def _in_transaction(conn: Connection, work: Callable[[Connection], T]) -> T:
     with conn.begin():
         return work(conn)
+
+
+def _install_postgres_checkout(pool: Pool) -> None:
+    """Connections a server dropped are replaced before use, not failed, at less than
+    `pool_pre_ping`'s cost: its ping is three round trips (BEGIN, a statement, ROLLBACK)
+    on every checkout, most of a short transaction's. A connection whose socket closed (a
+    restart, `pg_terminate_backend`: the server's goodbye reached the event loop) is
+    replaced without a round trip; one idle for `PING_AFTER_IDLE_S` or longer, which a
+    silent network may have cut, is pinged first; one used within that window is taken as
+    it is: under load, every checkout. Raising DisconnectionError makes the pool discard the
+    connection and check out another (a fresh one when the pool is empty)."""
+
+    @event.listens_for(pool, "checkin")
+    def on_checkin(_dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info[_LAST_USED] = time.monotonic()  # `info` empties when it reconnects
+
+    @event.listens_for(pool, "checkout")
+    def on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+        if dbapi_connection.driver_connection.is_closed():
+            raise sa_exc.DisconnectionError("the server closed this connection")
+        last_used = record.info.get(_LAST_USED)
+        if last_used is None or time.monotonic() - last_used < PING_AFTER_IDLE_S:
+            return  # just connected, or used just now
+        try:
+            dbapi_connection.ping()
+        except Exception as error:  # whatever failed, this connection is not to be used
+            raise sa_exc.DisconnectionError("a pooled connection failed its ping") from error
+
+
+_LAST_USED: Final = "agio_last_used"
 
 
 def _install_sqlite_hooks(

@@ -6,12 +6,14 @@ The behaviour both backends share lives in test_conformance.py.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 import pytest
 from sqlalchemy import Connection, make_url
 
 from agio_grpc.store import StoreUnavailableError
+from agio_grpc.store import database as database_module
 from agio_grpc.store.database import PostgresDatabase, parse_url
 from tests.postgres import asyncpg_dsn
 from tests.roles import StoreRoles
@@ -90,9 +92,6 @@ async def test_the_pool_keeps_the_connections_it_is_sized_for(store_url: str) ->
     database = PostgresDatabase(parse_url(store_url), pool_size=3)
     try:
 
-        def backend_pid(conn: Connection) -> int:
-            return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
-
         first = {await database.run(backend_pid, write=False) for _ in range(5)}
         at_once = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
         again = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
@@ -105,3 +104,69 @@ async def test_the_pool_keeps_the_connections_it_is_sized_for(store_url: str) ->
 def test_a_pool_without_connections_is_refused() -> None:
     with pytest.raises(ValueError, match="at least"):
         PostgresDatabase(parse_url("postgresql://agio@127.0.0.1/agio"), pool_size=0)
+
+
+class Pings:
+    """Counts the pings of pooled connections, and makes them fail on demand (a network
+    that silently dropped the connection cannot be made here without hanging the ping)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.fail = False
+        adapter = type(self)._adapter_class()
+        real = adapter.ping
+
+        def ping(connection: Any) -> None:
+            self.count += 1
+            if self.fail:
+                raise ConnectionResetError("the network dropped this connection")
+            real(connection)
+
+        monkeypatch.setattr(adapter, "ping", ping)
+
+    @staticmethod
+    def _adapter_class() -> type[Any]:
+        from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+        return AsyncAdapt_asyncpg_connection
+
+
+def backend_pid(conn: Connection) -> int:
+    return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+@ONLY_POSTGRES
+async def test_a_connection_used_just_now_is_not_pinged_and_an_idle_one_is(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pool_pre_ping's three round trips per checkout were most of a short transaction's.
+    pings = Pings(monkeypatch)
+    database = PostgresDatabase(parse_url(store_url), pool_size=1)
+    try:
+        pids = {await database.run(backend_pid, write=True) for _ in range(5)}
+        assert (pings.count, len(pids)) == (0, 1)
+
+        monkeypatch.setattr(database_module, "PING_AFTER_IDLE_S", 0.0)  # idle long enough
+        assert await database.run(backend_pid, write=False) in pids
+        assert pings.count == 1
+    finally:
+        await database.dispose()
+
+
+@ONLY_POSTGRES
+async def test_an_idle_connection_that_fails_its_ping_is_replaced(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pings = Pings(monkeypatch)
+    database = PostgresDatabase(parse_url(store_url), pool_size=1)
+    try:
+        before = await database.run(backend_pid, write=True)
+        monkeypatch.setattr(database_module, "PING_AFTER_IDLE_S", 0.0)
+        pings.fail = True
+
+        after = await database.run(backend_pid, write=True)  # a new connection, no error
+
+        assert pings.count == 1  # the new connection was not pinged: it had just connected
+        assert after != before
+    finally:
+        await database.dispose()
