@@ -91,7 +91,6 @@ async def test_the_pool_keeps_the_connections_it_is_sized_for(store_url: str) ->
     # a login) and close it again: with room for them, concurrent transactions reuse theirs.
     database = PostgresDatabase(parse_url(store_url), pool_size=3)
     try:
-
         first = {await database.run(backend_pid, write=False) for _ in range(5)}
         at_once = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
         again = await asyncio.gather(*(database.run(backend_pid, write=False) for _ in range(3)))
