@@ -272,7 +272,11 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
+        inline: bool = False,
     ) -> None:
+        """`inline`: a sync function that returns at once (bounded work, no I/O, no lock) is
+        called on the event loop instead of a worker thread, saving the hand-off both ways;
+        while it runs every other run of the process waits, and a timeout cannot stop it."""
         self.function = function
         self.name = name or function.__name__
         summary, argument_docs = _parse_docstring(inspect.getdoc(function) or "")
@@ -283,6 +287,9 @@ class Tool:
         self.parameters: dict[str, Any] = self._arguments_model.model_json_schema()
         self.parameters.pop("title", None)
         self.is_async = inspect.iscoroutinefunction(function)
+        if inline and self.is_async:
+            raise ValueError(f"tool {self.name!r}: an async function runs on the event loop")
+        self.inline = inline
 
     source = "python"
     available = True
@@ -305,12 +312,15 @@ class Tool:
         """Call the function with validated `arguments` and render its result as text.
 
         A sync function runs in a worker thread (it cannot be interrupted: on timeout the
-        thread finishes in the background and its result is dropped).
+        thread finishes in the background and its result is dropped), an `inline` one on
+        the event loop.
         """
         if self._context_parameter:
             arguments = {**arguments, self._context_parameter: context}
         if self.is_async:
             result = await self.function(**arguments)
+        elif self.inline:
+            result = self.function(**arguments)
         else:
             result = await asyncio.to_thread(self.function, **arguments)
         return render_result(result)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated, Literal
 
 import pydantic
 import pytest
 from pydantic import Field
 
-from agio_grpc.engine.builtin_tools import calculate, current_time, echo
+from agio_grpc.engine.builtin_tools import TOOLS, calculate, current_time, echo
 from agio_grpc.engine.events import ToolProgress
 from agio_grpc.engine.tools import (
     MAX_PROGRESS_ID_CHARS,
@@ -94,6 +95,32 @@ async def test_sync_and_async_functions_both_become_tools() -> None:
 
     assert await Tool(shout).invoke({"text": "hi"}, CONTEXT) == "HI"
     assert await Tool(echo).invoke({"text": "hi"}, CONTEXT) == "hi"
+
+
+async def test_a_sync_tool_runs_in_a_worker_thread_unless_inline() -> None:
+    def thread_id() -> int:
+        """The id of the thread the call runs on."""
+        return threading.get_ident()
+
+    loop_thread = str(threading.get_ident())
+    assert await Tool(thread_id).invoke({}, CONTEXT) != loop_thread
+    assert await Tool(thread_id, inline=True).invoke({}, CONTEXT) == loop_thread
+
+
+def test_an_async_tool_cannot_be_inline() -> None:
+    async def shout(text: str) -> str:
+        return text.upper()
+
+    with pytest.raises(ValueError, match="async function"):
+        Tool(shout, inline=True)
+
+
+def test_the_built_in_tools_run_inline() -> None:
+    assert [(tool.name, tool.inline) for tool in TOOLS] == [
+        ("current_time", True),
+        ("calculate", True),
+        ("echo", True),
+    ]
 
 
 def test_results_render_as_text_or_json() -> None:

@@ -32,8 +32,10 @@ async def admin_execute(admin_url: str, statement: str) -> None:
 
 
 def kick_everyone_out(database: str) -> str:
+    # With a timeout, each call returns once its backend has exited (its socket closed),
+    # not as soon as it is signalled: the connections are dropped when this returns.
     return (
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
         f"WHERE datname = '{database}' AND pid <> pg_backend_pid()"
     )
 
