@@ -7,6 +7,7 @@ keep their input and place until `start_queued_run` starts the head of a free se
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -32,7 +33,7 @@ from agio_grpc.store import (
     SessionBusyError,
 )
 from agio_grpc.store.records import TAKEOVER_SEQ_GAP, JournalRecord, QueueRequest, terminal_kind
-from tests.roles import StoreRoles
+from tests.roles import StoreRoles, open_roles
 from tests.store.test_leases import TINY_LEASE_S, crashing, start, user, wait_for_expiry
 
 __all__ = ["crashing"]  # a fixture this module uses
@@ -167,6 +168,34 @@ async def enqueue(
     assert started.run.status is RunStatus.QUEUED
     assert started.steps == []
     return started.run
+
+
+async def test_an_end_racing_a_queued_start_always_hears_of_the_queued_run(
+    store: StoreRoles, store_url: str
+) -> None:
+    # Whichever goes first, an end never says no run waits while one is queued behind it
+    # (nothing would start that run until the sweeper). test_postgres.py forces the order
+    # where the end waits for the queueing start's lock.
+    other = await open_roles(store_url)
+    try:
+        for attempt in range(10):
+            holder = await start(store)
+            queued = Run(session_id=holder.session_id, agent="a")
+            ending = store.end_run(holder.ended(StopSignal(StopReason.COMPLETED)))
+            queueing = other.start_run(
+                queued, [user(queued.session_id, queued.id)], queue=QueueRequest(10)
+            )
+            if attempt % 2:
+                began, ended = await asyncio.gather(queueing, ending)
+            else:
+                ended, began = await asyncio.gather(ending, queueing)
+            if began.run.status is RunStatus.QUEUED:
+                assert ended.queued, f"attempt {attempt}: the queued run went unreported"
+            else:  # the end went first: the session was free, and the run took it
+                assert began.run.status is RunStatus.RUNNING
+                assert not ended.queued
+    finally:
+        await other.close()
 
 
 async def test_a_busy_session_queues_runs_in_order_and_refuses_past_the_limit(

@@ -11,12 +11,18 @@ from typing import Any
 import asyncpg
 import pytest
 from sqlalchemy import Connection, make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from agio_grpc.domain import Run, RunStatus, StopReason, StopSignal
 from agio_grpc.store import StoreUnavailableError
 from agio_grpc.store import database as database_module
 from agio_grpc.store.database import PostgresDatabase, parse_url
+from agio_grpc.store.records import QueueRequest
+from agio_grpc.store.sql.starts import enqueue
+from agio_grpc.store.sql.steps import require_session
 from tests.postgres import asyncpg_dsn
 from tests.roles import StoreRoles
+from tests.store.test_leases import start, user
 
 pytestmark = pytest.mark.postgres
 
@@ -171,3 +177,52 @@ async def test_an_idle_connection_that_fails_its_ping_is_replaced(
         assert after != before
     finally:
         await database.dispose()
+
+
+@ONLY_POSTGRES
+async def test_an_end_that_waited_for_a_queueing_start_reports_the_run_it_queued(
+    store: StoreRoles, store_url: str, postgres_admin_url: str
+) -> None:
+    # Under READ COMMITTED a statement that waited for a row lock keeps the snapshot it
+    # took before the wait: the end's check for queued runs must come after its wait.
+    holder = await start(store)
+    queued = Run(session_id=holder.session_id, agent="a")
+    database = make_url(store_url).database or ""
+
+    def queue_under_the_session_lock(conn: Connection) -> None:
+        require_session(conn, holder.session_id, lock=True)
+        steps = [user(queued.session_id, queued.id)]
+        enqueue(conn, queued, steps, [], holder.id, QueueRequest(10), None, None)
+
+    engine = create_async_engine(store_url)
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(queue_under_the_session_lock)  # its transaction stays open
+            ending = asyncio.create_task(
+                store.end_run(holder.ended(StopSignal(StopReason.COMPLETED)))
+            )
+            await until_a_backend_waits_for_a_lock(postgres_admin_url, database)
+            await conn.commit()
+        ended = await ending
+    finally:
+        await engine.dispose()
+
+    assert ended.queued
+    assert (await store.get_run(queued.id)).status is RunStatus.QUEUED
+
+
+async def until_a_backend_waits_for_a_lock(admin_url: str, database: str) -> None:
+    connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
+    try:
+        for _ in range(1000):
+            waiting = await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = $1 AND wait_event_type = 'Lock'",
+                database,
+            )
+            if waiting:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the end never waited for the session's lock")
+    finally:
+        await connection.close()

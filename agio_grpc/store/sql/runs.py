@@ -10,6 +10,8 @@ from typing import Any, Final, cast
 
 from sqlalchemy import (
     Connection,
+    bindparam,
+    exists,
     func,
     or_,
     select,
@@ -89,8 +91,25 @@ from agio_grpc.store.sql.takes import (
 from agio_grpc.store.tables import runs as run_table
 from agio_grpc.store.tables import sessions as session_table
 
-# A run's end, unless another server ended it first (a take-over after its lease ran out).
-END_RUNNING_RUN: Final = Prepared(UPDATE_RUN.where(run_table.c.status == RunStatus.RUNNING.value))
+_QUEUED: Final = run_table.alias("queued")
+
+# A run's end, unless another server ended it first (a take-over after its lease ran out),
+# returning whether a run waits QUEUED on its session. A run is only ever queued under its
+# session's row lock (`enqueue`), which the end holds from its session `UPDATE`, the
+# statement before this one, until it commits: this statement's snapshot (PostgreSQL's
+# READ COMMITTED takes one per statement; SQLite has one writer) sees every run queued
+# until then. As a subquery of that `UPDATE` it would not: one that waited for the lock
+# keeps the snapshot from before the wait.
+END_RUNNING_RUN: Final = Prepared(
+    UPDATE_RUN.where(run_table.c.status == RunStatus.RUNNING.value).returning(
+        exists()
+        .where(
+            _QUEUED.c.session_id == bindparam("queued_session_id"),
+            _QUEUED.c.status == RunStatus.QUEUED.value,
+        )
+        .label("queued")
+    )
+)
 
 
 class SqlRunLedger(SqlRole):
@@ -283,12 +302,11 @@ class SqlRunLedger(SqlRole):
             else:
                 stored, release = [], RELEASE_SESSION.execute(conn, released) == 1
             ended = stored_run(run.with_steps(stored))
-            if END_RUNNING_RUN.execute(conn, run_update(ended)) == 1:
+            params = {**run_update(ended), "queued_session_id": run.session_id}
+            if (row := END_RUNNING_RUN.first(conn, params)) is not None:
                 if journal is not None:
                     write_journal(conn, run.id, journal(ended, stored))
-                session = {"session_id": run.session_id}
-                queued = release and QUEUED_RUN.first(conn, session) is not None
-                return RunEnd(release, queued=queued, steps=stored)
+                return RunEnd(release, queued=release and bool(row[0]), steps=stored)
             if stored:  # held its session, yet not RUNNING: no end of the run does that
                 raise RunStateConflictError(run.id, "not RUNNING", "RUNNING with its session held")
             row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
