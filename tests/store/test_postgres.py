@@ -6,11 +6,12 @@ The behaviour both backends share lives in test_conformance.py.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
 from sqlalchemy import Connection, make_url
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import Run, RunStatus, StopReason, StopSignal
@@ -120,22 +121,24 @@ class Pings:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
         self.fail = False
-        adapter = type(self)._adapter_class()
-        real = adapter.ping
+        real: Callable[[AsyncAdapt_asyncpg_connection], None] = AsyncAdapt_asyncpg_connection.ping
 
-        def ping(connection: Any) -> None:
+        def ping(connection: AsyncAdapt_asyncpg_connection) -> None:
             self.count += 1
             if self.fail:
                 raise ConnectionResetError("the network dropped this connection")
             real(connection)
 
-        monkeypatch.setattr(adapter, "ping", ping)
+        monkeypatch.setattr(AsyncAdapt_asyncpg_connection, "ping", ping)
 
-    @staticmethod
-    def _adapter_class() -> type[Any]:
-        from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 
-        return AsyncAdapt_asyncpg_connection
+@pytest.fixture
+async def one_connection(store_url: str) -> AsyncIterator[PostgresDatabase]:
+    database = PostgresDatabase(parse_url(store_url), pool_size=1)
+    try:
+        yield database
+    finally:
+        await database.dispose()
 
 
 def backend_pid(conn: Connection) -> int:
@@ -144,39 +147,31 @@ def backend_pid(conn: Connection) -> int:
 
 @ONLY_POSTGRES
 async def test_a_connection_used_just_now_is_not_pinged_and_an_idle_one_is(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    one_connection: PostgresDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # pool_pre_ping's three round trips per checkout were most of a short transaction's.
     pings = Pings(monkeypatch)
-    database = PostgresDatabase(parse_url(store_url), pool_size=1)
-    try:
-        pids = {await database.run(backend_pid, write=True) for _ in range(5)}
-        assert (pings.count, len(pids)) == (0, 1)
+    pids = {await one_connection.run(backend_pid, write=True) for _ in range(5)}
+    assert (pings.count, len(pids)) == (0, 1)
 
-        monkeypatch.setattr(database_module, "PING_AFTER_IDLE_S", 0.0)  # idle long enough
-        assert await database.run(backend_pid, write=False) in pids
-        assert pings.count == 1
-    finally:
-        await database.dispose()
+    monkeypatch.setattr(database_module, "PING_AFTER_IDLE_S", 0.0)  # idle long enough
+    assert await one_connection.run(backend_pid, write=False) in pids
+    assert pings.count == 1
 
 
 @ONLY_POSTGRES
 async def test_an_idle_connection_that_fails_its_ping_is_replaced(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    one_connection: PostgresDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pings = Pings(monkeypatch)
-    database = PostgresDatabase(parse_url(store_url), pool_size=1)
-    try:
-        before = await database.run(backend_pid, write=True)
-        monkeypatch.setattr(database_module, "PING_AFTER_IDLE_S", 0.0)
-        pings.fail = True
+    before = await one_connection.run(backend_pid, write=True)
+    monkeypatch.setattr(database_module, "PING_AFTER_IDLE_S", 0.0)
+    pings.fail = True
 
-        after = await database.run(backend_pid, write=True)  # a new connection, no error
+    after = await one_connection.run(backend_pid, write=True)  # a new connection, no error
 
-        assert pings.count == 1  # the new connection was not pinged: it had just connected
-        assert after != before
-    finally:
-        await database.dispose()
+    assert pings.count == 1  # the new connection was not pinged: it had just connected
+    assert after != before
 
 
 @ONLY_POSTGRES
