@@ -17,12 +17,17 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1 import resources_pb2
 
+PATIENCE_S = 30
+"""How long a stage may take before the test fails with the process's own stacks (well
+inside pytest-timeout's 60 s, which would report only this process's)."""
+
 
 async def interrupted(address: str, *args: str, until: str = "") -> tuple[str, int, str]:
     """Run `agio-grpc ARGS --address ADDRESS` (its stdin open, empty), wait for the first
     line on stderr (the run's `session S  run R  STATUS`) and the first with `until` in it,
     press Ctrl-C: that first line, the exit code and the rest of stderr."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("AGIO_")}
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -36,17 +41,27 @@ async def interrupted(address: str, *args: str, until: str = "") -> tuple[str, i
         stderr=asyncio.subprocess.PIPE,
     )
     assert process.stderr is not None
+    stage, seen = "waiting for the first line", ""
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(PATIENCE_S):
             first = line = (await process.stderr.readline()).decode()
-            seen = ""
+            seen = first
+            stage = f"waiting for {until!r}"
             while until not in line:
                 line = (await process.stderr.readline()).decode()
                 assert line, f"stderr ended before {until!r}"
                 seen += line
+            stage = "waiting for the process to end after SIGINT"
             process.send_signal(signal.SIGINT)
-            rest = seen + (await process.stderr.read()).decode()
+            rest = seen[len(first) :] + (await process.stderr.read()).decode()
             code = await process.wait()
+    except TimeoutError:
+        process.send_signal(signal.SIGABRT)
+        async with asyncio.timeout(10):
+            dumped = (await process.stderr.read()).decode()
+        raise AssertionError(
+            f"agio-grpc {args[0]} stuck {stage} for {PATIENCE_S} s; its stderr:\n{seen}{dumped}"
+        ) from None
     finally:
         if process.returncode is None:
             process.kill()
