@@ -303,10 +303,10 @@ class SqlRunLedger(SqlRole):
                 stored, release = [], RELEASE_SESSION.execute(conn, released) == 1
             ended = stored_run(run.with_steps(stored))
             params = {**run_update(ended), "queued_session_id": run.session_id}
-            if (row := END_RUNNING_RUN.first(conn, params)) is not None:
+            if (returned := END_RUNNING_RUN.first(conn, params)) is not None:
                 if journal is not None:
                     write_journal(conn, run.id, journal(ended, stored))
-                return RunEnd(release, queued=release and bool(row[0]), steps=stored)
+                return RunEnd(release, queued=release and bool(returned[0]), steps=stored)
             if stored:  # held its session, yet not RUNNING: no end of the run does that
                 raise RunStateConflictError(run.id, "not RUNNING", "RUNNING with its session held")
             row = conn.execute(select(run_table).where(run_table.c.id == run.id)).first()
