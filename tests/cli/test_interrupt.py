@@ -21,6 +21,15 @@ PATIENCE_S = 30
 """How long a stage may take before the test fails with the process's own stacks (well
 inside pytest-timeout's 60 s, which would report only this process's)."""
 
+AS_A_TERMINAL_STARTS_IT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'agio_grpc.cli', *sys.argv[1:]])"
+)
+"""`python -m agio_grpc.cli ARGS` with SIGINT at its default, as a shell starts a foreground
+command. pytest-xdist's workers ignore SIGINT (Ctrl-C is for the controller), and an ignored
+signal stays ignored across exec: a process started from one would ignore Ctrl-C, as a
+background job does, until some earlier test in the worker happened to reset it."""
+
 
 async def interrupted(address: str, *args: str, until: str = "") -> tuple[str, int, str]:
     """Run `agio-grpc ARGS --address ADDRESS` (its stdin open, empty), wait for the first
@@ -30,8 +39,8 @@ async def interrupted(address: str, *args: str, until: str = "") -> tuple[str, i
     env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "agio_grpc.cli",
+        "-c",
+        AS_A_TERMINAL_STARTS_IT,
         *args,
         "--address",
         address,
