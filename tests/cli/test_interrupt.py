@@ -26,9 +26,9 @@ AS_A_TERMINAL_STARTS_IT = (
     "os.execv(sys.executable, [sys.executable, '-m', 'agio_grpc.cli', *sys.argv[1:]])"
 )
 """`python -m agio_grpc.cli ARGS` with SIGINT at its default, as a shell starts a foreground
-command. pytest-xdist's workers ignore SIGINT (Ctrl-C is for the controller), and an ignored
-signal stays ignored across exec: a process started from one would ignore Ctrl-C, as a
-background job does, until some earlier test in the worker happened to reset it."""
+command. An ignored SIGINT is inherited through fork and exec: from a suite launched as a
+background job (`nohup make test &`), or anywhere else SIGINT is ignored, the process would
+ignore Ctrl-C, as a background job should, and never end."""
 
 
 async def interrupted(address: str, *args: str, until: str = "") -> tuple[str, int, str]:
