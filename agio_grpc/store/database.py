@@ -346,6 +346,10 @@ def _in_transaction(conn: Connection, work: Callable[[Connection], T]) -> T:
         return work(conn)
 
 
+# Where a pooled connection's record keeps when it was last checked in.
+_LAST_USED: Final = "agio_last_used"
+
+
 def _install_postgres_checkout(pool: Pool) -> None:
     """Connections a server dropped are replaced before use, not failed, at less than
     `pool_pre_ping`'s cost: its ping is three round trips (BEGIN, a statement, ROLLBACK)
@@ -371,9 +375,6 @@ def _install_postgres_checkout(pool: Pool) -> None:
             dbapi_connection.ping()
         except Exception as error:  # whatever failed, this connection is not to be used
             raise sa_exc.DisconnectionError("a pooled connection failed its ping") from error
-
-
-_LAST_USED: Final = "agio_last_used"
 
 
 def _install_sqlite_hooks(
