@@ -8,7 +8,9 @@ starting after the run's `last_event_seq` so a continuation keeps counting.
 Delta coalescing happens only while clients are behind: a new `StepDelta` is merged into
 the journal's tail when the tail is a delta of the same step that no subscriber has taken
 yet. Every subscriber therefore sees the same events under the same seqs, a client that
-keeps up gets each delta as it arrives, and no timer ever delays the first one.
+keeps up gets each delta as the producer publishes it, and no timer ever delays the first
+one. (The model driver publishes the deltas of a chunk burst without a pause once the
+first delta of its call is out, `taken_seq`; those are merged too.)
 
 Durable events (engine/journal.py) go through `journal_for`: the events a store write
 announces get their seqs before the write, are stored with it, and are published after it
@@ -57,6 +59,11 @@ class RunChannel:
     def last_seq(self) -> int:
         """The seq of the newest event (start_after_seq when nothing was published)."""
         return self.first_seq - 1 + len(self._journal)
+
+    @property
+    def taken_seq(self) -> int:
+        """The highest seq a subscriber has taken (start_after_seq when none has)."""
+        return self._taken_seq
 
     @property
     def closed(self) -> bool:

@@ -95,11 +95,15 @@ class ModelCall:
 
 def streamed_to(channel: RunChannel, step_id: str) -> ModelListener:
     """What a model call tells the run's channel as it goes: each delta of step `step_id`,
-    and notices of a retry or of a broken stream starting over (whose deltas are void)."""
+    and notices of a retry or of a broken stream starting over (whose deltas are void).
+    It answers a delta with whether a subscriber has taken an event past the call's first
+    delta: that one is out, and the driver need not yield after each delta any more."""
+    first_delta_seq = 0  # the seq of the call's first delta, once published
 
-    def on_event(event: ModelEvent) -> None:
+    def on_event(event: ModelEvent) -> bool:
+        nonlocal first_delta_seq
         if isinstance(event, ModelDelta):
-            channel.publish(
+            published = channel.publish(
                 StepDelta(
                     step_id=step_id,
                     content=event.content,
@@ -107,6 +111,8 @@ def streamed_to(channel: RunChannel, step_id: str) -> ModelListener:
                     tool_calls=event.tool_calls,
                 )
             )
+            first_delta_seq = first_delta_seq or published.seq
+            return channel.taken_seq > first_delta_seq
         elif isinstance(event, ModelRetry):
             channel.publish(
                 ErrorNotice(
@@ -126,6 +132,7 @@ def streamed_to(channel: RunChannel, step_id: str) -> ModelListener:
                     retryable=True,
                 )
             )
+        return False
 
     return on_event
 

@@ -17,6 +17,8 @@ from agio_grpc.engine.events import (
     ToolCallDelta,
     ToolProgress,
 )
+from agio_grpc.engine.model_call import streamed_to
+from agio_grpc.engine.models import ModelDelta, ModelRetry
 
 RUN = Run(session_id="sess", agent="a", id="run")
 
@@ -146,3 +148,28 @@ async def test_tool_progress_is_streamed_live_but_never_journaled() -> None:
         RunCompleted,
     ]
     assert [(r.seq, r.kind) for r in records] == [(1, "step_started"), (4, "run_completed")]
+
+
+async def test_a_model_call_is_told_once_its_first_delta_is_out() -> None:
+    """`streamed_to` answers each delta with whether a subscriber came back for an event
+    past the call's first delta (it was sent): until then the driver yields after each."""
+    channel = RunChannel("run", "sess")
+    channel.publish(StepStarted(step_id="s1", role=Role.ASSISTANT))
+    on_event = streamed_to(channel, "s1")
+    reader = channel.subscribe()
+    assert (await anext(reader)).event == StepStarted(step_id="s1", role=Role.ASSISTANT)
+    assert on_event(ModelDelta("The ")) is False  # nobody has it yet
+    first = await anext(reader)
+    assert first.event == delta("The ")
+    assert on_event(ModelDelta("quick ")) is False  # taken, but its reader not back yet
+    assert on_event(ModelDelta("fox")) is False  # merged into the untaken one
+    second = await anext(reader)
+    assert second.event == delta("quick fox")
+    assert on_event(ModelDelta(".")) is True
+    assert on_event(ModelRetry(1, 0.5, "slow")) is False  # not a delta: nothing to say
+
+
+async def test_a_model_call_nobody_follows_is_never_told_its_first_delta_is_out() -> None:
+    channel = RunChannel("run", "sess")
+    on_event = streamed_to(channel, "s1")
+    assert [on_event(ModelDelta(word)) for word in ["a", "b", "c"]] == [False, False, False]

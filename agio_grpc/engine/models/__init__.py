@@ -105,7 +105,12 @@ class ModelRestart:
 
 
 ModelEvent = ModelDelta | ModelRetry | ModelRestart
-ModelListener = Callable[[ModelEvent], None]
+ModelListener = Callable[[ModelEvent], bool | None]
+"""Told of each event of a model call as it comes. Its answer to a delta: True once the
+call's first delta is out to whoever follows the run (its reader came back for more), so
+the driver may report the deltas it has already read without yielding to the event loop
+after each, and they go out merged; False or None: yield after each, so the next one goes
+out as soon as it can (engine/models/openai_chat.py)."""
 
 
 class ModelError(Exception):
