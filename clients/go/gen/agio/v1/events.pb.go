@@ -695,7 +695,8 @@ func (x *ToolCallDelta) GetArguments() string {
 }
 
 // StepDeltaEvent carries fragments of the step in progress; consecutive fragments may be
-// coalesced while the client is behind.
+// coalesced while the client is behind, or when the model sends them faster than they are
+// relayed; no fragment is held back to wait for more.
 type StepDeltaEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The step the fragments belong to.

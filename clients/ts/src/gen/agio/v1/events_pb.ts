@@ -402,7 +402,8 @@ export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
 
 /**
  * StepDeltaEvent carries fragments of the step in progress; consecutive fragments may be
- * coalesced while the client is behind.
+ * coalesced while the client is behind, or when the model sends them faster than they are
+ * relayed; no fragment is held back to wait for more.
  *
  * @generated from message agio.v1.StepDeltaEvent
  */
