@@ -165,3 +165,18 @@ async def test_whole_runs_are_measured_for_the_service_and_the_sdk() -> None:
         assert row.runs_per_s > 0, row
         # CPU is read in clock ticks (10 ms): the floor's few runs may not fill one.
         assert row.cpu_ms_per_run > 0 or row.system == "grpc floor", row
+
+
+async def test_the_warmth_benchmark_times_each_path_three_ways() -> None:
+    from bench import warmth
+
+    ttft = await warmth.measure_ttft(runs=2, pause_s=0.001)
+    start = await warmth.measure_start(runs=2, pause_s=0.001)
+    conditions = ["back to back", "after 1 ms idle", "in B1's order"]
+    assert {path: list(figures) for path, figures in ttft.items()} == {
+        path: conditions for path in ("direct", "agio-grpc", "grpc relay floor")
+    }
+    assert all(p50 > 0 for figures in ttft.values() for p50, _ in figures.values())
+    assert list(start) == ["back to back", "after 1 ms idle", "caches overwritten"]
+    assert all(ms > 0 for ms in start.values())
+    assert "| `start_run` |" in warmth.table(ttft, start)
