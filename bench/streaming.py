@@ -12,7 +12,10 @@ service (`agio-grpc serve` on a fresh SQLite file), and this process, the client
   plain openai client's stream (no store, no engine): the cost of the gRPC hop alone.
 
 B1 and B3 alternate direct, agio-grpc and relay floor runs so drift in the machine's load
-hits all three. B2 is CPU time over the tokens streamed: this process's for direct and the
+hits all three, the two servers' runs in turn after the direct client's (a server's run is
+slower right after another process's run than right after its own: `python -m
+bench.warmth`); the traced server's runs, taken after the others, each follow a direct
+client's run too. B2 is CPU time over the tokens streamed: this process's for direct and the
 SDK (both run here), the server process's for agio-grpc and the relay floor; the fake
 model's CPU is in none of them.
 """
@@ -136,10 +139,12 @@ async def measure(runs: int, tokens: int, warmup: int) -> StreamingResult:
                         await service_run(bare, Samples(), tokens)
                     # Each server idles while the others run: its CPU over the loop is its own.
                     cpu, floor_cpu = server.cpu_s(), floor.cpu_s()
+                    servers = [(client, service), (bare, relay)]
                     for _ in range(runs):
                         await direct_run(model, direct)
-                        await service_run(client, service, tokens)
-                        await service_run(bare, relay, tokens)
+                        for server_client, samples in servers:
+                            await service_run(server_client, samples, tokens)
+                        servers.reverse()  # each server's runs follow the other's as often
                     service.cpu_s = server.cpu_s() - cpu
                     relay.cpu_s = floor.cpu_s() - floor_cpu
                 await model.close()
@@ -178,11 +183,14 @@ async def traced_runs(
             async with (
                 procs.agio_server(model_url, database, otel) as server,
                 AgioClient(server.ready) as client,
+                openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0) as model,
             ):
                 for _ in range(warmup):
                     await service_run(client, Samples(), tokens)
                 cpu = server.cpu_s()
                 for _ in range(runs):
+                    # As the untraced server's, each run follows another process's run.
+                    await direct_run(model, Samples())
                     await service_run(client, samples, tokens)
                 samples.cpu_s = server.cpu_s() - cpu
         return samples, len(receiver.spans()) if receiver is not None else None
