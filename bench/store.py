@@ -13,7 +13,7 @@ when C tasks each append one step per transaction to their own session, as C con
 runs do.
 
 Each backend is measured in a process of its own shaped like `agio-grpc serve`: the
-service's modules loaded and its start-up heap frozen the way `serve` freezes it, not
+service's modules loaded and its garbage collector tuned the way `serve` tunes it, not
 this process with the Agents SDK and the other benchmarks' leftovers, whose extra objects
 every garbage collection would walk.
 
@@ -207,13 +207,14 @@ async def measure_store(
     *,
     freeze: bool = False,
 ) -> StoreSamples:
-    """B5 on one database, in this process; `freeze` freezes the heap as `serve` does."""
+    """B5 on one database, in this process; `freeze` tunes the garbage collector as `serve`
+    does (its start-up heap frozen, its thresholds set)."""
     samples = StoreSamples()
     store = await open_store(url)
     if freeze:
-        from agio_grpc.service.app import freeze_startup_heap
+        from agio_grpc.service.app import tune_collector
 
-        freeze_startup_heap()
+        tune_collector()
     try:
         for size in sizes:
             session_id = await stored_session(store, lambda id: _steps(id, size))  # noqa: B023

@@ -23,7 +23,7 @@ import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import grpc
 from a2a.server.request_handlers.grpc_handler import GrpcHandler
@@ -579,16 +579,30 @@ def _transport(certificates: ServerCertificates | None) -> str:
     return f" ({kind}: {certificates.current.describe()})"
 
 
-def freeze_startup_heap() -> None:
-    """Move everything loaded so far out of the garbage collector's reach.
+COLLECTOR_THRESHOLDS: Final = (2000, 10, 1000)
+"""The garbage collector's thresholds once the service is up; Python's own are (700, 10, 10).
 
-    Called once the service is up: its modules, classes and the wired app live as long as
-    the process, so full collections need not walk them on every pass. B4 at 100 runs, 6-7
-    runs each way: p99 token gap over the pace +3 to +12 ms (median +7) against +10 to +84
-    ms (median +13): fewer and shorter collection pauses.
+A full collection walks every object the live runs hold, and under a rising load Python
+starts one each time that heap has grown by a quarter: with 1,000 runs streaming it paused
+the event loop 170-210 ms seven or eight times, to find what the next young collection finds
+anyway (the cycles left over after those 1,000 runs: about 4,000 objects either way). Here a
+full collection waits for 1,000 collections of the middle generation rather than 10, and
+the young one for 2,000 new objects rather than 700 (fewer, slightly longer pauses: at most
+20-36 ms under that load). B4 (docs/benchmarks/NOTES.md, change 32)."""
+
+
+def tune_collector() -> None:
+    """Once the service is up: move everything loaded so far out of the garbage
+    collector's reach, and set COLLECTOR_THRESHOLDS.
+
+    The modules, classes and the wired app live as long as the process, so full
+    collections need not walk them on every pass (`gc.freeze()`). B4 at 100 runs, 6-7 runs
+    each way: p99 token gap over the pace +3 to +12 ms (median +7) against +10 to +84 ms
+    (median +13): fewer and shorter collection pauses.
     """
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
@@ -599,7 +613,7 @@ async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     if telemetry.tracing:
         log.info("tracing on: spans are exported as the OTEL_* variables configure")
     app = await AgioApp.start(settings, telemetry, worker=worker)
-    freeze_startup_heap()
+    tune_collector()
     stop = asyncio.Event()
     install_signal_handlers(stop, app.reload_certificates if app.certificates else None)
     if worker is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agio_grpc.client import AgioClient, AgioError, open_channel
+from agio_grpc.service.app import COLLECTOR_THRESHOLDS, tune_collector
 from agio_grpc.testing import FakeModelServer, Turn
 
 LISTENING = re.compile(r"agio-grpc listening on (\S+)")
@@ -208,3 +210,14 @@ async def test_while_draining_only_an_open_health_watch_sees_not_serving(
                 await newcomer.health()
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
         await stopping
+
+
+def test_the_collector_is_tuned_as_serve_tunes_it_once_up() -> None:
+    thresholds = gc.get_threshold()
+    try:
+        tune_collector()
+        assert gc.get_freeze_count() > 0  # what was loaded is out of the collector's reach
+        assert gc.get_threshold() == COLLECTOR_THRESHOLDS
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
