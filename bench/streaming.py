@@ -27,7 +27,8 @@ import asyncio
 import os
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,37 +121,47 @@ async def sdk_runs(model_url: str, runs: int, warmup: int) -> Samples:
     return samples
 
 
+@asynccontextmanager
+async def b1_servers(model_url: str) -> AsyncIterator[tuple[procs.Child, procs.Child]]:
+    """B1's two servers on the fake model at `model_url`: `agio-grpc serve` (untraced, on a
+    fresh SQLite file) and the relay floor; stopped after."""
+    with tempfile.TemporaryDirectory() as scratch:
+        database = f"sqlite+aiosqlite:///{Path(scratch) / 'off.db'}"
+        async with (
+            procs.agio_server(model_url, database) as server,
+            procs.grpc_floor(relay=model_url) as floor,
+        ):
+            yield server, floor
+
+
 async def measure(runs: int, tokens: int, warmup: int) -> StreamingResult:
     paths: dict[str, Samples] = {}
     async with procs.fake_model(tokens) as model_proc:
         model_url = model_proc.ready
-        with tempfile.TemporaryDirectory() as scratch:
-            database = f"sqlite+aiosqlite:///{Path(scratch) / 'off.db'}"
-            async with (
-                procs.agio_server(model_url, database) as server,
-                procs.grpc_floor(relay=model_url) as floor,
-            ):
-                model = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
-                direct, service, relay = Samples(), Samples(), Samples()
-                async with AgioClient(server.ready) as client, AgioClient(floor.ready) as bare:
-                    for _ in range(warmup):
-                        await direct_run(model, Samples())
-                        await service_run(client, Samples(), tokens)
-                        await service_run(bare, Samples(), tokens)
-                    # Each server idles while the others run: its CPU over the loop is its own.
-                    cpu, floor_cpu = server.cpu_s(), floor.cpu_s()
-                    servers = [(client, service), (bare, relay)]
-                    for _ in range(runs):
-                        await direct_run(model, direct)
-                        for server_client, samples in servers:
-                            await service_run(server_client, samples, tokens)
-                        servers.reverse()  # each server's runs follow the other's as often
-                    service.cpu_s = server.cpu_s() - cpu
-                    relay.cpu_s = floor.cpu_s() - floor_cpu
-                await model.close()
-            paths["direct"] = direct
-            paths["grpc relay floor"] = relay
-            paths["agio-grpc"] = service
+        direct, service, relay = Samples(), Samples(), Samples()
+        async with (
+            b1_servers(model_url) as (server, floor),
+            openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0) as model,
+            AgioClient(server.ready) as client,
+            AgioClient(floor.ready) as bare,
+        ):
+            for _ in range(warmup):
+                await direct_run(model, Samples())
+                await service_run(client, Samples(), tokens)
+                await service_run(bare, Samples(), tokens)
+            # Each server idles while the others run: its CPU over the loop is its own.
+            cpu, floor_cpu = server.cpu_s(), floor.cpu_s()
+            servers = [(client, service), (bare, relay)]
+            for _ in range(runs):
+                await direct_run(model, direct)
+                for server_client, samples in servers:
+                    await service_run(server_client, samples, tokens)
+                servers.reverse()  # each server's runs follow the other's as often
+            service.cpu_s = server.cpu_s() - cpu
+            relay.cpu_s = floor.cpu_s() - floor_cpu
+        paths["direct"] = direct
+        paths["grpc relay floor"] = relay
+        paths["agio-grpc"] = service
         paths["agents-sdk"] = await sdk_runs(model_url, runs, warmup)
         traced, spans = await traced_runs(model_url, runs, tokens, warmup)
         paths["agio-grpc traced"] = traced

@@ -31,7 +31,7 @@ from agio_grpc.engine.lifecycle import opened
 from agio_grpc.store.sql import open_store
 from bench import procs
 from bench.stats import percentile
-from bench.streaming import Samples, direct_run, service_run
+from bench.streaming import Samples, b1_servers, direct_run, service_run
 
 TOKENS = 200
 CACHE_SPILL_BYTES = 32 << 20
@@ -45,48 +45,44 @@ async def measure_ttft(runs: int, pause_s: float) -> dict[str, dict[str, tuple[f
     figures: dict[str, dict[str, tuple[float, float]]] = {}
     async with procs.fake_model(TOKENS) as model_proc:
         model_url = model_proc.ready
-        with tempfile.TemporaryDirectory() as scratch:
-            database = f"sqlite+aiosqlite:///{Path(scratch) / 'warmth.db'}"
-            async with (
-                procs.agio_server(model_url, database) as server,
-                procs.grpc_floor(relay=model_url) as floor,
-                AgioClient(server.ready) as agio,
-                AgioClient(floor.ready) as bare,
-            ):
-                model = openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0)
+        async with (
+            b1_servers(model_url) as (server, floor),
+            openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0) as model,
+            AgioClient(server.ready) as agio,
+            AgioClient(floor.ready) as bare,
+        ):
 
-                async def through(client: AgioClient) -> float:
-                    samples = Samples()
-                    await service_run(client, samples, TOKENS)
-                    return samples.ttft_ms[0]
+            async def through(client: AgioClient) -> float:
+                samples = Samples()
+                await service_run(client, samples, TOKENS)
+                return samples.ttft_ms[0]
 
-                async def direct() -> float:
-                    samples = Samples()
-                    await direct_run(model, samples)
-                    return samples.ttft_ms[0]
+            async def direct() -> float:
+                samples = Samples()
+                await direct_run(model, samples)
+                return samples.ttft_ms[0]
 
-                paths: dict[str, Callable[[], Awaitable[float]]] = {
-                    "direct": direct,
-                    "agio-grpc": lambda: through(agio),
-                    "grpc relay floor": lambda: through(bare),
-                }
-                for _ in range(10):  # warm-up: connections made, code loaded
-                    for path in paths.values():
-                        await path()
-                for name, path in paths.items():
-                    figures[name] = {}
-                    for label in ("back to back", _idle_label(pause_s), "in B1's order"):
-                        samples = []
-                        for _ in range(runs):
-                            if label == "in B1's order":  # every path's run, this one's last
-                                for other in paths:
-                                    if other != name:
-                                        await paths[other]()
-                            elif label != "back to back":
-                                await asyncio.sleep(pause_s)
-                            samples.append(await path())
-                        figures[name][label] = (statistics.median(samples), percentile(samples, 99))
-                await model.close()
+            paths: dict[str, Callable[[], Awaitable[float]]] = {
+                "direct": direct,
+                "agio-grpc": lambda: through(agio),
+                "grpc relay floor": lambda: through(bare),
+            }
+            for _ in range(10):  # warm-up: connections made, code loaded
+                for path in paths.values():
+                    await path()
+            for name, path in paths.items():
+                figures[name] = {}
+                for label in ("back to back", _idle_label(pause_s), "in B1's order"):
+                    samples = []
+                    for _ in range(runs):
+                        if label == "in B1's order":  # every path's run, this one's last
+                            for other in paths:
+                                if other != name:
+                                    await paths[other]()
+                        elif label != "back to back":
+                            await asyncio.sleep(pause_s)
+                        samples.append(await path())
+                    figures[name][label] = (statistics.median(samples), percentile(samples, 99))
     return figures
 
 
