@@ -588,7 +588,7 @@ the event loop 170-210 ms seven or eight times, to find what the next young coll
 anyway (the cycles left over after those 1,000 runs: about 4,000 objects either way). Here a
 full collection waits for 1,000 collections of the middle generation rather than 10, and
 the young one for 2,000 new objects rather than 700 (fewer, slightly longer pauses: at most
-20-36 ms under that load). B4 (docs/benchmarks/NOTES.md, change 32)."""
+20-40 ms under that load). B4 (docs/benchmarks/NOTES.md, change 32)."""
 
 
 def tune_collector() -> None:
