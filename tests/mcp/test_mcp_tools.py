@@ -235,6 +235,9 @@ async def test_a_stdio_server_whose_process_dies_loses_its_tools_without_waiting
         result = await box.call("hello")
         assert result.is_error
         assert "MCP server 'toolbox' is restarting" in result.content
+        # The watcher marks the tools unavailable at once; the owner task logs the stop once
+        # the connection has unwound, which a server stopped before then never does.
+        await wait_for(lambda: bool(warnings(caplog)), "the stop to be logged")
     assert warnings(caplog) == [
         f"mcp server toolbox stopped: {sys.executable} was killed by signal SIGKILL; its tools "
         "are unavailable, reconnecting in 3600s"
