@@ -205,13 +205,13 @@ async def measure_store(
     repeats: int,
     write_s: float,
     *,
-    freeze: bool = False,
+    like_serve: bool = False,
 ) -> StoreSamples:
-    """B5 on one database, in this process; `freeze` tunes the garbage collector as `serve`
-    does (its start-up heap frozen, its thresholds set)."""
+    """B5 on one database, in this process; `like_serve`: with the garbage collector tuned
+    as `serve` tunes it (its start-up heap frozen, its thresholds set)."""
     samples = StoreSamples()
     store = await open_store(url)
-    if freeze:
+    if like_serve:
         from agio_grpc.service.app import tune_collector
 
         tune_collector()
@@ -313,7 +313,9 @@ def main() -> None:
     import agio_grpc.service.app  # noqa: F401 - the modules `agio-grpc serve` runs with
 
     samples = asyncio.run(
-        measure_store(args.url, args.sizes, args.writers, args.repeats, args.write_s, freeze=True)
+        measure_store(
+            args.url, args.sizes, args.writers, args.repeats, args.write_s, like_serve=True
+        )
     )
     print(samples.to_json())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -40,8 +41,8 @@ caches hold, as the other processes' work between two of B1's runs does."""
 
 
 async def measure_ttft(runs: int, pause_s: float) -> dict[str, dict[str, tuple[float, float]]]:
-    """TTFT (p50, p99) ms by path (B1's "direct", "agio-grpc", "grpc relay floor") and by what came
-    before each run: nothing, a pause, the other paths' runs (as in B1)."""
+    """TTFT (p50, p99) ms by path (B1's "direct", "agio-grpc", "grpc relay floor") and by
+    what came before each run: nothing, a pause, the other paths' runs (as in B1)."""
     figures: dict[str, dict[str, tuple[float, float]]] = {}
     async with procs.fake_model(TOKENS) as model_proc:
         model_url = model_proc.ready
@@ -70,17 +71,23 @@ async def measure_ttft(runs: int, pause_s: float) -> dict[str, dict[str, tuple[f
             for _ in range(10):  # warm-up: connections made, code loaded
                 for path in paths.values():
                     await path()
+
+            async def the_others(name: str) -> None:  # B1's order: every other path's run
+                for other, run in paths.items():
+                    if other != name:
+                        await run()
+
             for name, path in paths.items():
                 figures[name] = {}
-                for label in ("back to back", _idle_label(pause_s), "in B1's order"):
+                before: dict[str, Callable[[], Awaitable[object]]] = {
+                    "back to back": _nothing,
+                    _idle_label(pause_s): functools.partial(asyncio.sleep, pause_s),
+                    "in B1's order": functools.partial(the_others, name),
+                }
+                for label, prepare in before.items():
                     samples = []
                     for _ in range(runs):
-                        if label == "in B1's order":  # every path's run, this one's last
-                            for other in paths:
-                                if other != name:
-                                    await paths[other]()
-                        elif label != "back to back":
-                            await asyncio.sleep(pause_s)
+                        await prepare()
                         samples.append(await path())
                     figures[name][label] = (statistics.median(samples), percentile(samples, 99))
     return figures
@@ -104,24 +111,30 @@ async def measure_start(runs: int, pause_s: float) -> dict[str, float]:
                 await store.ledger.start_run(run, [step], new_session=session, journal=journal)
                 return (time.perf_counter() - began) * 1000
 
-            def overwrite_caches() -> None:
+            async def overwrite_caches() -> None:
                 for index in range(0, CACHE_SPILL_BYTES, 64):
                     spill[index] ^= 1
 
             for _ in range(200):
                 await start()
-            for label in ("back to back", _idle_label(pause_s), "caches overwritten"):
+            before: dict[str, Callable[[], Awaitable[object]]] = {
+                "back to back": _nothing,
+                _idle_label(pause_s): functools.partial(asyncio.sleep, pause_s),
+                "caches overwritten": overwrite_caches,
+            }
+            for label, prepare in before.items():
                 samples = []
                 for _ in range(runs * 5):
-                    if label == "caches overwritten":
-                        overwrite_caches()
-                    elif label != "back to back":
-                        await asyncio.sleep(pause_s)
+                    await prepare()
                     samples.append(await start())
                 figures[label] = statistics.median(samples)
         finally:
             await store.close()
     return figures
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _idle_label(pause_s: float) -> str:
