@@ -124,6 +124,11 @@ class Database(Protocol):
         costs more CPU than the transaction itself."""
         ...
 
+    async def run_statement(self, work: Callable[[Connection], T]) -> T:
+        """`run` for a `work` that writes with one statement, atomic by itself: PostgreSQL
+        runs it without BEGIN and COMMIT, two round trips fewer."""
+        ...
+
     async def dispose(self) -> None:
         """Close every connection."""
         ...
@@ -242,6 +247,9 @@ class SqliteDatabase:
             executor, _transact, self._engine, work, write
         )
 
+    async def run_statement(self, work: Callable[[Connection], T]) -> T:
+        return await self.run(work, write=True, brief=True)
+
     def _open_brief(self) -> None:
         if self._brief is None or self._brief_open:
             return
@@ -321,17 +329,24 @@ class PostgresDatabase:
         return "postgresql"
 
     async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
+        # A read takes one snapshot for all its statements (the default, READ COMMITTED,
+        # takes one per statement), so a check and the read it decides see the same log.
+        isolation = None if write else "REPEATABLE READ"
+        return await self._on_connection(lambda conn: _in_transaction(conn, work), isolation)
+
+    async def run_statement(self, work: Callable[[Connection], T]) -> T:
+        return await self._on_connection(work, "AUTOCOMMIT")
+
+    async def _on_connection(self, work: Callable[[Connection], T], isolation: str | None) -> T:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
                     conn = await stack.enter_async_context(self._engine.connect())
                 except DRIVER_ERRORS as error:
                     raise as_store_error(error, connecting=True) from error
-                if not write:
-                    # One snapshot for the whole read (the default, READ COMMITTED, takes one
-                    # per statement), so a check and the read it decides see the same log.
-                    await conn.execution_options(isolation_level="REPEATABLE READ")
-                return await conn.run_sync(_in_transaction, work)
+                if isolation is not None:
+                    await conn.execution_options(isolation_level=isolation)
+                return await conn.run_sync(work)
         except StoreError:
             raise
         except DRIVER_ERRORS as error:

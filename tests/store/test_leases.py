@@ -656,7 +656,7 @@ async def test_a_session_stuck_under_revision_0001_is_taken_over_after_upgrade(
     holder, expires = await lease_of(store_url, "sess_stuck")
     assert holder == "run_next"
     assert expires is not None
-    assert head_revision() == "0014"
+    assert head_revision() == "0015"
 
 
 async def test_a_queued_run_names_the_instance_holding_its_caller_s_stream(

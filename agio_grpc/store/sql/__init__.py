@@ -6,11 +6,13 @@ the small front that hands out the roles, all over that one database:
     store.log      SqlSessionLog  (log.py)     sessions and their step logs
     store.ledger   SqlRunLedger   (runs.py)    the run transitions; only the lifecycle's
     store.runs     the same object, typed as `RunRecords`: reads of runs and the journal
+                   (SqlRunRecords, run_records.py, which the ledger is built on)
     store.leases   SqlLeases      (leases.py)  lease renewals, cancel requests, members
     store.keys()   KeyStore       (store/keys.py)  API keys
 
 Beside them: steps.py (steps and journal rows every transaction shares), takes.py (taking
-a session under a lease, and taking one over), starts.py (what decides a run's start).
+a session under a lease, and taking one over), starts.py (what decides a run's start),
+single.py (a run's usual writes as one statement each on PostgreSQL).
 
 Every operation is one transaction written as a plain function of a sync `Connection` and
 run in one go: on SQLite in a thread of the store's own (stdlib sqlite3: one thread hop per
@@ -22,7 +24,9 @@ steps: `SqlRole._write(brief=True)`) runs on the event loop's thread instead whe
 is free at once (store/database.py). The statements every run runs (taking a
 session, storing steps and runs, ending a run, reading steps) are `Prepared`
 (store/prepared.py): compiled by SQLAlchemy once and, on SQLite, run on the DBAPI cursor
-without SQLAlchemy's per-execution layer.
+without SQLAlchemy's per-execution layer. On PostgreSQL a run's usual writes (a new
+session's start, a step of a run that holds its session, a run's end) are one statement
+each, sent without BEGIN and COMMIT, whenever their outcome is the usual one (single.py).
 
 A transaction that has started runs to its end even if the awaiting task is cancelled (the
 task sees the cancellation; the database sees a whole transaction or none of it).

@@ -35,6 +35,7 @@ from agio_grpc.store.records import (
 from agio_grpc.store.rows import (
     session_from_row,
 )
+from agio_grpc.store.sql import single
 from agio_grpc.store.sql.steps import (
     SELECT_STEP,
     append,
@@ -111,6 +112,12 @@ class SqlSessionLog(SqlRole):
             raise ValueError("append_steps takes steps of one session per call")
         if journal is not None and not held_by:
             raise ValueError("append_steps journals only the writes of a run holding its session")
+        if held_by and self._one_statement:
+            stored = await self._database.run_statement(
+                lambda conn: single.append_held(conn, held_by, steps, journal)
+            )
+            if stored is not None:
+                return stored
 
         def work(conn: Connection) -> list[Step]:
             stored = append(conn, session_id, steps, held_by)

@@ -1,19 +1,18 @@
-"""`SqlRunLedger`: the run transitions (store/ledger.py), each one transaction, and the
-reads of runs and their journal (store/runs.py) on one `Database`."""
+"""`SqlRunLedger`: the run transitions (store/ledger.py), each one transaction (the usual
+ones one statement on PostgreSQL, single.py), on the reads of runs (run_records.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from sqlalchemy import (
     Connection,
     bindparam,
     exists,
     func,
-    or_,
     select,
     update,
 )
@@ -40,19 +39,18 @@ from agio_grpc.store.records import (
     HistoryMark,
     IdleEnd,
     Journal,
-    JournalRecord,
     QueueRequest,
     RunContinuation,
     RunEnd,
     RunStart,
 )
 from agio_grpc.store.rows import (
-    aware_utc,
-    journal_from_row,
     run_from_row,
     stored_run,
     stored_session,
 )
+from agio_grpc.store.sql import single
+from agio_grpc.store.sql.run_records import SqlRunRecords
 from agio_grpc.store.sql.starts import (
     CONTINUE_RUN,
     IDLE_STATUSES,
@@ -65,12 +63,9 @@ from agio_grpc.store.sql.starts import (
     store_start,
 )
 from agio_grpc.store.sql.steps import (
-    SELECT_JOURNAL,
     append,
     check_last_step,
-    check_limit,
     delete_steps,
-    older_than,
     require_session,
     write_journal,
 )
@@ -79,7 +74,6 @@ from agio_grpc.store.sql.takes import (
     RELEASE_SESSION,
     UPDATE_RUN,
     Lease,
-    SqlRole,
     acquire,
     insert_run,
     insert_session,
@@ -112,7 +106,7 @@ END_RUNNING_RUN: Final = Prepared(
 )
 
 
-class SqlRunLedger(SqlRole):
+class SqlRunLedger(SqlRunRecords):
     """A `RunLedger` on one `Database`: each transition one transaction (store/ledger.py)."""
 
     def __init__(self, database: Database, lease: Lease, quotas: Quotas) -> None:
@@ -177,10 +171,24 @@ class SqlRunLedger(SqlRole):
             quotas.check_queued(conn, run.tenant)
             return enqueue(conn, run, steps, queued, holder, queue, journal, owner)
 
+        if (started := await self._start_fresh(fresh, run, steps, journal)) is not None:
+            return started
         # Brief unless it reads a whole history (a session this process kept none of) or
         # deletes a rolled back run's steps.
         brief = new_session is not None or (since is not None and not run.rollback_from)
         return await self._write(work, brief=brief)
+
+    async def _start_fresh(
+        self, fresh: Session | None, run: Run, steps: Sequence[Step], journal: Journal | None
+    ) -> RunStart | None:
+        """A run creating its session, as one statement where that can be (sql/single.py);
+        None: it is for `start_run`'s transaction."""
+        if fresh is None or not self._one_statement or self._quotas.counts_running:
+            return None
+        lease = self._lease
+        return await self._database.run_statement(
+            lambda conn: single.start_fresh(conn, fresh, lease, run, steps, journal)
+        )
 
     async def start_queued_run(
         self,
@@ -289,6 +297,12 @@ class SqlRunLedger(SqlRole):
     ) -> RunEnd:
         if any(step.session_id != run.session_id for step in steps):
             raise ValueError("end_run takes steps of the run's session")
+        if self._one_statement:
+            end = await self._database.run_statement(
+                lambda conn: single.end_run(conn, run, steps, journal)
+            )
+            if end is not None:
+                return end
         released = {"session_id": run.session_id, "run_id": run.id}
 
         def work(conn: Connection) -> RunEnd:
@@ -437,107 +451,6 @@ class SqlRunLedger(SqlRole):
 
         return await self._write(work)
 
-    async def get_run(self, run_id: str, *, tenant: str | None = None) -> Run:
-        query = select(run_table).where(run_table.c.id == run_id)
-        if tenant is not None:
-            query = query.where(run_table.c.tenant == tenant)
-
-        def work(conn: Connection) -> Any:
-            return conn.execute(query).first()
-
-        row = await self._read(work)
-        if row is None:
-            raise NotFoundError("run", run_id)
-        return run_from_row(row)
-
-    async def list_runs(
-        self,
-        session_id: str,
-        limit: int,
-        after: tuple[datetime, str] | None = None,
-        *,
-        tenant: str | None = None,
-    ) -> list[Run]:
-        check_limit(limit)
-        created, run_id = run_table.c.create_time, run_table.c.id
-        query = (
-            select(run_table)
-            .where(run_table.c.session_id == session_id)
-            .order_by(created.desc(), run_id.desc())
-            .limit(limit)
-        )
-        if tenant is not None:
-            query = query.where(run_table.c.tenant == tenant)
-        if after is not None:
-            query = query.where(older_than(created, run_id, after))
-
-        def work(conn: Connection) -> list[Run]:
-            rows = conn.execute(query).all()
-            if not rows:
-                require_session(conn, session_id, tenant=tenant)
-            return [run_from_row(row) for row in rows]
-
-        return await self._read(work)
-
-    async def list_agent_runs(
-        self,
-        agent: str,
-        limit: int,
-        after: tuple[datetime, str] | None = None,
-        *,
-        tenant: str,
-        session_id: str | None = None,
-        statuses: Collection[RunStatus] = (),
-        changed_since: datetime | None = None,
-    ) -> list[Run]:
-        check_limit(limit)
-        created, run_id = run_table.c.create_time, run_table.c.id
-        query = (
-            select(run_table)
-            .where(run_table.c.tenant == tenant, run_table.c.agent == agent)
-            .order_by(created.desc(), run_id.desc())
-            .limit(limit)
-        )
-        if session_id is not None:
-            query = query.where(run_table.c.session_id == session_id)
-        if statuses:
-            query = query.where(run_table.c.status.in_(sorted(statuses)))
-        if changed_since is not None:
-            since = aware_utc(changed_since, "changed_since")
-            query = query.where(func.coalesce(run_table.c.end_time, created) >= since)
-        if after is not None:
-            query = query.where(older_than(created, run_id, after))
-
-        def work(conn: Connection) -> list[Run]:
-            return [run_from_row(row) for row in conn.execute(query).all()]
-
-        return await self._read(work)
-
-    async def read_journal(self, run_id: str, after_seq: int = 0) -> list[JournalRecord]:
-        params = {"run_id": run_id, "after": after_seq}
-
-        def work(conn: Connection) -> list[JournalRecord]:
-            with SELECT_JOURNAL.cursor(conn, params) as cursor:
-                rows = cast("Iterable[Sequence[Any]]", cursor)
-                return [journal_from_row(*row) for row in rows]
-
-        return await self._read(work)
-
-    async def next_queued_run(self, session_id: str) -> Run | None:
-        def work(conn: Connection) -> Any:
-            return conn.execute(
-                select(run_table)
-                .where(
-                    run_table.c.session_id == session_id,
-                    run_table.c.status == RunStatus.QUEUED.value,
-                )
-                .order_by(run_table.c.queue_position, run_table.c.create_time, run_table.c.id)
-                .limit(1)
-            ).first()
-
-        row = await self._read(work)
-        return run_from_row(row) if row is not None else None
-
     async def runs_past_approval_deadline(self, now: datetime, limit: int = 100) -> list[Run]:
         query = (
             select(run_table)
@@ -572,32 +485,3 @@ class SqlRunLedger(SqlRole):
         )
         rows = await self._read(lambda conn: conn.execute(query).all())
         return [run_from_row(row) for row in rows]
-
-    async def ready_queues(self, limit: int = 100) -> list[str]:
-        check_limit(limit)
-
-        def work(conn: Connection) -> list[str]:
-            now = utc_now()
-            other = run_table.alias("waiting")
-            waiting = (
-                select(other.c.id)
-                .where(
-                    other.c.session_id == session_table.c.id,
-                    other.c.status == RunStatus.REQUIRES_ACTION.value,
-                )
-                .exists()
-            )
-            rows = conn.execute(
-                select(run_table.c.session_id)
-                .distinct()
-                .join(session_table, session_table.c.id == run_table.c.session_id)
-                .where(
-                    run_table.c.status == RunStatus.QUEUED.value,
-                    or_(~HELD, lease_expired(now)),
-                    ~waiting,
-                )
-                .limit(limit)
-            ).scalars()
-            return [str(session_id) for session_id in rows]
-
-        return await self._read(work)

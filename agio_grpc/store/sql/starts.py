@@ -68,6 +68,11 @@ class Quotas:
     limits: TenantQuotas
     backend: str
 
+    @property
+    def counts_running(self) -> bool:
+        """Whether a tenant's running runs are bounded (`check_running` counts them)."""
+        return self.limits.max_running_runs > 0
+
     def check_running(self, conn: Connection, tenant: str) -> None:
         """TenantQuotaError when the tenant runs as many runs as it may already."""
         self._check(conn, tenant, RunStatus.RUNNING, self.limits.max_running_runs)

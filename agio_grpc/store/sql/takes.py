@@ -89,6 +89,11 @@ class SqlRole:
         """The database dialect name: `sqlite` or `postgresql`."""
         return self._database.backend
 
+    @property
+    def _one_statement(self) -> bool:
+        """Whether a run's usual writes go as one statement each (sql/single.py)."""
+        return self._database.backend == "postgresql"
+
     async def _read(self, work: Callable[[Connection], T]) -> T:
         return await self._database.run(work, write=False)
 
@@ -163,46 +168,53 @@ def insert_session(
     lease: Lease,
     active_run_id: str = "",
 ) -> None:
+    INSERT_SESSION.execute(conn, session_values(session, last_sequence, lease, active_run_id))
+
+
+def session_values(
+    session: Session, last_sequence: int, lease: Lease, active_run_id: str = ""
+) -> dict[str, Any]:
+    """The row of a new session holding `last_sequence` sequences, held by `active_run_id`
+    (or its own holder) under `lease` from now."""
     holder = active_run_id or session.active_run_id or None
-    INSERT_SESSION.execute(
-        conn,
-        {
-            "id": session.id,
-            "parent_session_id": session.parent_session_id or None,
-            "fork_sequence": session.fork_sequence,
-            "create_time": session.create_time,
-            "update_time": session.update_time,
-            "last_sequence": last_sequence,
-            "active_run_id": holder,
-            "lease_expires_at": utc_now() + lease.term if holder else None,
-            "lease_owner": lease.owner if holder else None,
-            "tenant": session.tenant,
-        },
-    )
+    return {
+        "id": session.id,
+        "parent_session_id": session.parent_session_id or None,
+        "fork_sequence": session.fork_sequence,
+        "create_time": session.create_time,
+        "update_time": session.update_time,
+        "last_sequence": last_sequence,
+        "active_run_id": holder,
+        "lease_expires_at": utc_now() + lease.term if holder else None,
+        "lease_owner": lease.owner if holder else None,
+        "tenant": session.tenant,
+    }
 
 
 INSERT_RUN: Final = Prepared(insert(run_table))
 
 
 def insert_run(conn: Connection, run: Run) -> None:
-    INSERT_RUN.execute(
-        conn,
-        {
-            "id": run.id,
-            "session_id": run.session_id,
-            "agent": run.agent,
-            "create_time": run.create_time,
-            "request_id": run.request_id,
-            "input": clean_text(run.input),
-            "queue_position": run.queue_position,
-            "supersedes": run.supersedes,
-            "rollback_from": run.rollback_from,
-            "caller_instance": run.caller_instance,
-            "caller_deadline": run.caller_deadline,
-            "tenant": run.tenant,
-            **run_mutable_values(run),
-        },
-    )
+    INSERT_RUN.execute(conn, run_values(run))
+
+
+def run_values(run: Run) -> dict[str, Any]:
+    """The row of a new run."""
+    return {
+        "id": run.id,
+        "session_id": run.session_id,
+        "agent": run.agent,
+        "create_time": run.create_time,
+        "request_id": run.request_id,
+        "input": clean_text(run.input),
+        "queue_position": run.queue_position,
+        "supersedes": run.supersedes,
+        "rollback_from": run.rollback_from,
+        "caller_instance": run.caller_instance,
+        "caller_deadline": run.caller_deadline,
+        "tenant": run.tenant,
+        **run_mutable_values(run),
+    }
 
 
 # A run's mutable columns, as the transitions (`end_run` on every run) write them.

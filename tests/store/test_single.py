@@ -1,0 +1,355 @@
+"""A run's usual writes as one statement each on PostgreSQL (store/sql/single.py): one
+round trip each, the same rows as the transactions they stand for, and those transactions
+whenever the usual outcome is not what happens."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from agio_grpc.domain import (
+    Role,
+    Run,
+    RunStatus,
+    Session,
+    Step,
+    StepMetrics,
+    StopReason,
+    StopSignal,
+    ToolCall,
+)
+from agio_grpc.store import StoreError
+from agio_grpc.store.errors import LeaseLostError, RunStateConflictError, TenantQuotaError
+from agio_grpc.store.records import JournalRecord, TenantQuotas
+from agio_grpc.store.sql import DEFAULT_SESSION_LEASE_S, open_store
+from agio_grpc.store.sql.takes import Lease
+from agio_grpc.store.tables import run_events, runs, sessions, steps
+from tests.postgres import TestDatabases
+from tests.roles import StoreRoles, open_roles
+
+pytestmark = pytest.mark.postgres
+
+ONLY_POSTGRES = pytest.mark.parametrize("backend", ["postgres"])
+
+T0 = datetime(2026, 11, 28, 9, 0, tzinfo=UTC)
+
+
+class Transactions(StoreRoles):
+    """The store with every write in its transaction, as on SQLite."""
+
+    @property
+    def _one_statement(self) -> bool:
+        return False
+
+
+@pytest.fixture
+async def transactions(postgres_databases: TestDatabases) -> AsyncIterator[Transactions]:
+    """The store of a second database, writing through its transactions only."""
+    url = await postgres_databases.create()
+    front = await open_store(url)
+    try:
+        yield Transactions(
+            front, Lease(timedelta(seconds=DEFAULT_SESSION_LEASE_S), None), TenantQuotas()
+        )
+    finally:
+        await front.close()
+        await postgres_databases.drop(url)
+
+
+class RoundTrips:
+    """The statements and BEGINs the store sends, from now on."""
+
+    def __init__(self, store: StoreRoles, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.statements: list[str] = []
+        self.begins = 0
+        self._engine = store._database._engine.sync_engine  # type: ignore[attr-defined]
+        event.listen(self._engine, "before_cursor_execute", self._statement)
+        started = AsyncAdapt_asyncpg_connection._start_transaction
+
+        async def start_transaction(connection: AsyncAdapt_asyncpg_connection) -> None:
+            self.begins += connection.isolation_level != "autocommit"
+            await started(connection)  # type: ignore[no-untyped-call]
+
+        monkeypatch.setattr(AsyncAdapt_asyncpg_connection, "_start_transaction", start_transaction)
+
+    def close(self) -> None:
+        event.remove(self._engine, "before_cursor_execute", self._statement)
+
+    def _statement(self, *args: Any) -> None:
+        self.statements.append(str(args[2]))
+
+    def take(self) -> tuple[int, int]:
+        """(statements, BEGINs) since the last take."""
+        taken = (len(self.statements), self.begins)
+        self.statements.clear()
+        self.begins = 0
+        return taken
+
+
+@pytest.fixture
+def trips(store: StoreRoles, monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundTrips]:
+    counted = RoundTrips(store, monkeypatch)
+    yield counted
+    counted.close()
+
+
+def journal_of(seq: int) -> Any:
+    """A journal whose records depend only on what the write stored."""
+
+    def journal(run: Run | None, stored: Sequence[Step]) -> list[JournalRecord]:
+        data = {
+            "sequences": [step.sequence for step in stored],
+            "status": run.status.value if run is not None else "",
+            "steps": run.step_count if run is not None else 0,
+        }
+        return [JournalRecord(seq=seq, time=T0, kind="step_completed", data=data)]
+
+    return journal
+
+
+def step(sequence: int, role: Role, *, calls: int = 0, **fields: Any) -> Step:
+    return Step(
+        id=f"step_{sequence}",
+        session_id="session_x",
+        run_id="run_x",
+        sequence=sequence,
+        role=role,
+        tool_calls=[ToolCall(id=f"call_{i}", name="lookup", arguments="{}") for i in range(calls)],
+        **fields,
+    )
+
+
+async def a_tool_run(store: StoreRoles) -> list[Step]:
+    """A fresh session's tool run: the input, the call, its result and the answer, stored
+    and journaled as the engine stores them; every step as stored."""
+    session = Session(id="session_x", create_time=T0, update_time=T0)
+    run = Run(id="run_x", session_id=session.id, agent="a", create_time=T0, trace_id="ab" * 16)
+    start = await store.start_run(
+        run, [step(1, Role.USER, content="hi")], new_session=session, journal=journal_of(1)
+    )
+    call = step(2, Role.ASSISTANT, calls=1, metrics=StepMetrics(input_tokens=7, total_tokens=9))
+    stored = await store.append_steps([call], held_by=run.id, journal=journal_of(2))
+    result = step(3, Role.TOOL, content="42", tool_call_id="call_0", name="lookup")
+    stored += await store.append_steps([result], held_by=run.id, journal=journal_of(3))
+    answer = step(4, Role.ASSISTANT, content="done", metrics=StepMetrics(output_tokens=3))
+    ended = start.run.with_steps(stored).ended(StopSignal(StopReason.COMPLETED), at=T0)
+    end = await store.end_run(ended, steps=[answer], journal=journal_of(4))
+    assert (end.released, end.queued) == (True, False)
+    return [*start.steps, *stored, *end.steps]
+
+
+def unclocked(stored: list[Step]) -> list[Step]:
+    return [dataclasses.replace(step, create_time=T0) for step in stored]
+
+
+async def rows_of(store: StoreRoles) -> dict[str, list[dict[str, Any]]]:
+    """Every row the store holds, but the times its writes read from the clock."""
+    clock = {"update_time", "lease_expires_at", "create_time"}
+    engine = create_async_engine(store._database._engine.url)  # type: ignore[attr-defined]
+    tables: dict[str, list[dict[str, Any]]] = {}
+    try:
+        async with engine.connect() as conn:
+            for table in (sessions, steps, runs, run_events):
+                keys = list(table.primary_key.columns)
+                result = await conn.execute(select(table).order_by(*keys))
+                tables[table.name] = [
+                    {name: value for name, value in row.items() if name not in clock}
+                    for row in result.mappings()
+                ]
+    finally:
+        await engine.dispose()
+    return tables
+
+
+@ONLY_POSTGRES
+async def test_a_run_s_usual_writes_are_a_statement_each_with_no_begin(
+    store: StoreRoles, trips: RoundTrips
+) -> None:
+    session = Session()
+    run = Run(session_id=session.id, agent="a")
+    started = await store.start_run(
+        run,
+        [Step(session_id=session.id, run_id=run.id, role=Role.USER, content="hi")],
+        new_session=session,
+    )
+    assert trips.take() == (1, 0)
+
+    call = Step(
+        session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=2, tool_calls=[]
+    )
+    await store.append_steps([call], held_by=run.id, journal=journal_of(2))
+    assert trips.take() == (1, 0)
+
+    answer = Step(
+        session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=3, content="done"
+    )
+    ended = started.run.ended(StopSignal(StopReason.COMPLETED))
+    end = await store.end_run(ended, steps=[answer], journal=journal_of(3))
+    assert trips.take() == (1, 0)
+    assert end.released
+    assert [s.sequence for s in end.steps] == [3]
+
+    # Read back through the store, as any reader would.
+    assert [s.sequence for s in await store.get_steps(session.id)] == [1, 2, 3]
+    assert (await store.get_run(run.id)).status is RunStatus.COMPLETED
+    assert (await store.get_session(session.id)).active_run_id == ""
+
+
+@ONLY_POSTGRES
+async def test_the_one_statement_writes_store_what_the_transactions_store(
+    store: StoreRoles, transactions: Transactions
+) -> None:
+    assert unclocked(await a_tool_run(store)) == unclocked(await a_tool_run(transactions))
+    written, expected = await rows_of(store), await rows_of(transactions)
+    assert [len(written[table]) for table in written] == [1, 4, 1, 4]
+    assert written == expected
+
+
+@ONLY_POSTGRES
+async def test_steps_numbered_past_the_log_s_end_go_through_the_transaction(
+    store: StoreRoles, trips: RoundTrips
+) -> None:
+    session = Session()
+    run = Run(session_id=session.id, agent="a")
+    await store.start_run(
+        run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
+    )
+    trips.take()
+
+    numbered_wrong = Step(session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=5)
+    stored = await store.append_steps([numbered_wrong], held_by=run.id, journal=journal_of(2))
+
+    assert [s.sequence for s in stored] == [2]  # where the log's end is
+    statements, begins = trips.take()
+    assert (statements, begins) == (1 + 3, 1)  # the statement, then the transaction
+    assert [s.sequence for s in await store.get_steps(session.id)] == [1, 2]
+    assert [r.data["sequences"] for r in await store.read_journal(run.id)] == [[2]]
+
+
+@ONLY_POSTGRES
+async def test_a_write_of_a_run_that_let_go_of_its_session_raises_and_writes_nothing(
+    store: StoreRoles,
+) -> None:
+    session = Session()
+    run = Run(session_id=session.id, agent="a")
+    await store.start_run(
+        run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
+    )
+    assert await store.release_session(session.id, run.id)
+
+    late = Step(session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=2)
+    with pytest.raises(LeaseLostError):
+        await store.append_steps([late], held_by=run.id, journal=journal_of(2))
+
+    assert [s.sequence for s in await store.get_steps(session.id)] == [1]
+    assert await store.read_journal(run.id) == []
+
+
+@ONLY_POSTGRES
+async def test_an_end_of_a_run_no_longer_running_aborts_and_the_transaction_refuses_it(
+    store: StoreRoles, trips: RoundTrips
+) -> None:
+    session = Session()
+    run = Run(session_id=session.id, agent="a")
+    started = await store.start_run(
+        run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
+    )
+    # Still holding its session, yet no longer RUNNING: no end of a run does that.
+    await store.set_run_row(started.run.ended(StopSignal(StopReason.CANCELLED)))
+    trips.take()
+
+    answer = Step(
+        session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=2, content="x"
+    )
+    with pytest.raises(RunStateConflictError):
+        await store.end_run(started.run.ended(StopSignal(StopReason.COMPLETED)), steps=[answer])
+
+    assert trips.take()[1] == 1  # the statement aborted; the transaction decided
+    assert [s.sequence for s in await store.get_steps(session.id)] == [1]
+    assert (await store.get_session(session.id)).active_run_id == run.id
+    assert (await store.get_run(run.id)).status is RunStatus.CANCELLED
+
+
+@ONLY_POSTGRES
+async def test_a_value_postgresql_refuses_fails_as_in_the_transaction_and_writes_nothing(
+    store: StoreRoles, transactions: Transactions
+) -> None:
+    errors: list[str] = []
+    for roles in (store, transactions):
+        session = Session()
+        run = Run(session_id=session.id, agent="a")
+        await roles.start_run(
+            run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
+        )
+        huge = Step(
+            session_id=session.id,
+            run_id=run.id,
+            role=Role.ASSISTANT,
+            sequence=2,
+            metrics=StepMetrics(input_tokens=2**63),  # past bigint
+        )
+        with pytest.raises(StoreError) as raised:
+            await roles.append_steps([huge], held_by=run.id, journal=journal_of(2))
+        errors.append(type(raised.value).__name__)
+        assert [s.sequence for s in await roles.get_steps(session.id)] == [1]
+        assert await roles.read_journal(run.id) == []
+    assert errors[0] == errors[1]
+
+
+@ONLY_POSTGRES
+async def test_nul_and_lone_surrogates_are_stored_as_the_transactions_store_them(
+    store: StoreRoles, trips: RoundTrips
+) -> None:
+    session = Session()
+    run = Run(session_id=session.id, agent="a")
+    await store.start_run(
+        run,
+        [Step(session_id=session.id, run_id=run.id, role=Role.USER, content="a\x00b\ud800c")],
+        new_session=session,
+    )
+    odd = Step(
+        session_id=session.id,
+        run_id=run.id,
+        role=Role.TOOL,
+        sequence=2,
+        content="\x00",
+        tool_call_id="call_\udfff",
+        name="n\x00",
+    )
+    await store.append_steps([odd], held_by=run.id, journal=journal_of(2))
+    assert trips.take() == (2, 0)
+
+    first, second = await store.get_steps(session.id)
+    assert first.content == "a\ufffdb\ufffdc"
+    assert (second.content, second.tool_call_id, second.name) == (
+        "\ufffd",
+        "call_\ufffd",
+        "n\ufffd",
+    )
+
+
+@ONLY_POSTGRES
+async def test_a_tenant_quota_on_running_runs_starts_through_the_transaction(
+    store_url: str,
+) -> None:
+    quotas = TenantQuotas(max_running_runs=1)
+    roles = await open_roles(store_url, quotas=quotas)
+    try:
+        starts = []
+        for _ in range(2):
+            session = Session()
+            run = Run(session_id=session.id, agent="a")
+            first = [Step(session_id=session.id, run_id=run.id, role=Role.USER)]
+            starts.append(roles.start_run(run, first, new_session=session))
+        await starts[0]
+        with pytest.raises(TenantQuotaError):
+            await starts[1]
+    finally:
+        await roles.close()
