@@ -470,7 +470,10 @@ class RunLoop:
                     self.channel.publish(
                         ErrorNotice("TOOL_FAILED", result.content, f"tool:{result.call.name}")
                     )
-            steps = [self._tool_step(result, step_ids[result.call.id]) for result in results]
+            steps = [
+                self._tool_step(result, step_ids[result.call.id], sequences[result.call.id])
+                for result in results
+            ]
             for step in steps:  # a local agent's tokens are its caller's (engine/agent_tools.py)
                 self.run_row.usage.add(step.metrics)
             await self._store_steps(steps)
@@ -500,7 +503,7 @@ class RunLoop:
             progress=self.progress.report,
         )
 
-    def _tool_step(self, result: ToolResult, step_id: str) -> Step:
+    def _tool_step(self, result: ToolResult, step_id: str, sequence: int) -> Step:
         # A call that never started is recorded by the run's own span.
         span = self.tool_spans.get(result.call.id, self.trace)
         return Step(
@@ -516,6 +519,7 @@ class RunLoop:
                 result.usage,
             ),
             id=step_id,
+            sequence=sequence,
             trace_id=span.trace_id,
             span_id=span.span_id,
             approval=self.segment.decisions.get(result.call.id),
@@ -648,10 +652,13 @@ class RunLoop:
         finished = [self.finished_results[c.id] for c in calls if c.id in self.finished_results]
         why = unfinished_reason(signal)
         unfinished = [unfinished_result(c, why) for c in calls if c.id not in self.finished_results]
+        first = self._next_sequence()
         stored = await self._append(
             [
-                self._tool_step(result, self.tool_step_ids.get(result.call.id) or new_id("step"))
-                for result in finished + unfinished
+                self._tool_step(
+                    result, self.tool_step_ids.get(result.call.id) or new_id("step"), first + index
+                )
+                for index, result in enumerate(finished + unfinished)
             ]
         )
         first_error = stored[len(finished)] if unfinished else None
