@@ -4,6 +4,7 @@ its three bindings (JSON-RPC, HTTP+JSON, gRPC) on both store backends: the real 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator
 from typing import cast
@@ -218,16 +219,18 @@ async def test_resubscribing_after_the_stream_dropped_gets_the_rest_of_the_task(
     connect: Connect, fake_model: FakeModelServer
 ) -> None:
     remote = await connect()
-    fake_model.enqueue(Turn.words("one two three four five", chunk_delay=0.05))
+    # The model answers only once the subscription is in: the task cannot end before.
+    fake_model.hold = answer = asyncio.Event()
+    fake_model.enqueue(Turn.words("one two three four five"))
     events = remote.client.send_message(send("count"), context=remote.context)
     first = await anext(events)
     await cast(AsyncGenerator[a2a.StreamResponse], events).aclose()  # the stream drops
-    resumed = [
-        e
-        async for e in remote.client.subscribe(
-            a2a.SubscribeToTaskRequest(id=first.task.id), context=remote.context
-        )
-    ]
+    subscription = remote.client.subscribe(
+        a2a.SubscribeToTaskRequest(id=first.task.id), context=remote.context
+    )
+    resumed = [await anext(subscription)]  # the task as it stands
+    answer.set()
+    resumed += [e async for e in subscription]
     assert resumed[0].task.id == first.task.id
     assert answer_text(resumed) == "one two three four five"
     assert last_state(resumed) == a2a.TASK_STATE_COMPLETED
