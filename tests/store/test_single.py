@@ -168,38 +168,41 @@ async def rows_of(store: StoreRoles) -> dict[str, list[dict[str, Any]]]:
     return tables
 
 
+async def a_run(store: StoreRoles, content: str = "hi") -> Run:
+    """A run started on a new session, its input at 1; the run as stored."""
+    session = Session()
+    run = Run(session_id=session.id, agent="a")
+    started = await store.start_run(run, [of(run, Role.USER, content=content)], new_session=session)
+    return started.run
+
+
+def of(run: Run, role: Role, sequence: int = 0, **fields: Any) -> Step:
+    """A step of `run`, numbered `sequence` (0: not numbered)."""
+    return Step(session_id=run.session_id, run_id=run.id, role=role, sequence=sequence, **fields)
+
+
 @ONLY_POSTGRES
 async def test_a_run_s_usual_writes_are_a_statement_each_with_no_begin(
     store: StoreRoles, trips: RoundTrips
 ) -> None:
-    session = Session()
-    run = Run(session_id=session.id, agent="a")
-    started = await store.start_run(
-        run,
-        [Step(session_id=session.id, run_id=run.id, role=Role.USER, content="hi")],
-        new_session=session,
-    )
+    run = await a_run(store)
     assert trips.take() == (1, 0)
 
-    call = Step(
-        session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=2, tool_calls=[]
-    )
+    call = of(run, Role.ASSISTANT, 2, content="thinking")
     await store.append_steps([call], held_by=run.id, journal=journal_of(2))
     assert trips.take() == (1, 0)
 
-    answer = Step(
-        session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=3, content="done"
-    )
-    ended = started.run.ended(StopSignal(StopReason.COMPLETED))
+    answer = of(run, Role.ASSISTANT, 3, content="done")
+    ended = run.ended(StopSignal(StopReason.COMPLETED))
     end = await store.end_run(ended, steps=[answer], journal=journal_of(3))
     assert trips.take() == (1, 0)
     assert end.released
     assert [s.sequence for s in end.steps] == [3]
 
     # Read back through the store, as any reader would.
-    assert [s.sequence for s in await store.get_steps(session.id)] == [1, 2, 3]
+    assert [s.sequence for s in await store.get_steps(run.session_id)] == [1, 2, 3]
     assert (await store.get_run(run.id)).status is RunStatus.COMPLETED
-    assert (await store.get_session(session.id)).active_run_id == ""
+    assert (await store.get_session(run.session_id)).active_run_id == ""
 
 
 @ONLY_POSTGRES
@@ -216,20 +219,16 @@ async def test_the_one_statement_writes_store_what_the_transactions_store(
 async def test_steps_numbered_past_the_log_s_end_go_through_the_transaction(
     store: StoreRoles, trips: RoundTrips
 ) -> None:
-    session = Session()
-    run = Run(session_id=session.id, agent="a")
-    await store.start_run(
-        run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
-    )
+    run = await a_run(store)
     trips.take()
 
-    numbered_wrong = Step(session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=5)
+    numbered_wrong = of(run, Role.ASSISTANT, 5)
     stored = await store.append_steps([numbered_wrong], held_by=run.id, journal=journal_of(2))
 
     assert [s.sequence for s in stored] == [2]  # where the log's end is
     statements, begins = trips.take()
     assert (statements, begins) == (1 + 3, 1)  # the statement, then the transaction
-    assert [s.sequence for s in await store.get_steps(session.id)] == [1, 2]
+    assert [s.sequence for s in await store.get_steps(run.session_id)] == [1, 2]
     assert [r.data["sequences"] for r in await store.read_journal(run.id)] == [[2]]
 
 
@@ -237,18 +236,13 @@ async def test_steps_numbered_past_the_log_s_end_go_through_the_transaction(
 async def test_a_write_of_a_run_that_let_go_of_its_session_raises_and_writes_nothing(
     store: StoreRoles,
 ) -> None:
-    session = Session()
-    run = Run(session_id=session.id, agent="a")
-    await store.start_run(
-        run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
-    )
-    assert await store.release_session(session.id, run.id)
+    run = await a_run(store)
+    assert await store.release_session(run.session_id, run.id)
 
-    late = Step(session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=2)
     with pytest.raises(LeaseLostError):
-        await store.append_steps([late], held_by=run.id, journal=journal_of(2))
+        await store.append_steps([of(run, Role.ASSISTANT, 2)], held_by=run.id)
 
-    assert [s.sequence for s in await store.get_steps(session.id)] == [1]
+    assert [s.sequence for s in await store.get_steps(run.session_id)] == [1]
     assert await store.read_journal(run.id) == []
 
 
@@ -256,24 +250,18 @@ async def test_a_write_of_a_run_that_let_go_of_its_session_raises_and_writes_not
 async def test_an_end_of_a_run_no_longer_running_aborts_and_the_transaction_refuses_it(
     store: StoreRoles, trips: RoundTrips
 ) -> None:
-    session = Session()
-    run = Run(session_id=session.id, agent="a")
-    started = await store.start_run(
-        run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
-    )
+    run = await a_run(store)
     # Still holding its session, yet no longer RUNNING: no end of a run does that.
-    await store.set_run_row(started.run.ended(StopSignal(StopReason.CANCELLED)))
+    await store.set_run_row(run.ended(StopSignal(StopReason.CANCELLED)))
     trips.take()
 
-    answer = Step(
-        session_id=session.id, run_id=run.id, role=Role.ASSISTANT, sequence=2, content="x"
-    )
+    answer = of(run, Role.ASSISTANT, 2, content="x")
     with pytest.raises(RunStateConflictError):
-        await store.end_run(started.run.ended(StopSignal(StopReason.COMPLETED)), steps=[answer])
+        await store.end_run(run.ended(StopSignal(StopReason.COMPLETED)), steps=[answer])
 
     assert trips.take()[1] == 1  # the statement aborted; the transaction decided
-    assert [s.sequence for s in await store.get_steps(session.id)] == [1]
-    assert (await store.get_session(session.id)).active_run_id == run.id
+    assert [s.sequence for s in await store.get_steps(run.session_id)] == [1]
+    assert (await store.get_session(run.session_id)).active_run_id == run.id
     assert (await store.get_run(run.id)).status is RunStatus.CANCELLED
 
 
@@ -283,22 +271,12 @@ async def test_a_value_postgresql_refuses_fails_as_in_the_transaction_and_writes
 ) -> None:
     errors: list[str] = []
     for roles in (store, transactions):
-        session = Session()
-        run = Run(session_id=session.id, agent="a")
-        await roles.start_run(
-            run, [Step(session_id=session.id, run_id=run.id, role=Role.USER)], new_session=session
-        )
-        huge = Step(
-            session_id=session.id,
-            run_id=run.id,
-            role=Role.ASSISTANT,
-            sequence=2,
-            metrics=StepMetrics(input_tokens=2**63),  # past bigint
-        )
+        run = await a_run(roles)
+        huge = of(run, Role.ASSISTANT, 2, metrics=StepMetrics(input_tokens=2**63))  # > bigint
         with pytest.raises(StoreError) as raised:
             await roles.append_steps([huge], held_by=run.id, journal=journal_of(2))
         errors.append(type(raised.value).__name__)
-        assert [s.sequence for s in await roles.get_steps(session.id)] == [1]
+        assert [s.sequence for s in await roles.get_steps(run.session_id)] == [1]
         assert await roles.read_journal(run.id) == []
     assert errors[0] == errors[1]
 
@@ -307,26 +285,12 @@ async def test_a_value_postgresql_refuses_fails_as_in_the_transaction_and_writes
 async def test_nul_and_lone_surrogates_are_stored_as_the_transactions_store_them(
     store: StoreRoles, trips: RoundTrips
 ) -> None:
-    session = Session()
-    run = Run(session_id=session.id, agent="a")
-    await store.start_run(
-        run,
-        [Step(session_id=session.id, run_id=run.id, role=Role.USER, content="a\x00b\ud800c")],
-        new_session=session,
-    )
-    odd = Step(
-        session_id=session.id,
-        run_id=run.id,
-        role=Role.TOOL,
-        sequence=2,
-        content="\x00",
-        tool_call_id="call_\udfff",
-        name="n\x00",
-    )
+    run = await a_run(store, "a\x00b\ud800c")
+    odd = of(run, Role.TOOL, 2, content="\x00", tool_call_id="call_\udfff", name="n\x00")
     await store.append_steps([odd], held_by=run.id, journal=journal_of(2))
     assert trips.take() == (2, 0)
 
-    first, second = await store.get_steps(session.id)
+    first, second = await store.get_steps(run.session_id)
     assert first.content == "a\ufffdb\ufffdc"
     assert (second.content, second.tool_call_id, second.name) == (
         "\ufffd",
@@ -342,14 +306,8 @@ async def test_a_tenant_quota_on_running_runs_starts_through_the_transaction(
     quotas = TenantQuotas(max_running_runs=1)
     roles = await open_roles(store_url, quotas=quotas)
     try:
-        starts = []
-        for _ in range(2):
-            session = Session()
-            run = Run(session_id=session.id, agent="a")
-            first = [Step(session_id=session.id, run_id=run.id, role=Role.USER)]
-            starts.append(roles.start_run(run, first, new_session=session))
-        await starts[0]
-        with pytest.raises(TenantQuotaError):
-            await starts[1]
+        await a_run(roles)
+        with pytest.raises(TenantQuotaError):  # counted: the start's transaction ran
+            await a_run(roles)
     finally:
         await roles.close()

@@ -3,7 +3,7 @@ a step the run stores while it holds its session, and the run's end.
 
 Elsewhere each is a transaction of three or four statements (sql/runs.py, sql/log.py). On
 PostgreSQL every statement is a round trip, and BEGIN and COMMIT are two more: a short run
-made twelve, a tool run twenty-two, each ~0.15 ms of this process's CPU through
+made twelve, a tool run twenty-two, each ~0.16 ms of this process's CPU through
 SQLAlchemy, asyncpg and TLS (docs/benchmarks/NOTES.md, change 33). Here each write is one
 data-modifying `WITH`, sent without BEGIN and COMMIT: one statement is atomic by itself.
 
@@ -106,6 +106,11 @@ APPEND_HELD: Final = text(
     """
 )
 
+# The sequences of the run's last steps, and its session let go of.
+_TAKE_LAST_SEQUENCES: Final = _TAKE_SEQUENCES.format(
+    release=", active_run_id = NULL, lease_expires_at = NULL, lease_owner = NULL"
+)
+
 # The run's UPDATE locks its row after the session's (the lock order of every take) and,
 # in its RETURNING, asks whether a run waits QUEUED on the session with a snapshot taken
 # after that lock (`agio_session_has_queued_run`, revision 0015): the statement's own was
@@ -113,12 +118,7 @@ APPEND_HELD: Final = text(
 # end the run makes: the statement aborts and the transaction says what happened.
 END_RUN: Final = text(
     f"""
-    WITH held AS (
-        {
-        _TAKE_SEQUENCES.format(
-            release=", active_run_id = NULL, lease_expires_at = NULL, lease_owner = NULL"
-        )
-    }),
+    WITH held AS ({_TAKE_LAST_SEQUENCES}),
     stored AS ({_insert_rows(step_table, "steps", _HELD)}),
     ended AS (
         UPDATE runs SET {_RUN_SET}
