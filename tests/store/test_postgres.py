@@ -14,7 +14,7 @@ from sqlalchemy import Connection, make_url
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agio_grpc.domain import Run, RunStatus, StopReason, StopSignal
+from agio_grpc.domain import Role, Run, RunStatus, Step, StopReason, StopSignal
 from agio_grpc.store import StoreUnavailableError
 from agio_grpc.store import database as database_module
 from agio_grpc.store.database import PostgresDatabase, parse_url
@@ -177,11 +177,13 @@ async def test_an_idle_connection_that_fails_its_ping_is_replaced(
 
 
 @ONLY_POSTGRES
+@pytest.mark.parametrize("answer", [False, True], ids=["no_step", "with_its_answer"])
 async def test_an_end_that_waited_for_a_queueing_start_reports_the_run_it_queued(
-    store: StoreRoles, store_url: str, postgres_admin_url: str
+    store: StoreRoles, store_url: str, postgres_admin_url: str, answer: bool
 ) -> None:
     # Under READ COMMITTED a statement that waited for a row lock keeps the snapshot it
-    # took before the wait: the end's check for queued runs must come after its wait.
+    # took before the wait: the end's check for queued runs must come after its wait. The
+    # end is one statement (store/sql/single.py), with or without a last step.
     holder = await start(store)
     queued = Run(session_id=holder.session_id, agent="a")
     database = make_url(store_url).database or ""
@@ -195,8 +197,14 @@ async def test_an_end_that_waited_for_a_queueing_start_reports_the_run_it_queued
     try:
         async with engine.connect() as conn:
             await conn.run_sync(queue_under_the_session_lock)  # its transaction stays open
+            answer_step = Step(
+                session_id=holder.session_id, run_id=holder.id, role=Role.ASSISTANT, sequence=2
+            )
             ending = asyncio.create_task(
-                store.end_run(holder.ended(StopSignal(StopReason.COMPLETED)))
+                store.end_run(
+                    holder.ended(StopSignal(StopReason.COMPLETED)),
+                    steps=[answer_step] if answer else (),
+                )
             )
             await until_a_backend_waits_for_a_lock(postgres_admin_url, database)
             await conn.commit()
@@ -205,6 +213,7 @@ async def test_an_end_that_waited_for_a_queueing_start_reports_the_run_it_queued
         await engine.dispose()
 
     assert ended.queued
+    assert [step.sequence for step in ended.steps] == ([2] if answer else [])
     assert (await store.get_run(queued.id)).status is RunStatus.QUEUED
 
 
