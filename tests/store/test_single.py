@@ -15,6 +15,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
+    DEFAULT_TENANT,
     Role,
     Run,
     RunStatus,
@@ -26,8 +27,16 @@ from agio_grpc.domain import (
     ToolCall,
 )
 from agio_grpc.store import StoreError
-from agio_grpc.store.errors import LeaseLostError, RunStateConflictError, TenantQuotaError
-from agio_grpc.store.records import JournalRecord, TenantQuotas
+from agio_grpc.store.errors import (
+    DuplicateRequestError,
+    LeaseLostError,
+    NotFoundError,
+    RunRequiresActionError,
+    RunStateConflictError,
+    SessionBusyError,
+    TenantQuotaError,
+)
+from agio_grpc.store.records import HistoryMark, JournalRecord, TenantQuotas
 from agio_grpc.store.sql import DEFAULT_SESSION_LEASE_S, open_store
 from agio_grpc.store.sql.takes import Lease
 from agio_grpc.store.tables import run_events, runs, sessions, steps
@@ -114,11 +123,13 @@ def journal_of(seq: int) -> Any:
     return journal
 
 
-def step(sequence: int, role: Role, *, calls: int = 0, **fields: Any) -> Step:
+def step(
+    sequence: int, role: Role, *, calls: int = 0, run_id: str = "run_x", **fields: Any
+) -> Step:
     return Step(
         id=f"step_{sequence}",
         session_id="session_x",
-        run_id="run_x",
+        run_id=run_id,
         sequence=sequence,
         role=role,
         tool_calls=[ToolCall(id=f"call_{i}", name="lookup", arguments="{}") for i in range(calls)],
@@ -127,8 +138,9 @@ def step(sequence: int, role: Role, *, calls: int = 0, **fields: Any) -> Step:
 
 
 async def a_tool_run(store: StoreRoles) -> list[Step]:
-    """A fresh session's tool run: the input, the call, its result and the answer, stored
-    and journaled as the engine stores them; every step as stored."""
+    """A fresh session's tool run (the input, the call, its result and the answer), then a
+    short run on the same session, stored and journaled as the engine stores them; every
+    step as stored."""
     session = Session(id="session_x", create_time=T0, update_time=T0)
     run = Run(id="run_x", session_id=session.id, agent="a", create_time=T0, trace_id="ab" * 16)
     start = await store.start_run(
@@ -142,7 +154,18 @@ async def a_tool_run(store: StoreRoles) -> list[Step]:
     ended = start.run.with_steps(stored).ended(StopSignal(StopReason.COMPLETED), at=T0)
     end = await store.end_run(ended, steps=[answer], journal=journal_of(4))
     assert (end.released, end.queued) == (True, False)
-    return [*start.steps, *stored, *end.steps]
+    # The session's next run, on the history the caller holds.
+    again = Run(id="run_y", session_id=session.id, agent="a", create_time=T0, request_id="r")
+    next_start = await store.start_run(
+        again,
+        [step(5, Role.USER, run_id=again.id, content="again")],
+        since=HistoryMark(4, "step_4"),
+        journal=journal_of(1),
+    )
+    reply = step(6, Role.ASSISTANT, run_id=again.id, content="sure")
+    next_ended = next_start.run.ended(StopSignal(StopReason.COMPLETED), at=T0)
+    next_end = await store.end_run(next_ended, steps=[reply], journal=journal_of(2))
+    return [*start.steps, *stored, *end.steps, *next_start.steps, *next_end.steps]
 
 
 def unclocked(stored: list[Step]) -> list[Step]:
@@ -181,6 +204,22 @@ def of(run: Run, role: Role, sequence: int = 0, **fields: Any) -> Step:
     return Step(session_id=run.session_id, run_id=run.id, role=role, sequence=sequence, **fields)
 
 
+async def a_finished_run(store: StoreRoles, signal: StopSignal, **fields: Any) -> HistoryMark:
+    """A run on a new session that ended with `signal` after its answer at 2; the mark of
+    the history the caller then holds."""
+    session = Session()
+    run = Run(session_id=session.id, agent="a", **fields)
+    started = await store.start_run(run, [of(run, Role.USER, content="hi")], new_session=session)
+    answer = of(run, Role.ASSISTANT, 2, content="done")
+    end = await store.end_run(started.run.ended(signal), steps=[answer])
+    return HistoryMark(2, end.steps[0].id)
+
+
+def next_run(store_session: str, **fields: Any) -> tuple[Run, list[Step]]:
+    run = Run(session_id=store_session, agent="a", **fields)
+    return run, [of(run, Role.USER, content="again")]
+
+
 @ONLY_POSTGRES
 async def test_a_run_s_usual_writes_are_a_statement_each_with_no_begin(
     store: StoreRoles, trips: RoundTrips
@@ -211,7 +250,7 @@ async def test_the_one_statement_writes_store_what_the_transactions_store(
 ) -> None:
     assert unclocked(await a_tool_run(store)) == unclocked(await a_tool_run(transactions))
     written, expected = await rows_of(store), await rows_of(transactions)
-    assert [len(written[table]) for table in written] == [1, 4, 1, 4]
+    assert [len(written[table]) for table in written] == [1, 6, 2, 6]
     assert written == expected
 
 
@@ -311,3 +350,92 @@ async def test_a_tenant_quota_on_running_runs_starts_through_the_transaction(
             await a_run(roles)
     finally:
         await roles.close()
+
+
+async def session_of(store: StoreRoles, mark: HistoryMark) -> str:
+    """The session whose history ends at `mark`."""
+    engine = create_async_engine(store._database._engine.url)  # type: ignore[attr-defined]
+    try:
+        async with engine.connect() as conn:
+            query = select(steps.c.session_id).where(steps.c.id == mark.step_id)
+            return str((await conn.execute(query)).scalar_one())
+    finally:
+        await engine.dispose()
+
+
+@ONLY_POSTGRES
+async def test_a_run_on_a_session_whose_history_the_caller_holds_starts_in_one_statement(
+    store: StoreRoles, trips: RoundTrips
+) -> None:
+    mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
+    session_id = await session_of(store, mark)
+    run, first = next_run(session_id, request_id="req-2")
+    trips.take()
+
+    started = await store.start_run(run, first, since=mark, journal=journal_of(1))
+
+    assert trips.take() == (1, 0)
+    assert [s.sequence for s in started.steps] == [3]
+    assert (started.history_start, started.history) == (3, started.steps)
+    assert (started.run.first_sequence, started.run.last_sequence) == (3, 3)
+    assert (await store.get_session(session_id)).active_run_id == run.id
+    assert [s.sequence for s in await store.get_steps(session_id)] == [1, 2, 3]
+    assert [r.data["sequences"] for r in await store.read_journal(run.id)] == [[3]]
+
+
+@ONLY_POSTGRES
+@pytest.mark.parametrize(
+    ("why", "raised"),
+    [
+        ("a run waits for its client", RunRequiresActionError),
+        ("the request id was used", DuplicateRequestError),
+        ("another run holds it", SessionBusyError),
+        ("another tenant's", NotFoundError),
+    ],
+)
+async def test_a_start_the_transaction_refuses_is_refused_as_it_refuses_it(
+    store: StoreRoles, trips: RoundTrips, why: str, raised: type[Exception]
+) -> None:
+    if why == "a run waits for its client":
+        mark = await a_finished_run(store, StopSignal(StopReason.REQUIRES_ACTION))
+    else:
+        mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED), request_id="req-1")
+    session_id = await session_of(store, mark)
+    if why == "another run holds it":
+        await store.take_session(session_id, "run_other")
+    run, first = next_run(
+        session_id,
+        request_id="req-1" if why == "the request id was used" else "",
+        tenant="other" if why == "another tenant's" else DEFAULT_TENANT,
+    )
+    trips.take()
+
+    with pytest.raises(raised):
+        await store.start_run(run, first, since=mark)
+
+    assert trips.take()[1] == 1  # the statement wrote nothing; the transaction decided
+    assert [s.sequence for s in await store.get_steps(session_id)] == [1, 2]
+    with pytest.raises(NotFoundError):
+        await store.get_run(run.id)
+
+
+@ONLY_POSTGRES
+@pytest.mark.parametrize("stale", ["missed_the_last_step", "another_last_step"])
+async def test_a_start_after_a_history_the_caller_does_not_hold_reads_it_in_the_transaction(
+    store: StoreRoles, trips: RoundTrips, stale: str
+) -> None:
+    mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
+    session_id = await session_of(store, mark)
+    if stale == "missed_the_last_step":
+        held = HistoryMark(1, mark.step_id)
+    else:  # a log rolled back and written again to the same length
+        held = HistoryMark(2, "step_gone")
+    run, first = next_run(session_id)
+    trips.take()
+
+    started = await store.start_run(run, first, since=held)
+
+    assert trips.take()[1] == 1
+    assert [s.sequence for s in started.steps] == [3]
+    assert started.history_start == 1
+    assert [s.sequence for s in started.history] == [1, 2, 3]

@@ -171,23 +171,35 @@ class SqlRunLedger(SqlRunRecords):
             quotas.check_queued(conn, run.tenant)
             return enqueue(conn, run, steps, queued, holder, queue, journal, owner)
 
-        if (started := await self._start_fresh(fresh, run, steps, journal)) is not None:
+        if (started := await self._start_in_one(fresh, run, steps, since, journal)) is not None:
             return started
         # Brief unless it reads a whole history (a session this process kept none of) or
         # deletes a rolled back run's steps.
         brief = new_session is not None or (since is not None and not run.rollback_from)
         return await self._write(work, brief=brief)
 
-    async def _start_fresh(
-        self, fresh: Session | None, run: Run, steps: Sequence[Step], journal: Journal | None
+    async def _start_in_one(
+        self,
+        fresh: Session | None,
+        run: Run,
+        steps: Sequence[Step],
+        since: HistoryMark | None,
+        journal: Journal | None,
     ) -> RunStart | None:
-        """A run creating its session, as one statement where that can be (sql/single.py);
-        None: it is for `start_run`'s transaction."""
-        if fresh is None or not self._one_statement or self._quotas.counts_running:
+        """A run's start as one statement where that can be (sql/single.py): on a new
+        session, or on one whose history the caller holds up to `since`. None: it is for
+        `start_run`'s transaction."""
+        if not self._one_statement or self._quotas.counts_running or run.rollback_from:
             return None
         lease = self._lease
+        if fresh is not None:
+            return await self._database.run_statement(
+                lambda conn: single.start_fresh(conn, fresh, lease, run, steps, journal)
+            )
+        if since is None or since.sequence < 1:
+            return None
         return await self._database.run_statement(
-            lambda conn: single.start_fresh(conn, fresh, lease, run, steps, journal)
+            lambda conn: single.start_on(conn, run, steps, since, lease, journal)
         )
 
     async def start_queued_run(

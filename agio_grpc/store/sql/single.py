@@ -1,5 +1,6 @@
-"""A run's three usual writes as one statement each on PostgreSQL: a new session's start,
-a step the run stores while it holds its session, and the run's end.
+"""A run's usual writes as one statement each on PostgreSQL: its start (on a new session, or
+on one whose history the caller holds), a step the run stores while it holds its session,
+and the run's end.
 
 Elsewhere each is a transaction of three or four statements (sql/runs.py, sql/log.py). On
 PostgreSQL every statement is a round trip, and BEGIN and COMMIT are two more: a short run
@@ -33,7 +34,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 
 from agio_grpc.domain import Run, RunStatus, Session, Step, utc_now
-from agio_grpc.store.records import Journal, JournalRecord, RunEnd, RunStart
+from agio_grpc.store.records import HistoryMark, Journal, JournalRecord, RunEnd, RunStart
 from agio_grpc.store.rows import (
     RUN_MUTABLE_COLUMNS,
     journal_row,
@@ -47,7 +48,7 @@ from agio_grpc.store.tables import runs as run_table
 from agio_grpc.store.tables import sessions as session_table
 from agio_grpc.store.tables import steps as step_table
 
-__all__ = ["append_held", "end_run", "start_fresh"]
+__all__ = ["append_held", "end_run", "start_fresh", "start_on"]
 
 # What `agio_abort` raises (revision 0015): the statement wrote nothing; run the transaction.
 ABORTED: Final = "AG001"
@@ -94,6 +95,35 @@ START_FRESH: Final = text(
     started AS ({_insert_rows(run_table, "run")}),
     journaled AS ({_insert_rows(event_table, "events")})
     SELECT true
+    """
+)
+
+# A free session of the run's tenant taken for the run, its input's sequences with it, when
+# its last step is the one the caller's history ends with; after that lock,
+# `agio_start_blocked` (revision 0015) says whether the start's transaction would refuse or
+# queue the run, and the statement aborts if so.
+START_ON: Final = text(
+    f"""
+    WITH held AS (
+        UPDATE sessions
+        SET active_run_id = :run_id,
+            lease_expires_at = CAST(:expires AS timestamptz),
+            lease_owner = :owner,
+            last_sequence = last_sequence + CAST(:count AS bigint),
+            update_time = CAST(:now AS timestamptz)
+        WHERE id = :session_id AND tenant = :tenant
+            AND (active_run_id IS NULL OR active_run_id = '')
+            AND last_sequence = CAST(:last AS bigint)
+        RETURNING id
+    ),
+    stored AS ({_insert_rows(step_table, "steps", _HELD)}),
+    started AS ({_insert_rows(run_table, "run", _HELD)}),
+    journaled AS ({_insert_rows(event_table, "events", _HELD)})
+    SELECT CASE
+        WHEN NOT {_HELD} THEN false
+        WHEN agio_start_blocked(:session_id, :run_id, :request_id, :last, :last_step)
+            THEN agio_abort('the run does not start as written')
+        ELSE true END
     """
 )
 
@@ -160,6 +190,48 @@ def start_fresh(
     if _execute(conn, START_FRESH, params) is None:
         return None
     return RunStart(run=started, steps=stored, history=list(stored), history_start=1)
+
+
+def start_on(
+    conn: Connection,
+    run: Run,
+    steps: Sequence[Step],
+    since: HistoryMark,
+    lease: Lease,
+    journal: Journal | None,
+) -> RunStart | None:
+    """`store_start` of a run on a session that has steps, free and of the run's tenant, with
+    nothing in its way, the caller's history ending at `since`, and no tenant quota counting
+    the run: its input after `since`."""
+    now = utc_now()
+    first = since.sequence + 1
+    stored = [
+        stored_copy(step, sequence=first + offset, create_time=now)
+        for offset, step in enumerate(steps)
+    ]
+    started = stored_run(
+        replace(
+            run,
+            first_sequence=first,
+            last_sequence=stored[-1].sequence,
+            step_count=len(stored),
+        )
+    )
+    params = {
+        **_taking(run.session_id, run.id, stored, now),
+        "tenant": run.tenant,
+        "expires": now + lease.term,
+        "owner": lease.owner,
+        "request_id": run.request_id,
+        "last_step": since.step_id,
+        "steps": _json([step_row(step) for step in stored]),
+        "run": _json([run_values(started)]),
+        "events": _events(run.id, journal(started, stored) if journal is not None else ()),
+    }
+    row = _execute(conn, START_ON, params)
+    if row is None or not row[0]:
+        return None
+    return RunStart(run=started, steps=stored, history=list(stored), history_start=first)
 
 
 def append_held(
