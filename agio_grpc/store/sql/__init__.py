@@ -24,9 +24,9 @@ steps: `SqlRole._write(brief=True)`) runs on the event loop's thread instead whe
 is free at once (store/database.py). The statements every run runs (taking a
 session, storing steps and runs, ending a run, reading steps) are `Prepared`
 (store/prepared.py): compiled by SQLAlchemy once and, on SQLite, run on the DBAPI cursor
-without SQLAlchemy's per-execution layer. On PostgreSQL a run's usual writes (a new
-session's start, a step of a run that holds its session, a run's end) are one statement
-each, sent without BEGIN and COMMIT, whenever their outcome is the usual one (single.py).
+without SQLAlchemy's per-execution layer. On PostgreSQL a run's usual writes (its start, a
+step of a run that holds its session, its end) are one statement each, sent without BEGIN
+and COMMIT, whenever their outcome is the usual one (single.py).
 
 A transaction that has started runs to its end even if the awaiting task is cancelled (the
 task sees the cancellation; the database sees a whole transaction or none of it).

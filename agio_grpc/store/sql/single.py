@@ -2,20 +2,22 @@
 on one whose history the caller holds), a step the run stores while it holds its session,
 and the run's end.
 
-Elsewhere each is a transaction of three or four statements (sql/runs.py, sql/log.py). On
+Elsewhere each is a transaction of three to nine statements (sql/runs.py, sql/log.py). On
 PostgreSQL every statement is a round trip, and BEGIN and COMMIT are two more: a short run
 made twelve, a tool run twenty-two, each ~0.16 ms of this process's CPU through
 SQLAlchemy, asyncpg and TLS (docs/benchmarks/NOTES.md, change 33). Here each write is one
 data-modifying `WITH`, sent without BEGIN and COMMIT: one statement is atomic by itself.
 
-A statement is written before it runs, so it only covers the usual outcome: the steps go
-at the sequences the run numbered them with (the journal names them), under a session the
-run still holds, with the run still RUNNING. Every part of it is conditional on the
-session's row, so when any of that is not so it writes nothing (or aborts, `agio_abort`)
-and returns None, and the caller runs its transaction, which decides and raises as it
-always has. These are that transaction's usual case, never rules of their own. Data
-errors (class 22: a value PostgreSQL refuses, reported as the transaction reports it) go
-the same way; any other error is the transaction's error too and is raised as it is.
+A statement is written before it runs, so it only covers the usual outcome: the steps go at
+the sequences the run numbered them with (the journal names them), under a session the run
+still holds, with the run still RUNNING; a start takes a free session of its tenant whose
+last step is the one the caller's history ends with, and nothing else in its way. Every
+part of it is conditional on the session's row, so when any of that is not so it writes
+nothing (or aborts, `agio_abort`) and returns None, and the caller runs its transaction,
+which decides and raises as it always has. These are that transaction's usual case, never
+rules of their own. Data errors (class 22: a value PostgreSQL refuses, reported as the
+transaction reports it) go the same way; any other error is the transaction's error too and
+is raised as it is.
 
 Rows travel as JSON (`json_populate_recordset` over the table's own row type), one
 parameter per table, so the SQL is the same whatever the number of rows.
