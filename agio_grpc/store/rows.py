@@ -74,6 +74,14 @@ def stored_copy(step: Step, *, sequence: int, create_time: datetime) -> Step:
     )
 
 
+def stored_copies(steps: Sequence[Step], first: int, create_time: datetime) -> list[Step]:
+    """The caller's steps as stored at sequences `first`, `first + 1`..."""
+    return [
+        stored_copy(step, sequence=first + offset, create_time=create_time)
+        for offset, step in enumerate(steps)
+    ]
+
+
 METRIC_FIELDS: Final = tuple(field.name for field in dataclasses.fields(StepMetrics))
 SUMMARY_FIELDS: Final = ("summary_first_sequence", "summary_last_sequence")
 

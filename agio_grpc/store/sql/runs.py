@@ -1,5 +1,5 @@
 """`SqlRunLedger`: the run transitions (store/ledger.py), each one transaction (the usual
-ones one statement on PostgreSQL, single.py), on the reads of runs (run_records.py)."""
+ones one statement on PostgreSQL, single.py), built on the reads of runs (run_records.py)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ END_RUNNING_RUN: Final = Prepared(
 
 
 class SqlRunLedger(SqlRunRecords):
-    """A `RunLedger` on one `Database`: each transition one transaction (store/ledger.py)."""
+    """A `RunLedger` on one `Database`: each transition one transaction (store/ledger.py),
+    or, on PostgreSQL, a run's usual start and end one statement (sql/single.py)."""
 
     def __init__(self, database: Database, lease: Lease, quotas: Quotas) -> None:
         super().__init__(database, lease)

@@ -41,7 +41,7 @@ from agio_grpc.store.rows import (
     RUN_MUTABLE_COLUMNS,
     journal_row,
     step_row,
-    stored_copy,
+    stored_copies,
     stored_run,
 )
 from agio_grpc.store.sql.takes import Lease, run_update, run_values, session_values
@@ -176,10 +176,7 @@ def start_fresh(
 ) -> RunStart | None:
     """`store_start` of a run creating its session (`session`, as `stored_session` made
     it), when no tenant quota counts its runs: its steps at 1, 2..."""
-    now = utc_now()
-    stored = [
-        stored_copy(step, sequence=offset + 1, create_time=now) for offset, step in enumerate(steps)
-    ]
+    stored = stored_copies(steps, 1, utc_now())
     started = stored_run(
         replace(run, first_sequence=1, last_sequence=len(stored), step_count=len(stored))
     )
@@ -205,12 +202,9 @@ def start_on(
     """`store_start` of a run on a session that has steps, free and of the run's tenant, with
     nothing in its way, the caller's history ending at `since`, and no tenant quota counting
     the run: its input after `since`."""
-    now = utc_now()
     first = since.sequence + 1
-    stored = [
-        stored_copy(step, sequence=first + offset, create_time=now)
-        for offset, step in enumerate(steps)
-    ]
+    now = utc_now()
+    stored = stored_copies(steps, first, now)
     started = stored_run(
         replace(
             run,
@@ -244,10 +238,7 @@ def append_held(
     if (first := _first_sequence(steps)) is None:
         return None
     now = utc_now()
-    stored = [
-        stored_copy(step, sequence=first + offset, create_time=now)
-        for offset, step in enumerate(steps)
-    ]
+    stored = stored_copies(steps, first, now)
     params = {
         **_taking(stored[0].session_id, run_id, stored, now),
         "steps": _json([step_row(step) for step in stored]),
@@ -266,10 +257,7 @@ def end_run(
     if first is None:
         return None
     now = utc_now()
-    stored = [
-        stored_copy(step, sequence=first + offset, create_time=now)
-        for offset, step in enumerate(steps)
-    ]
+    stored = stored_copies(steps, first, now)
     ended = stored_run(run.with_steps(stored))
     params = {
         **_taking(run.session_id, run.id, stored, now),

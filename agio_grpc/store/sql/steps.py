@@ -48,7 +48,7 @@ from agio_grpc.store.rows import (
     journal_row,
     step_row,
     steps_from_rows,
-    stored_copy,
+    stored_copies,
 )
 from agio_grpc.store.tables import run_events as event_table
 from agio_grpc.store.tables import sessions as session_table
@@ -185,11 +185,7 @@ def insert_steps(conn: Connection, steps: Sequence[Step], first: int) -> list[St
     or in a session it just created with them); the steps as stored."""
     # Read the clock only once the sequences are ours, so create_time follows sequence
     # order even when writers queued for the session.
-    now = utc_now()
-    stored = [
-        stored_copy(step, sequence=first + offset, create_time=now)
-        for offset, step in enumerate(steps)
-    ]
+    stored = stored_copies(steps, first, utc_now())
     INSERT_STEPS.execute_many(conn, [step_row(step) for step in stored])
     return stored
 
