@@ -204,19 +204,21 @@ def of(run: Run, role: Role, sequence: int = 0, **fields: Any) -> Step:
     return Step(session_id=run.session_id, run_id=run.id, role=role, sequence=sequence, **fields)
 
 
-async def a_finished_run(store: StoreRoles, signal: StopSignal, **fields: Any) -> HistoryMark:
-    """A run on a new session that ended with `signal` after its answer at 2; the mark of
-    the history the caller then holds."""
+async def a_finished_run(
+    store: StoreRoles, signal: StopSignal, **fields: Any
+) -> tuple[str, HistoryMark]:
+    """A run on a new session that ended with `signal` after its answer at 2: the session,
+    and the mark of the history the caller then holds."""
     session = Session()
     run = Run(session_id=session.id, agent="a", **fields)
     started = await store.start_run(run, [of(run, Role.USER, content="hi")], new_session=session)
     answer = of(run, Role.ASSISTANT, 2, content="done")
     end = await store.end_run(started.run.ended(signal), steps=[answer])
-    return HistoryMark(2, end.steps[0].id)
+    return session.id, HistoryMark(2, end.steps[0].id)
 
 
-def next_run(store_session: str, **fields: Any) -> tuple[Run, list[Step]]:
-    run = Run(session_id=store_session, agent="a", **fields)
+def next_run(session_id: str, **fields: Any) -> tuple[Run, list[Step]]:
+    run = Run(session_id=session_id, agent="a", **fields)
     return run, [of(run, Role.USER, content="again")]
 
 
@@ -352,23 +354,11 @@ async def test_a_tenant_quota_on_running_runs_starts_through_the_transaction(
         await roles.close()
 
 
-async def session_of(store: StoreRoles, mark: HistoryMark) -> str:
-    """The session whose history ends at `mark`."""
-    engine = create_async_engine(store._database._engine.url)  # type: ignore[attr-defined]
-    try:
-        async with engine.connect() as conn:
-            query = select(steps.c.session_id).where(steps.c.id == mark.step_id)
-            return str((await conn.execute(query)).scalar_one())
-    finally:
-        await engine.dispose()
-
-
 @ONLY_POSTGRES
 async def test_a_run_on_a_session_whose_history_the_caller_holds_starts_in_one_statement(
     store: StoreRoles, trips: RoundTrips
 ) -> None:
-    mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
-    session_id = await session_of(store, mark)
+    session_id, mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
     run, first = next_run(session_id, request_id="req-2")
     trips.take()
 
@@ -397,10 +387,11 @@ async def test_a_start_the_transaction_refuses_is_refused_as_it_refuses_it(
     store: StoreRoles, trips: RoundTrips, why: str, raised: type[Exception]
 ) -> None:
     if why == "a run waits for its client":
-        mark = await a_finished_run(store, StopSignal(StopReason.REQUIRES_ACTION))
+        session_id, mark = await a_finished_run(store, StopSignal(StopReason.REQUIRES_ACTION))
     else:
-        mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED), request_id="req-1")
-    session_id = await session_of(store, mark)
+        session_id, mark = await a_finished_run(
+            store, StopSignal(StopReason.COMPLETED), request_id="req-1"
+        )
     if why == "another run holds it":
         await store.take_session(session_id, "run_other")
     run, first = next_run(
@@ -424,8 +415,7 @@ async def test_a_start_the_transaction_refuses_is_refused_as_it_refuses_it(
 async def test_a_start_after_a_history_the_caller_does_not_hold_reads_it_in_the_transaction(
     store: StoreRoles, trips: RoundTrips, stale: str
 ) -> None:
-    mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
-    session_id = await session_of(store, mark)
+    session_id, mark = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
     if stale == "missed_the_last_step":
         held = HistoryMark(1, mark.step_id)
     else:  # a log rolled back and written again to the same length
