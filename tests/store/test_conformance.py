@@ -42,6 +42,7 @@ from agio_grpc.store import (
 from agio_grpc.store.errors import HistoryChangedError
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
 from agio_grpc.store.records import HistoryMark, RunEnd
+from agio_grpc.store.sql.steps import READ_BATCH
 from agio_grpc.store.tables import metadata, runs, sessions, steps
 from tests.postgres import free_local_port
 from tests.roles import StoreRoles, open_roles
@@ -458,6 +459,22 @@ async def test_get_history_since_a_step_that_was_cut_and_replaced_reads_from_the
         await store.get_history_since("sess_missing", HistoryMark(1, held.id))
     with pytest.raises(NotFoundError):
         await store.get_history_since("sess_missing", None)
+
+
+async def test_reads_longer_than_a_fetch_batch_keep_every_step_in_order(
+    store: StoreRoles,
+) -> None:
+    count = 2 * READ_BATCH + 3  # two whole batches and a part of one
+    session = await session_with_steps(store, count)
+
+    steps = await store.get_steps(session.id)
+    assert [s.sequence for s in steps] == list(range(1, count + 1))
+    assert [s.content for s in steps] == [f"m{i}" for i in range(1, count + 1)]
+    assert await store.get_history(session.id) == [conversation_of(s) for s in steps]
+    tail = await store.get_history(session.id, start=READ_BATCH)
+    assert [s.sequence for s in tail] == list(range(READ_BATCH, count + 1))
+    page = await store.get_steps(session.id, 2, limit=READ_BATCH + 1)
+    assert [s.sequence for s in page] == list(range(2, READ_BATCH + 3))
 
 
 async def test_get_steps_by_range_and_limit(store: StoreRoles) -> None:

@@ -21,7 +21,9 @@ import pytest
 from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy import exc as sa_exc
 
+from agio_grpc.domain import Role, Step
 from agio_grpc.store import SequenceConflictError, StoreError, StoreUnavailableError
+from agio_grpc.store import prepared as prepared_module
 from agio_grpc.store.database import Database, executes_directly, open_database, parse_url
 from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.tables import runs, sessions, steps
@@ -207,6 +209,33 @@ def test_only_sqlite_statements_skip_sqlalchemys_execution_layer() -> None:
 
     assert executes_directly(sqlite_dialect)
     assert not executes_directly(postgres_dialect)
+
+
+async def test_reading_steps_again_compiles_nothing(
+    store: StoreRoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = await store.new_session()
+    step = Step(session_id=session.id, run_id="run_1", role=Role.USER, content="hi")
+    await store.append_steps([step])
+
+    async def read_every_way() -> None:
+        await store.get_steps(session.id)
+        await store.get_steps(session.id, 1, 1, limit=1)
+        await store.get_history(session.id)
+        await store.get_history(session.id, 1, 1)
+
+    await read_every_way()
+    compiled: list[Any] = []
+    real_compile = prepared_module._compile
+
+    def counted(*args: Any) -> Any:
+        compiled.append(args[0])
+        return real_compile(*args)
+
+    monkeypatch.setattr(prepared_module, "_compile", counted)
+    await read_every_way()
+
+    assert compiled == []
 
 
 async def test_a_connection_closed_under_a_transaction_is_invalidated_and_replaced(
