@@ -188,8 +188,9 @@ class SqlRunLedger(SqlRunRecords):
         journal: Journal | None,
     ) -> RunStart | None:
         """A run's start as one statement where that can be (sql/single.py): on a new
-        session, or on one whose history the caller holds up to `since`. None: it is for
-        `start_run`'s transaction."""
+        session, or on one whose history the caller holds up to `since`; on one whose
+        history it does not hold, two (the history read, then the start after it). None: it
+        is for `start_run`'s transaction."""
         if not self._one_statement or self._quotas.counts_running or run.rollback_from:
             return None
         lease = self._lease
@@ -197,11 +198,22 @@ class SqlRunLedger(SqlRunRecords):
             return await self._database.run_statement(
                 lambda conn: single.start_fresh(conn, fresh, lease, run, steps, journal)
             )
-        if since is None or since.sequence < 1:
-            return None
-        return await self._database.run_statement(
-            lambda conn: single.start_on(conn, run, steps, since, lease, journal)
+        if since is not None and since.sequence >= 1:
+            return await self._database.run_statement(
+                lambda conn: single.start_on(conn, run, steps, since, lease, journal)
+            )
+        history = await self._database.run_statement(
+            lambda conn: single.free_history(conn, run.session_id, run.tenant)
         )
+        if not history:
+            return None
+        read = HistoryMark(history[-1].sequence, history[-1].id)
+        started = await self._database.run_statement(
+            lambda conn: single.start_on(conn, run, steps, read, lease, journal)
+        )
+        if started is None:
+            return None
+        return replace(started, history=[*history, *started.history], history_start=1)
 
     async def start_queued_run(
         self,
