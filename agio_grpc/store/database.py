@@ -129,6 +129,12 @@ class Database(Protocol):
         runs it without BEGIN and COMMIT, two round trips fewer."""
         ...
 
+    async def read_statement(self, work: Callable[[Connection], T]) -> T:
+        """`run` for a `work` that reads with one statement, consistent by itself: off the
+        event loop's thread on SQLite (a reader's), without BEGIN and COMMIT on
+        PostgreSQL."""
+        ...
+
     async def dispose(self) -> None:
         """Close every connection."""
         ...
@@ -250,6 +256,9 @@ class SqliteDatabase:
     async def run_statement(self, work: Callable[[Connection], T]) -> T:
         return await self.run(work, write=True, brief=True)
 
+    async def read_statement(self, work: Callable[[Connection], T]) -> T:
+        return await self.run(work, write=False)
+
     def _open_brief(self) -> None:
         if self._brief is None or self._brief_open:
             return
@@ -335,6 +344,9 @@ class PostgresDatabase:
         return await self._on_connection(lambda conn: _in_transaction(conn, work), isolation)
 
     async def run_statement(self, work: Callable[[Connection], T]) -> T:
+        return await self._on_connection(work, "AUTOCOMMIT")
+
+    async def read_statement(self, work: Callable[[Connection], T]) -> T:
         return await self._on_connection(work, "AUTOCOMMIT")
 
     async def _on_connection(self, work: Callable[[Connection], T], isolation: str | None) -> T:

@@ -11,14 +11,16 @@ import asyncio
 import dataclasses
 import sys
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
+    DEFAULT_TENANT,
     ApprovalDecision,
     Role,
     Run,
@@ -42,7 +44,7 @@ from agio_grpc.store import (
 from agio_grpc.store.errors import HistoryChangedError
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
 from agio_grpc.store.records import HistoryMark, RunEnd
-from agio_grpc.store.sql.steps import READ_BATCH
+from agio_grpc.store.sql.steps import READ_BATCH, free_history
 from agio_grpc.store.tables import metadata, runs, sessions, steps
 from tests.postgres import free_local_port
 from tests.roles import StoreRoles, open_roles
@@ -1252,6 +1254,97 @@ async def test_start_run_since_a_mark_that_does_not_hold_reads_the_whole_history
 
     assert started.history_start == 1
     assert [step.sequence for step in started.history] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("count", [0, 3, READ_BATCH + 1])
+async def test_start_run_without_a_held_history_returns_it_as_get_history_reads_it(
+    store: StoreRoles, count: int
+) -> None:
+    session = await session_with_steps(store, count)
+    before = await store.get_history(session.id)
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(run, [user(session.id, "next", run_id=run.id)])
+
+    assert started.history_start == 1
+    assert started.history == [*before, *started.steps]
+    assert [step.sequence for step in started.steps] == [count + 1]
+    assert (await store.get_session(session.id)).active_run_id == run.id
+
+
+def written_between(session_id: str, how: str) -> list[Any]:
+    """What another writer commits between a start's history read and its write: a step
+    appended at 3, or the step at 2 cut and written again (the log as long as before)."""
+    if how == "appended":
+        return [
+            insert(steps).values(
+                id="step_appended",
+                session_id=session_id,
+                sequence=3,
+                role="user",
+                content="meanwhile",
+                create_time=datetime.now(UTC),
+            ),
+            update(sessions).where(sessions.c.id == session_id).values(last_sequence=3),
+        ]
+    return [
+        delete(steps).where(steps.c.session_id == session_id, steps.c.sequence == 2),
+        insert(steps).values(
+            id="step_rewritten",
+            session_id=session_id,
+            sequence=2,
+            role="assistant",
+            content="again",
+            create_time=datetime.now(UTC),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("how", ["appended", "rewritten"])
+async def test_a_write_between_a_start_s_history_read_and_its_write_is_in_its_history(
+    store: StoreRoles, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    session = await session_with_steps(store, 2)
+    read = free_history
+
+    def read_then_written(conn: Connection, session_id: str, tenant: str) -> list[Step]:
+        history = read(conn, session_id, tenant)
+        for statement in written_between(session_id, how):
+            conn.execute(statement)  # committed before the start's write begins
+        return history
+
+    monkeypatch.setattr("agio_grpc.store.sql.runs.free_history", read_then_written)
+    run = Run(session_id=session.id, agent="helper")
+
+    started = await store.start_run(run, [user(session.id, "next", run_id=run.id)])
+
+    logged = await store.get_history(session.id)
+    assert started.history_start == 1
+    assert started.history == [*logged[:-1], *started.steps]  # the log as it is now
+    assert logged[-1].id == started.steps[0].id
+    if how == "appended":
+        assert [step.content for step in logged[:3]] == ["m1", "m2", "meanwhile"]
+    else:
+        assert [step.id for step in logged][1] == "step_rewritten"
+    assert started.run.first_sequence == started.steps[0].sequence == len(logged)
+
+
+async def test_a_start_s_history_read_reads_only_a_free_session_of_the_run_s_tenant(
+    store: StoreRoles,
+) -> None:
+    session = await session_with_steps(store, 2)
+    held = await session_with_steps(store, 2)
+    await store.take_session(held.id, "run_holder")
+
+    async def read(session_id: str, tenant: str = DEFAULT_TENANT) -> list[Step]:
+        return await store._database.read_statement(
+            lambda conn: free_history(conn, session_id, tenant)
+        )
+
+    assert await read(session.id) == await store.get_history(session.id)
+    assert await read(session.id, tenant="other") == []  # nothing of another tenant's
+    assert await read(held.id) == []  # a held session: the start's transaction decides
+    assert await read("sess_missing") == []
 
 
 async def test_start_run_on_a_busy_session_writes_nothing(store: StoreRoles) -> None:

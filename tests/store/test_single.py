@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, event, select, text
+from sqlalchemy import event, select
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -37,7 +37,7 @@ from agio_grpc.store.errors import (
     TenantQuotaError,
 )
 from agio_grpc.store.records import HistoryMark, JournalRecord, TenantQuotas
-from agio_grpc.store.sql import DEFAULT_SESSION_LEASE_S, open_store, single
+from agio_grpc.store.sql import DEFAULT_SESSION_LEASE_S, open_store
 from agio_grpc.store.sql.takes import Lease
 from agio_grpc.store.tables import run_events, runs, sessions, steps
 from tests.postgres import TestDatabases
@@ -466,76 +466,3 @@ async def test_a_run_on_a_session_whose_history_the_caller_does_not_hold_reads_i
     assert started.history == [*before, *started.steps]
     assert (await store.get_session(session_id)).active_run_id == run.id
     assert [r.data["sequences"] for r in await store.read_journal(run.id)] == [[3]]
-
-
-REWRITTEN_STEP = "step_rewritten"
-
-
-def write_between(session_id: str, how: str) -> Any:
-    """SQL another writer commits between the history read and the start: a step appended
-    at 3, or the step at 2 cut and written again (the log as long as before)."""
-    insert_at = "INSERT INTO steps (id, session_id, sequence, role, content, create_time) "
-    if how == "appended":
-        return [
-            text(insert_at + "VALUES ('step_appended', :s, 3, 'user', 'meanwhile', now())"),
-            text("UPDATE sessions SET last_sequence = 3 WHERE id = :s"),
-        ]
-    return [
-        text("DELETE FROM steps WHERE session_id = :s AND sequence = 2"),
-        text(insert_at + f"VALUES ('{REWRITTEN_STEP}', :s, 2, 'assistant', 'again', now())"),
-    ]
-
-
-@ONLY_POSTGRES
-@pytest.mark.parametrize("how", ["appended", "rewritten"])
-async def test_a_write_between_the_history_read_and_the_start_sends_it_to_the_transaction(
-    store: StoreRoles, trips: RoundTrips, monkeypatch: pytest.MonkeyPatch, how: str
-) -> None:
-    session_id, _ = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
-    read = single.free_history
-
-    def read_then_written(conn: Connection, session: str, tenant: str) -> list[Step]:
-        history = read(conn, session, tenant)
-        for statement in write_between(session_id, how):
-            conn.execute(statement, {"s": session_id})  # autocommit: committed at once
-        return history
-
-    monkeypatch.setattr(single, "free_history", read_then_written)
-    run, first = next_run(session_id)
-    trips.take()
-
-    started = await store.start_run(run, first, journal=journal_of(1))
-
-    assert trips.take()[1] == 1  # the start wrote nothing; the transaction read it again
-    logged = await store.get_history(session_id)
-    assert started.history[:-1] == logged[:-1]  # read again, as the log is now
-    assert [s.id for s in started.history] == [s.id for s in logged]
-    assert started.history_start == 1
-    if how == "appended":
-        assert [s.sequence for s in logged] == [1, 2, 3, 4]
-        assert started.steps[0].sequence == 4
-    else:
-        assert [s.id for s in logged][1:] == [REWRITTEN_STEP, started.steps[0].id]
-        assert started.steps[0].sequence == 3
-    assert [r.data["sequences"] for r in await store.read_journal(run.id)] == [
-        [started.steps[0].sequence]
-    ]
-
-
-@ONLY_POSTGRES
-async def test_the_history_read_before_a_start_reads_only_a_free_session_of_the_tenant(
-    store: StoreRoles,
-) -> None:
-    session_id, _ = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
-    held_id, _ = await a_finished_run(store, StopSignal(StopReason.COMPLETED))
-    await store.take_session(held_id, "run_other")
-
-    async def read(session: str, tenant: str = DEFAULT_TENANT) -> list[Step]:
-        return await store._database.run_statement(
-            lambda conn: single.free_history(conn, session, tenant)
-        )
-
-    assert await read(session_id) == await store.get_history(session_id)
-    assert await read(session_id, tenant="other") == []  # nothing of another tenant's
-    assert await read(held_id) == []  # a held session: the transaction decides
-    assert await read("sess_missing") == []

@@ -66,6 +66,7 @@ from agio_grpc.store.sql.steps import (
     append,
     check_last_step,
     delete_steps,
+    free_history,
     require_session,
     write_journal,
 )
@@ -106,6 +107,20 @@ END_RUNNING_RUN: Final = Prepared(
 )
 
 
+def _check_start(run: Run, steps: Sequence[Step], new_session: Session | None) -> None:
+    """ValueError for a `start_run` no caller may make."""
+    if not steps:
+        raise ValueError("start_run needs the run's first steps")
+    if new_session is not None and new_session.id != run.session_id:
+        raise ValueError("start_run: the new session must be the run's session")
+    if new_session is not None and new_session.tenant != run.tenant:
+        raise ValueError("start_run: the new session must be the run's tenant's")
+    if any(step.session_id != run.session_id for step in steps):
+        raise ValueError("start_run takes steps of the run's session")
+    if not run.id:
+        raise ValueError("start_run needs a run id")
+
+
 class SqlRunLedger(SqlRunRecords):
     """A `RunLedger` on one `Database`: each transition one transaction (store/ledger.py),
     or, on PostgreSQL, a run's usual start and end one statement (sql/single.py)."""
@@ -124,16 +139,32 @@ class SqlRunLedger(SqlRunRecords):
         journal: Journal | None = None,
         queue: QueueRequest | None = None,
     ) -> RunStart:
-        if not steps:
-            raise ValueError("start_run needs the run's first steps")
-        if new_session is not None and new_session.id != run.session_id:
-            raise ValueError("start_run: the new session must be the run's session")
-        if new_session is not None and new_session.tenant != run.tenant:
-            raise ValueError("start_run: the new session must be the run's tenant's")
-        if any(step.session_id != run.session_id for step in steps):
-            raise ValueError("start_run takes steps of the run's session")
-        if not run.id:
-            raise ValueError("start_run needs a run id")
+        _check_start(run, steps, new_session)
+        read: list[Step] = []
+        if new_session is None and (since is None or since.sequence < 1) and not run.rollback_from:
+            # The history the caller does not hold, read first: the start then writes
+            # after it briefly (one statement on PostgreSQL) instead of holding the write
+            # lock through the read, or reads it again when a write came in between.
+            read = await self._database.read_statement(
+                lambda conn: free_history(conn, run.session_id, run.tenant)
+            )
+            since = HistoryMark(read[-1].sequence, read[-1].id) if read else since
+        started = await self._start(run, steps, new_session, since, journal, queue)
+        if read and since is not None and started.history_start == since.sequence + 1:
+            return replace(started, history=[*read, *started.history], history_start=1)
+        return started
+
+    async def _start(
+        self,
+        run: Run,
+        steps: Sequence[Step],
+        new_session: Session | None,
+        since: HistoryMark | None,
+        journal: Journal | None,
+        queue: QueueRequest | None,
+    ) -> RunStart:
+        """`start_run` once its history is read: one statement where that can be, else its
+        transaction."""
         fresh = stored_session(new_session) if new_session is not None else None
         session_id = run.session_id
         quotas, owner = self._quotas, self._lease.owner
@@ -174,8 +205,8 @@ class SqlRunLedger(SqlRunRecords):
 
         if (started := await self._start_in_one(fresh, run, steps, since, journal)) is not None:
             return started
-        # Brief unless it reads a whole history (a session this process kept none of) or
-        # deletes a rolled back run's steps.
+        # Brief unless it reads a whole history (a rolled back run's session: not read
+        # before) or deletes a rolled back run's steps.
         brief = new_session is not None or (since is not None and not run.rollback_from)
         return await self._write(work, brief=brief)
 
@@ -188,9 +219,8 @@ class SqlRunLedger(SqlRunRecords):
         journal: Journal | None,
     ) -> RunStart | None:
         """A run's start as one statement where that can be (sql/single.py): on a new
-        session, or on one whose history the caller holds up to `since`; on one whose
-        history it does not hold, two (the history read, then the start after it). None: it
-        is for `start_run`'s transaction."""
+        session, or on one whose history the caller holds up to `since`. None: it is for
+        `start_run`'s transaction."""
         if not self._one_statement or self._quotas.counts_running or run.rollback_from:
             return None
         lease = self._lease
@@ -198,22 +228,11 @@ class SqlRunLedger(SqlRunRecords):
             return await self._database.run_statement(
                 lambda conn: single.start_fresh(conn, fresh, lease, run, steps, journal)
             )
-        if since is not None and since.sequence >= 1:
-            return await self._database.run_statement(
-                lambda conn: single.start_on(conn, run, steps, since, lease, journal)
-            )
-        history = await self._database.run_statement(
-            lambda conn: single.free_history(conn, run.session_id, run.tenant)
-        )
-        if not history:
+        if since is None or since.sequence < 1:
             return None
-        read = HistoryMark(history[-1].sequence, history[-1].id)
-        started = await self._database.run_statement(
-            lambda conn: single.start_on(conn, run, steps, read, lease, journal)
+        return await self._database.run_statement(
+            lambda conn: single.start_on(conn, run, steps, since, lease, journal)
         )
-        if started is None:
-            return None
-        return replace(started, history=[*history, *started.history], history_start=1)
 
     async def start_queued_run(
         self,

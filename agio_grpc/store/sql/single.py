@@ -1,7 +1,7 @@
 """A run's usual writes as one statement each on PostgreSQL: its start (on a new session, or
 on one whose history the caller holds), a step the run stores while it holds its session,
-and the run's end. A start on a session whose history the caller does not hold (another
-member ran it, or this server restarted) is two: the history read, then the start on it.
+and the run's end. (A start on a session whose history the caller does not hold reads
+that history first, in a statement of its own: `steps.free_history`.)
 
 Elsewhere each is a transaction of three to nine statements (sql/runs.py, sql/log.py). On
 PostgreSQL every statement is a round trip, and BEGIN and COMMIT are two more: a short run
@@ -32,30 +32,26 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, Table, TextClause, bindparam, or_, select, text
+from sqlalchemy import Connection, Table, TextClause, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 
 from agio_grpc.domain import Run, RunStatus, Session, Step, utc_now
-from agio_grpc.store.prepared import Prepared
 from agio_grpc.store.records import HistoryMark, Journal, JournalRecord, RunEnd, RunStart
 from agio_grpc.store.rows import (
-    HISTORY_READ_COLUMNS,
     RUN_MUTABLE_COLUMNS,
-    history_from_rows,
     journal_row,
     step_row,
     stored_copies,
     stored_run,
 )
-from agio_grpc.store.sql.steps import read_steps
 from agio_grpc.store.sql.takes import Lease, run_update, run_values, session_values
 from agio_grpc.store.tables import run_events as event_table
 from agio_grpc.store.tables import runs as run_table
 from agio_grpc.store.tables import sessions as session_table
 from agio_grpc.store.tables import steps as step_table
 
-__all__ = ["append_held", "end_run", "free_history", "start_fresh", "start_on"]
+__all__ = ["append_held", "end_run", "start_fresh", "start_on"]
 
 # What `agio_abort` raises (revision 0015): the statement wrote nothing; run the transaction.
 ABORTED: Final = "AG001"
@@ -169,34 +165,6 @@ END_RUN: Final = text(
             THEN agio_abort('the run does not end as written') END
     """
 )
-
-
-# The conversation of a free session of the tenant's, as `get_history` reads it; nothing
-# when the session is another tenant's, missing or held.
-FREE_HISTORY: Final = Prepared(
-    select(*HISTORY_READ_COLUMNS)
-    .join_from(step_table, session_table, session_table.c.id == step_table.c.session_id)
-    .where(
-        step_table.c.session_id == bindparam("session_id"),
-        session_table.c.tenant == bindparam("tenant"),
-        or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
-    )
-    .order_by(step_table.c.sequence)
-)
-
-
-def free_history(conn: Connection, session_id: str, tenant: str) -> list[Step]:
-    """The history a start on session `session_id` reads when the caller holds none, for
-    `start_on` to start after: empty unless the session is free, `tenant`'s and has steps.
-
-    Read in a statement of its own, before the start: the start's `UPDATE` takes the
-    session only while its last sequence is the one read here, and `agio_start_blocked`
-    only while the step there is the one read here, so a write in between (an append, a
-    log cut and written again to the same length) sends the start to its transaction.
-    Steps are only ever appended or cut from some sequence on, so a history whose last
-    step is still the one read is the history read."""
-    params = {"session_id": session_id, "tenant": tenant}
-    return read_steps(conn, session_id, FREE_HISTORY, params, history_from_rows)
 
 
 def start_fresh(

@@ -161,6 +161,32 @@ def read_history(
     return steps
 
 
+# The conversation of a free session of the tenant's, as `get_history` reads it; nothing
+# when the session is another tenant's, missing or held.
+FREE_HISTORY: Final = Prepared(
+    SELECT_SESSION_HISTORY.join_from(
+        step_table, session_table, session_table.c.id == step_table.c.session_id
+    )
+    .where(
+        session_table.c.tenant == bindparam("tenant"),
+        or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
+    )
+    .order_by(step_table.c.sequence)
+)
+
+
+def free_history(conn: Connection, session_id: str, tenant: str) -> list[Step]:
+    """The history of session `session_id` for a run's start to start after, read before
+    the start and outside its transaction: empty unless the session is free, `tenant`'s
+    and has steps. The start, given the mark of its last step, stores its run only while
+    that step is still the session's last (`read_start`; on PostgreSQL the one statement
+    of `single.start_on`), and steps are only ever appended or cut from some sequence on:
+    so the history read here is the history the run starts after, or the start reads it
+    again in its transaction."""
+    params = {"session_id": session_id, "tenant": tenant}
+    return read_steps(conn, session_id, FREE_HISTORY, params, history_from_rows)
+
+
 def read_start(
     conn: Connection, session_id: str, since: HistoryMark | None, end: int | None
 ) -> int:
