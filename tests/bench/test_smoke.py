@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import ab, concurrency, connect, procs, runs, store, streaming
+from bench import ab, concurrency, connect, long_start, procs, runs, store, streaming
 from bench.store import measure_store
 
 # Benchmark smoke runs: processes of their own, tens of seconds each (make test-slow).
@@ -83,6 +83,14 @@ async def test_the_store_measurements_run_on_sqlite(tmp_path: Path) -> None:
     assert {len(samples.context[10]), len(samples.full_read[10])} == {2}
     assert {len(samples.start_whole[10]), len(samples.start_held[10])} == {2}
     assert samples.writes_per_s[2][0] > 0
+
+
+async def test_the_long_start_benchmark_times_the_appends_and_the_starts() -> None:
+    result = await long_start.measure(steps=300, writers=2, starts=2)
+    assert result.appends > 0
+    assert result.appends_per_s > 0
+    assert 0 < result.append_p50_ms <= result.append_p99_ms <= result.append_max_ms
+    assert result.start_p50_ms > 0
 
 
 async def test_the_store_measurements_are_pooled_from_processes_of_their_own() -> None:
