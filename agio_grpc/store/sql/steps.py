@@ -21,6 +21,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    exists,
     insert,
     or_,
     select,
@@ -162,16 +163,17 @@ def read_history(
 
 
 # The conversation of a free session of the tenant's, as `get_history` reads it; nothing
-# when the session is another tenant's, missing or held.
+# when the session is another tenant's, missing or held. The session's check is a
+# subquery of its own, run once before the steps are (PostgreSQL's one-time filter, SQLite's
+# constant term), not a join the planner may run once a step.
 FREE_HISTORY: Final = Prepared(
-    SELECT_SESSION_HISTORY.join_from(
-        step_table, session_table, session_table.c.id == step_table.c.session_id
-    )
-    .where(
-        session_table.c.tenant == bindparam("tenant"),
-        or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
-    )
-    .order_by(step_table.c.sequence)
+    SELECT_SESSION_HISTORY.where(
+        exists().where(
+            session_table.c.id == bindparam("session_id"),
+            session_table.c.tenant == bindparam("tenant"),
+            or_(session_table.c.active_run_id.is_(None), session_table.c.active_run_id == ""),
+        )
+    ).order_by(step_table.c.sequence)
 )
 
 
