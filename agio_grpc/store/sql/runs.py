@@ -143,8 +143,9 @@ class SqlRunLedger(SqlRunRecords):
         read: list[Step] = []
         if new_session is None and (since is None or since.sequence < 1) and not run.rollback_from:
             # The history the caller does not hold, read first: the start then writes
-            # after it briefly (one statement on PostgreSQL) instead of holding the write
-            # lock through the read, or reads it again when a write came in between.
+            # after it briefly (one statement on PostgreSQL) rather than holding the write
+            # lock through the read, reading only what a write in between added (or all
+            # of it again, when that write cut the log).
             read = await self._database.read_statement(
                 lambda conn: free_history(conn, run.session_id, run.tenant)
             )
@@ -205,8 +206,8 @@ class SqlRunLedger(SqlRunRecords):
 
         if (started := await self._start_in_one(fresh, run, steps, since, journal)) is not None:
             return started
-        # Brief unless it reads a whole history (a rolled back run's session: not read
-        # before) or deletes a rolled back run's steps.
+        # Brief unless it reads a whole history (none was read before: the session is
+        # held, empty, missing, or a rolled back run's) or deletes a rolled back run's steps.
         brief = new_session is not None or (since is not None and not run.rollback_from)
         return await self._write(work, brief=brief)
 

@@ -180,11 +180,11 @@ FREE_HISTORY: Final = Prepared(
 def free_history(conn: Connection, session_id: str, tenant: str) -> list[Step]:
     """The history of session `session_id` for a run's start to start after, read before
     the start and outside its transaction: empty unless the session is free, `tenant`'s
-    and has steps. The start, given the mark of its last step, stores its run only while
-    that step is still the session's last (`read_start`; on PostgreSQL the one statement
-    of `single.start_on`), and steps are only ever appended or cut from some sequence on:
-    so the history read here is the history the run starts after, or the start reads it
-    again in its transaction."""
+    and has steps. Given the mark of its last step, the start reads only what came after
+    it while that step is still at its sequence (`read_start`; on PostgreSQL the one
+    statement of `single.start_on` goes ahead only while it is still the last), else the
+    whole history again. Steps are never changed, only appended or cut from some sequence
+    on, so while the step is there so is every step read before it."""
     params = {"session_id": session_id, "tenant": tenant}
     return read_steps(conn, session_id, FREE_HISTORY, params, history_from_rows)
 
