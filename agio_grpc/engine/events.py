@@ -66,6 +66,14 @@ class StepDelta:
 
     def merged(self, later: StepDelta) -> StepDelta:
         """This delta followed by `later` (same step) as one delta."""
+        if not self.tool_calls and not later.tool_calls:  # text only: every burst's deltas
+            return StepDelta(
+                self.step_id,
+                self.content + later.content,
+                self.reasoning_content + later.reasoning_content,
+                (),
+                self.sequence,
+            )
         calls = {call.index: call for call in self.tool_calls}
         for call in later.tool_calls:
             before = calls.get(call.index)

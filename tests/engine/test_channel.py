@@ -104,6 +104,16 @@ async def test_tool_call_fragments_merge_by_index() -> None:
     )
 
 
+def test_a_merge_keeps_text_reasoning_and_calls_of_either_side_in_order() -> None:
+    text = StepDelta("s1", "The ", "think ", (), sequence=4)
+    more = StepDelta("s1", "fox", "hard", (), sequence=4)
+    call = StepDelta("s1", "", "", (ToolCallDelta(0, "call_a", "calc", "{"),), sequence=4)
+
+    assert text.merged(more) == StepDelta("s1", "The fox", "think hard", (), sequence=4)
+    assert text.merged(call) == StepDelta("s1", "The ", "think ", call.tool_calls, sequence=4)
+    assert call.merged(text) == StepDelta("s1", "The ", "think ", call.tool_calls, sequence=4)
+
+
 async def test_replay_starts_after_the_given_seq_and_follows_live() -> None:
     channel = RunChannel("run", "sess")
     for i in range(3):
