@@ -1275,29 +1275,21 @@ async def test_start_run_without_a_held_history_returns_it_as_get_history_reads_
 def written_between(session_id: str, how: str) -> list[Any]:
     """What another writer commits between a start's history read and its write: a step
     appended at 3, or the step at 2 cut and written again (the log as long as before)."""
+    sequence, step_id = (3, "step_appended") if how == "appended" else (2, "step_rewritten")
+    written = insert(steps).values(
+        id=step_id,
+        session_id=session_id,
+        sequence=sequence,
+        role="user",
+        content=how,
+        create_time=datetime.now(UTC),
+    )
     if how == "appended":
         return [
-            insert(steps).values(
-                id="step_appended",
-                session_id=session_id,
-                sequence=3,
-                role="user",
-                content="meanwhile",
-                create_time=datetime.now(UTC),
-            ),
+            written,
             update(sessions).where(sessions.c.id == session_id).values(last_sequence=3),
         ]
-    return [
-        delete(steps).where(steps.c.session_id == session_id, steps.c.sequence == 2),
-        insert(steps).values(
-            id="step_rewritten",
-            session_id=session_id,
-            sequence=2,
-            role="assistant",
-            content="again",
-            create_time=datetime.now(UTC),
-        ),
-    ]
+    return [delete(steps).where(steps.c.session_id == session_id, steps.c.sequence == 2), written]
 
 
 @pytest.mark.parametrize("how", ["appended", "rewritten"])
@@ -1323,7 +1315,7 @@ async def test_a_write_between_a_start_s_history_read_and_its_write_is_in_its_hi
     assert started.history == [*logged[:-1], *started.steps]  # the log as it is now
     assert logged[-1].id == started.steps[0].id
     if how == "appended":
-        assert [step.content for step in logged[:3]] == ["m1", "m2", "meanwhile"]
+        assert [step.content for step in logged[:3]] == ["m1", "m2", "appended"]
     else:
         assert [step.id for step in logged][1] == "step_rewritten"
     assert started.run.first_sequence == started.steps[0].sequence == len(logged)
