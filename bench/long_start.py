@@ -23,9 +23,8 @@ from pathlib import Path
 
 from agio_grpc.domain import Role, Run, Session, Step
 from agio_grpc.store.sql import SqlStore, open_store
-from bench.sessions import stored_session
+from bench.sessions import stored_session, tool_rounds
 from bench.stats import median, percentile
-from bench.store import _steps
 
 APPEND_EVERY_S = 0.002
 
@@ -61,7 +60,7 @@ async def measure(steps: int, writers: int, starts: int) -> LongStartResult:
 
 
 async def _measure(store: SqlStore, steps: int, writers: int, starts: int) -> LongStartResult:
-    long_id = await stored_session(store, lambda session_id: _steps(session_id, steps))
+    long_id = await stored_session(store, lambda session_id: tool_rounds(session_id, steps))
     after = (await store.log.get_session(long_id)).step_count + 1
     appends: list[float] = []
     start_ms: list[float] = []

@@ -38,12 +38,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agio_grpc.domain import Role, Run, Step, ToolCall
+from agio_grpc.domain import Role, Run, Step
 from agio_grpc.engine.context import build_context
 from agio_grpc.engine.history import CachedHistory, HistoryCache
 from agio_grpc.store.sql import SqlStore, open_store
 from bench import procs
-from bench.sessions import stored_session
+from bench.sessions import stored_session, tool_rounds
 from bench.stats import median, percentile
 
 
@@ -108,31 +108,6 @@ class StoreSamples:
             for name, mapping in data.items()
         }
         return cls(**by_size, processes=processes)
-
-
-def _steps(session_id: str, count: int) -> list[Step]:
-    steps: list[Step] = []
-    for index in range(count):
-        match index % 4:
-            case 0:
-                steps.append(Step(session_id, "run_b", Role.USER, content=f"question {index}"))
-            case 1:
-                call = ToolCall(f"call_{index}", "calculate", '{"expression": "2 + 2"}')
-                steps.append(Step(session_id, "run_b", Role.ASSISTANT, tool_calls=[call]))
-            case 2:
-                steps.append(
-                    Step(
-                        session_id,
-                        "run_b",
-                        Role.TOOL,
-                        content="4",
-                        tool_call_id=f"call_{index - 1}",
-                        name="calculate",
-                    )
-                )
-            case _:
-                steps.append(Step(session_id, "run_b", Role.ASSISTANT, content="The answer is 4."))
-    return steps
 
 
 async def _context_build(
@@ -217,7 +192,7 @@ async def measure_store(
         tune_collector()
     try:
         for size in sizes:
-            session_id = await stored_session(store, lambda id: _steps(id, size))  # noqa: B023
+            session_id = await stored_session(store, lambda id: tool_rounds(id, size))  # noqa: B023
             built = await _context_build(store, session_id, repeats)
             samples.context[size], samples.full_read[size] = built
             started = await _run_start(store, session_id, repeats)
