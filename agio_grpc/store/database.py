@@ -181,6 +181,10 @@ CHECKPOINT_EVERY: Final = 200
 """Brief commits between two checkpoints of the WAL (run on the writer thread): the brief
 writes' connection checkpoints nothing itself, so no commit on the event loop's thread ever
 copies the log into the database."""
+WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024
+"""What a WAL file is cut back to when its log starts over (`journal_size_limit`): a log a
+stall let grow gives its disk back. Above the log of CHECKPOINT_EVERY runs' commits (about
+10 MiB), so a log that starts over at each checkpoint is written in place, never cut."""
 
 
 class WriteLockTakenError(Exception):
@@ -228,6 +232,7 @@ class SqliteDatabase:
         self._brief_open = False
         self._brief_commits = 0
         self._checkpoint: asyncio.Future[None] | None = None
+        self._held: asyncio.Future[None] | None = None  # brief writes wait for it
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="agio-sqlite-writer")
         self._readers = ThreadPoolExecutor(
             SQLITE_READER_THREADS, thread_name_prefix="agio-sqlite-reader"
@@ -239,6 +244,8 @@ class SqliteDatabase:
 
     async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
         if write and brief and self._brief is not None:
+            while self._held is not None:  # the end of a checkpoint (`_checkpoint_wal`)
+                await asyncio.wait((self._held,))
             if not self._brief_open:  # opening may wait for the lock: not on this thread
                 await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
             try:
@@ -273,23 +280,43 @@ class SqliteDatabase:
         self._brief_commits += 1
         if self._brief_commits % CHECKPOINT_EVERY or self._checkpoint is not None:
             return
-        loop = asyncio.get_running_loop()
-        self._checkpoint = loop.run_in_executor(self._writer, self._checkpoint_wal)
-        self._checkpoint.add_done_callback(self._checkpointed)
+        self._checkpoint = asyncio.ensure_future(self._checkpoint_wal())
 
-    def _checkpoint_wal(self) -> None:
-        # PASSIVE: copies what no reader still needs, waiting for no one; writers go on.
+    async def _checkpoint_wal(self) -> None:
+        """Copy the log into the database so that the next commit starts it over.
+
+        The log starts over only once all of it was copied. A checkpoint copies what was
+        committed when it began, so under a steady stream of commits it never was, and the
+        log grew without end (by 18 MB a second at 150 short runs a second: NOTES.md,
+        change 37). So a second checkpoint follows the first, with the brief writes held
+        until it is done (`run`): it copies only what was committed during the first, in a
+        few milliseconds, where the first took tens (its syncs). Held, not sent to the
+        writer thread, where each would find the lock of the one before it taken and send
+        the next one there too. Both PASSIVE: they copy what no reader still reads, waiting
+        for no one; a reader that holds the log back lets it start over at the next one.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._writer, self._checkpoint_passive)
+            self._held = loop.run_in_executor(self._writer, self._checkpoint_passive)
+            await self._held
+        except Exception as error:
+            # Harmless: the next one copies what this one did not.
+            logger.warning("SQLite WAL checkpoint failed: %s", _describe(error))
+        finally:
+            self._held = None
+            self._checkpoint = None
+
+    def _checkpoint_passive(self) -> None:
         with self._engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
-    def _checkpointed(self, done: asyncio.Future[None]) -> None:
-        self._checkpoint = None
-        if not done.cancelled() and (error := done.exception()) is not None:
-            # Harmless: the next one copies what this one did not.
-            logger.warning("SQLite WAL checkpoint failed: %s", _describe(error))
-
     async def dispose(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._checkpoint is not None:  # its statement, if running, ends before dispose's
+            self._checkpoint.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoint
         if self._brief is not None:
             self._brief.dispose()
         await loop.run_in_executor(self._writer, self._engine.dispose)
@@ -429,6 +456,7 @@ def _install_sqlite_hooks(
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             if not autocheckpoint:
                 cursor.execute("PRAGMA wal_autocheckpoint=0")
             cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")

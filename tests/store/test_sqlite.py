@@ -164,6 +164,25 @@ async def test_brief_writes_under_full_sync_stay_on_the_writer_thread(tmp_path: 
     assert threads[0] != threading.get_ident()
 
 
+def log_frames(path: Path) -> int:
+    """Frames in the WAL's log now: what was committed since it last started over."""
+    with sqlite3.connect(path) as conn:
+        _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(frames)
+
+
+async def checkpointed(database: SqliteDatabase) -> None:
+    while (checkpoint := database._checkpoint) is not None:
+        await checkpoint
+
+
+def blocked(database: SqliteDatabase) -> threading.Event:
+    """The writer thread held until the event is set."""
+    release = threading.Event()
+    database._writer.submit(release.wait)
+    return release
+
+
 async def test_brief_writes_checkpoint_the_wal_on_the_writer_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,12 +195,116 @@ async def test_brief_writes_checkpoint_the_wal_on_the_writer_thread(
     try:
         for index in range(5):
             await database.run(writing("x" * 3000 + str(index), []), write=True, brief=True)
-        while (checkpoint := database._checkpoint) is not None:
-            await checkpoint
+        await checkpointed(database)
         await database.run(writing("after", []), write=True, brief=True)
-        with sqlite3.connect(path) as conn:
-            # Frames in the log now (the last commit's only, once it started over).
-            _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        frames = log_frames(path)  # the last commit's only, once it started over
     finally:
         await database.dispose()
     assert 0 < frames < 5
+
+
+async def test_the_log_starts_over_after_a_commit_during_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkpoint copies what was committed when it began. Under a steady stream of
+    # commits, one always lands during it: the log was never all copied, never started
+    # over, and grew without end. Here a commit begun before the first checkpoint ends
+    # after it (on another connection, as a brief write on the event loop would).
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    path = tmp_path / "agio.db"
+    database = sqlite_database(path)
+    copy = database._checkpoint_passive
+    copies: list[int] = []
+
+    def copy_during_a_commit() -> None:
+        copies.append(len(copies))
+        if len(copies) > 1:
+            copy()
+            return
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # begun before the copy, committed after it
+            copy()
+            other.execute("INSERT INTO notes (body) VALUES (?)", ("y" * 3000,))
+            other.execute("COMMIT")
+        finally:
+            other.close()
+
+    monkeypatch.setattr(database, "_checkpoint_passive", copy_during_a_commit)
+    try:
+        for index in range(5):
+            await database.run(writing("x" * 3000 + str(index), []), write=True, brief=True)
+        await checkpointed(database)
+        await database.run(writing("after", []), write=True, brief=True)
+        frames = log_frames(path)
+    finally:
+        await database.dispose()
+    assert 0 < frames < 5
+    assert copies == [0, 1]  # started over: six commits of 3 KB each would be 12 frames and more
+    assert len(notes(path)) == 7
+
+
+async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # During the checkpoint that copies what came in during the first, brief writes wait,
+    # then commit on the event loop's thread: sent to the writer thread instead, each would
+    # find the one before it holding the lock, and all of them would go on going there.
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    path = tmp_path / "agio.db"
+    database = sqlite_database(path)
+    copy = database._checkpoint_passive
+    calls: list[int] = []
+    second, release = threading.Event(), threading.Event()
+
+    def copy_second_when_released() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            second.set()
+            release.wait()
+        copy()
+
+    monkeypatch.setattr(database, "_checkpoint_passive", copy_second_when_released)
+    threads: list[int] = []
+    try:
+        for index in range(5):
+            await database.run(writing(str(index), []), write=True, brief=True)
+        await asyncio.to_thread(second.wait)  # the second checkpoint under way, held
+        assert database._held is not None
+        held, gone = writing("held", threads), writing("gone", threads)
+        waiting = asyncio.create_task(database.run(held, write=True, brief=True))
+        leaving = asyncio.create_task(database.run(gone, write=True, brief=True))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        assert not leaving.done()
+        leaving.cancel()  # its caller went away while it waited: it writes nothing
+        await asyncio.sleep(0)
+        release.set()
+        assert await waiting == 6
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        await checkpointed(database)
+    finally:
+        release.set()
+        await database.dispose()
+    assert threads == [threading.get_ident()]
+    assert notes(path) == ["0", "1", "2", "3", "4", "held"]
+
+
+async def test_disposing_during_a_checkpoint_ends_it_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    path = tmp_path / "agio.db"
+    database = sqlite_database(path)
+    await database.run(writing("0", []), write=True, brief=True)  # its connection open
+    release = blocked(database)  # the checkpoint waits behind it
+    for index in range(1, 5):
+        await database.run(writing(str(index), []), write=True, brief=True)
+    assert database._checkpoint is not None
+    disposing = asyncio.create_task(database.dispose())
+    await asyncio.sleep(0)
+    release.set()
+    await disposing
+    assert "checkpoint failed" not in caplog.text
+    assert notes(path) == ["0", "1", "2", "3", "4"]
