@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import asyncpg
 from sqlalchemy import Connection, Dialect, Engine, Insert, Table, create_engine, event, make_url
@@ -230,6 +230,7 @@ class SqliteDatabase:
             )
             _install_sqlite_hooks(self._brief, mode, busy_timeout_ms=0, autocheckpoint=False)
         self._brief_open = False
+        self._brief_conn: Connection | None = None  # kept between brief writes
         self._brief_commits = 0
         self._checkpoint: asyncio.Future[None] | None = None
         self._held: asyncio.Future[None] | None = None  # brief writes wait for it
@@ -249,7 +250,7 @@ class SqliteDatabase:
             if not self._brief_open:  # opening may wait for the lock: not on this thread
                 await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
             try:
-                done = _transact(self._brief, work, write=True)
+                done = self._brief_transaction(work)
             except WriteLockTakenError:
                 pass  # another writer holds the lock: wait for it on the writer thread
             else:
@@ -274,6 +275,32 @@ class SqliteDatabase:
         except DRIVER_ERRORS as error:
             raise as_store_error(error, connecting=True) from error
         self._brief_open = True
+
+    def _brief_transaction(self, work: Callable[[Connection], T]) -> T:
+        """`work` in one transaction on the brief writes' connection, kept open between
+        them: its checkout, options and close cost as much as a short statement. After any
+        error it is closed (its transaction rolled back) and the next write opens it again,
+        as it opened every one before (`_transact`)."""
+        assert self._brief is not None
+        conn = self._brief_conn
+        try:
+            if conn is None:
+                try:
+                    conn = self._brief.connect()
+                except DRIVER_ERRORS as error:
+                    raise as_store_error(error, connecting=True) from error
+                conn.execution_options(**{WRITE_OPTION: True})
+                self._brief_conn = conn
+            with conn.begin():
+                return work(conn)
+        except BaseException as error:
+            self._brief_conn = None
+            if conn is not None:
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    conn.close()
+            if isinstance(error, DRIVER_ERRORS) and not isinstance(error, StoreError):
+                raise as_store_error(error) from error
+            raise
 
     def _brief_committed(self) -> None:
         """Checkpoint the WAL on the writer thread every CHECKPOINT_EVERY brief commits."""
@@ -317,6 +344,9 @@ class SqliteDatabase:
             self._checkpoint.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpoint
+        if self._brief_conn is not None:
+            self._brief_conn.close()
+            self._brief_conn = None
         if self._brief is not None:
             self._brief.dispose()
         await loop.run_in_executor(self._writer, self._engine.dispose)
@@ -467,11 +497,15 @@ def _install_sqlite_hooks(
     def on_begin(connection: Connection) -> None:
         # A writer takes the write lock at BEGIN, so it waits (busy_timeout) for another
         # process's writer instead of failing mid-transaction on a lock upgrade.
+        # On the driver's connection: SQLAlchemy's execution path around a BEGIN cost
+        # several times the BEGIN (its errors are the driver's then, which `_transact`
+        # and `as_store_error` take as they are).
         writes = connection.get_execution_options().get(WRITE_OPTION, False)
+        driver = cast(sqlite3.Connection, connection.connection.driver_connection)
         try:
-            connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN DEFERRED")
-        except sa_exc.OperationalError as error:
-            if busy_timeout_ms == 0 and _sqlite_busy(error.orig):
+            driver.execute("BEGIN IMMEDIATE" if writes else "BEGIN DEFERRED")
+        except sqlite3.OperationalError as error:
+            if busy_timeout_ms == 0 and _sqlite_busy(error):
                 raise WriteLockTakenError from error
             raise
 

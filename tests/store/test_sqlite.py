@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Connection
+from sqlalchemy import Connection, event
 
 from agio_grpc.domain import Role, Step
 from agio_grpc.store import StoreError
@@ -128,13 +128,39 @@ async def test_a_brief_write_waits_on_the_writer_thread_while_another_process_wr
         assert not write.done()
         other.execute("COMMIT")
         assert await write == 3
+        # The lock free again, the next one commits on the event loop's thread again.
+        assert await database.run(writing("after", threads), write=True, brief=True) == 4
     finally:
         other.close()
         await database.dispose()
 
-    assert threads == [threads[0]]
     assert threads[0] != threading.get_ident()
-    assert notes(path) == ["first", "other", "brief"]
+    assert threads[1] == threading.get_ident()
+    assert notes(path) == ["first", "other", "brief", "after"]
+
+
+async def test_brief_writes_keep_their_connection_until_one_fails(tmp_path: Path) -> None:
+    database = sqlite_database(tmp_path / "agio.db")
+    checkouts: list[int] = []
+    assert database._brief is not None
+    event.listen(database._brief, "checkout", lambda *_: checkouts.append(1))
+
+    def clash(conn: Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO notes (id, body) VALUES (1, 'again')")
+
+    try:
+        await database.run(writing("one", []), write=True, brief=True)
+        opened = len(checkouts)
+        for body in ("two", "three"):
+            await database.run(writing(body, []), write=True, brief=True)
+        assert len(checkouts) == opened
+        with pytest.raises(StoreError, match="constraint violated"):
+            await database.run(clash, write=True, brief=True)
+        await database.run(writing("four", []), write=True, brief=True)  # opened again
+        assert len(checkouts) == opened + 1
+    finally:
+        await database.dispose()
+    assert notes(tmp_path / "agio.db") == ["one", "two", "three", "four"]
 
 
 async def test_a_brief_write_that_fails_writes_nothing_and_says_why(tmp_path: Path) -> None:
