@@ -181,6 +181,10 @@ CHECKPOINT_EVERY: Final = 200
 """Brief commits between two checkpoints of the WAL (run on the writer thread): the brief
 writes' connection checkpoints nothing itself, so no commit on the event loop's thread ever
 copies the log into the database."""
+CHECKPOINT_HOLD_S: Final = 0.05
+"""How long a brief write waits for the end of a checkpoint (`_checkpoint_wal`) at most: a
+few milliseconds usually, its syncs; a disk that stalls them does not stall the writes too
+(the log then starts over at a later checkpoint)."""
 WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024
 """What a WAL file is cut back to when its log starts over (`journal_size_limit`): a log a
 stall let grow gives its disk back. Above the log of CHECKPOINT_EVERY runs' commits (about
@@ -245,8 +249,8 @@ class SqliteDatabase:
 
     async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
         if write and brief and self._brief is not None:
-            while self._held is not None:  # the end of a checkpoint (`_checkpoint_wal`)
-                await asyncio.wait((self._held,))
+            if self._held is not None:  # the end of a checkpoint (`_checkpoint_wal`)
+                await asyncio.wait((self._held,), timeout=CHECKPOINT_HOLD_S)
             if not self._brief_open:  # opening may wait for the lock: not on this thread
                 await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
             try:
@@ -307,24 +311,27 @@ class SqliteDatabase:
         self._brief_commits += 1
         if self._brief_commits % CHECKPOINT_EVERY or self._checkpoint is not None:
             return
-        self._checkpoint = asyncio.ensure_future(self._checkpoint_wal())
+        loop = asyncio.get_running_loop()
+        # The first on its way at once, whether or not the loop turns before the next write.
+        first = loop.run_in_executor(self._writer, self._checkpoint_passive)
+        self._checkpoint = asyncio.ensure_future(self._checkpoint_wal(first))
 
-    async def _checkpoint_wal(self) -> None:
+    async def _checkpoint_wal(self, first: asyncio.Future[None]) -> None:
         """Copy the log into the database so that the next commit starts it over.
 
         The log starts over only once all of it was copied. A checkpoint copies what was
         committed when it began, so under a steady stream of commits it never was, and the
         log grew without end (by 18 MB a second at 150 short runs a second: NOTES.md,
         change 37). So a second checkpoint follows the first, with the brief writes held
-        until it is done (`run`): it copies only what was committed during the first, in a
-        few milliseconds, where the first took tens (its syncs). Held, not sent to the
+        until it is done (`run`, CHECKPOINT_HOLD_S at most): it copies only what was
+        committed during the first, in a few milliseconds. Held, not sent to the
         writer thread, where each would find the lock of the one before it taken and send
         the next one there too. Both PASSIVE: they copy what no reader still reads, waiting
         for no one; a reader that holds the log back lets it start over at the next one.
         """
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._writer, self._checkpoint_passive)
+            await first
             self._held = loop.run_in_executor(self._writer, self._checkpoint_passive)
             await self._held
         except Exception as error:

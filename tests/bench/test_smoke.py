@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import ab, concurrency, connect, long_start, procs, runs, store, streaming
+from bench import ab, concurrency, connect, long_start, procs, run_writes, runs, store, streaming
 from bench.store import measure_store
 
 # Benchmark smoke runs: processes of their own, tens of seconds each (make test-slow).
@@ -91,6 +91,13 @@ async def test_the_long_start_benchmark_times_the_appends_and_the_starts() -> No
     assert result.appends_per_s > 0
     assert 0 < result.append_p50_ms <= result.append_p99_ms <= result.append_max_ms
     assert result.start_p50_ms > 0
+
+
+async def test_the_run_writes_benchmark_counts_cpu_frames_and_the_log() -> None:
+    result = await run_writes.measure(runs=30, warmup=5)
+    assert result.cpu_ms_per_run > 0
+    assert result.frames_per_run > 2  # two commits, each over several b-trees
+    assert result.largest_wal_bytes > 0
 
 
 async def test_the_store_measurements_are_pooled_from_processes_of_their_own() -> None:

@@ -277,6 +277,7 @@ async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
     # then commit on the event loop's thread: sent to the writer thread instead, each would
     # find the one before it holding the lock, and all of them would go on going there.
     monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", 60)
     path = tmp_path / "agio.db"
     database = sqlite_database(path)
     copy = database._checkpoint_passive
@@ -315,6 +316,43 @@ async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
         await database.dispose()
     assert threads == [threading.get_ident()]
     assert notes(path) == ["0", "1", "2", "3", "4", "held"]
+
+
+async def test_a_checkpoint_that_stalls_holds_brief_writes_back_for_a_while_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A disk that stalls the checkpoint's syncs: the writes wait CHECKPOINT_HOLD_S, then
+    # commit on the event loop's thread beside it.
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", 0.01)
+    path = tmp_path / "agio.db"
+    database = sqlite_database(path)
+    copy = database._checkpoint_passive
+    calls: list[int] = []
+    second, release = threading.Event(), threading.Event()
+
+    def stall_the_second() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            second.set()
+            release.wait()
+        copy()
+
+    monkeypatch.setattr(database, "_checkpoint_passive", stall_the_second)
+    threads: list[int] = []
+    try:
+        for index in range(5):
+            await database.run(writing(str(index), []), write=True, brief=True)
+        await asyncio.to_thread(second.wait)
+        assert database._held is not None
+        assert await database.run(writing("on", threads), write=True, brief=True) == 6
+        assert database._held is not None  # still stalled
+    finally:
+        release.set()
+        await checkpointed(database)
+        await database.dispose()
+    assert threads == [threading.get_ident()]
+    assert notes(path)[-1] == "on"
 
 
 async def test_disposing_during_a_checkpoint_ends_it_quietly(
