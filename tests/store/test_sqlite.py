@@ -265,9 +265,38 @@ async def test_the_log_starts_over_after_a_commit_during_its_checkpoint(
         frames = log_frames(path)
     finally:
         await database.dispose()
-    assert 0 < frames < 5
-    assert copies == [0, 1]  # started over: six commits of 3 KB each would be 12 frames and more
+    assert 0 < frames < 5  # started over: six commits of 3 KB each would be 12 frames and more
+    assert copies == [0, 1]
     assert len(notes(path)) == 7
+
+
+async def hold_the_second_checkpoint(
+    database: SqliteDatabase,
+    release: threading.Event,
+    monkeypatch: pytest.MonkeyPatch,
+    hold_s: float,
+) -> None:
+    """Brief writes "0" to "4", a checkpoint after them, and back once the checkpoint that
+    follows the first is under way, held until `release` is set; brief writes wait for it
+    `hold_s` at most."""
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", hold_s)
+    copy = database._checkpoint_passive
+    calls: list[int] = []
+    second = threading.Event()
+
+    def hold_the_second() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            second.set()
+            release.wait()
+        copy()
+
+    monkeypatch.setattr(database, "_checkpoint_passive", hold_the_second)
+    for index in range(5):
+        await database.run(writing(str(index), []), write=True, brief=True)
+    await asyncio.to_thread(second.wait)
+    assert database._held is not None
 
 
 async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
@@ -276,28 +305,12 @@ async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
     # During the checkpoint that copies what came in during the first, brief writes wait,
     # then commit on the event loop's thread: sent to the writer thread instead, each would
     # find the one before it holding the lock, and all of them would go on going there.
-    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
-    monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", 60)
     path = tmp_path / "agio.db"
     database = sqlite_database(path)
-    copy = database._checkpoint_passive
-    calls: list[int] = []
-    second, release = threading.Event(), threading.Event()
-
-    def copy_second_when_released() -> None:
-        calls.append(len(calls))
-        if len(calls) == 2:
-            second.set()
-            release.wait()
-        copy()
-
-    monkeypatch.setattr(database, "_checkpoint_passive", copy_second_when_released)
     threads: list[int] = []
+    release = threading.Event()
     try:
-        for index in range(5):
-            await database.run(writing(str(index), []), write=True, brief=True)
-        await asyncio.to_thread(second.wait)  # the second checkpoint under way, held
-        assert database._held is not None
+        await hold_the_second_checkpoint(database, release, monkeypatch, hold_s=60)
         held, gone = writing("held", threads), writing("gone", threads)
         waiting = asyncio.create_task(database.run(held, write=True, brief=True))
         leaving = asyncio.create_task(database.run(gone, write=True, brief=True))
@@ -323,28 +336,12 @@ async def test_a_checkpoint_that_stalls_holds_brief_writes_back_for_a_while_only
 ) -> None:
     # A disk that stalls the checkpoint's syncs: the writes wait CHECKPOINT_HOLD_S, then
     # commit on the event loop's thread beside it.
-    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
-    monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", 0.01)
     path = tmp_path / "agio.db"
     database = sqlite_database(path)
-    copy = database._checkpoint_passive
-    calls: list[int] = []
-    second, release = threading.Event(), threading.Event()
-
-    def stall_the_second() -> None:
-        calls.append(len(calls))
-        if len(calls) == 2:
-            second.set()
-            release.wait()
-        copy()
-
-    monkeypatch.setattr(database, "_checkpoint_passive", stall_the_second)
     threads: list[int] = []
+    release = threading.Event()
     try:
-        for index in range(5):
-            await database.run(writing(str(index), []), write=True, brief=True)
-        await asyncio.to_thread(second.wait)
-        assert database._held is not None
+        await hold_the_second_checkpoint(database, release, monkeypatch, hold_s=0.01)
         assert await database.run(writing("on", threads), write=True, brief=True) == 6
         assert database._held is not None  # still stalled
     finally:
