@@ -226,13 +226,13 @@ UPDATE_RUN: Final = (
 
 
 def run_update(run: Run) -> dict[str, Any]:
-    """The parameters of `UPDATE_RUN` for `run`.
+    """The parameters of `UPDATE_RUN` for `run`, as `stored_run` made it.
 
     Every write clears a cancel request: a segment's end spends one, and a continuation
     (SubmitToolOutputs, the only other writer of a run row) must not inherit it; the loop
     never writes the row mid-run, so no standing request is dropped.
     """
-    return {**run_mutable_values(stored_run(run)), "cancel_request": None, "run_id": run.id}
+    return {**run_mutable_values(run), "cancel_request": None, "run_id": run.id}
 
 
 def acquire(conn: Connection, session_id: str, run_id: str, lease: Lease) -> None:
