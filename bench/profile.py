@@ -9,7 +9,8 @@ every thread of the server with py-spy while a load generator keeps `--concurren
 going until `--runs` have finished. Writes NAME.svg (a flame graph) and NAME.txt (py-spy's
 collapsed stacks), and prints a table: the share of the samples each component holds,
 a sample going to the innermost frame that belongs to a component (library or agio_grpc
-package), and the CPU per run each share stands for.
+package), and the CPU per run each share stands for; then the CPU per run of each thread,
+and the event loop thread's samples by what the run was doing (`ROLES`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,39 @@ COMPONENTS: tuple[tuple[str, str], ...] = (
 )
 
 
+ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "the store's transactions (SQLAlchemy, sqlite3 or asyncpg and TLS, our rows)",
+        ("(agio_grpc/store/", "(sqlalchemy/", "(asyncpg/", "(sqlite3/", "(asyncio/sslproto.py"),
+    ),
+    (
+        "the model call (aiohttp, SSE, each delta checked and published)",
+        ("(agio_grpc/engine/models/", "(aiohttp/", "(yarl/", "(multidict/"),
+    ),
+    ("the relay (events to protobuf, gRPC writes)", ("AgentServicer._relay (",)),
+)
+"""What the event loop's thread was doing, by the first role whose marker is in any frame of a
+stack; a stack with none goes to tracing (its innermost agio_grpc frame in telemetry), the
+engine and the service (any other agio_grpc frame but the CLI's), or the event loop itself
+(task steps, grpc's Cython callbacks and epoll, which show no Python frame of ours)."""
+
+EVENT_LOOP_THREAD = "MainThread"
+
+
+def role(stack: str) -> str:
+    """The role of a `;`-joined py-spy stack of the event loop's thread (`ROLES`)."""
+    frames = stack.split(";")
+    for name, markers in ROLES:
+        if any(marker in frame for frame in frames for marker in markers):
+            return name
+    ours = [frame for frame in frames if "(agio_grpc/" in frame and "(agio_grpc/cli/" not in frame]
+    if not ours:
+        return "the event loop itself (task steps, grpc's callbacks, epoll)"
+    if "(agio_grpc/telemetry/" in ours[-1]:
+        return "tracing (spans, metrics)"
+    return "the engine and the service (run loop, channel, lifecycle, the request's checks)"
+
+
 def component(stack: str) -> str:
     """The component of the innermost frame of a `;`-joined py-spy stack that has one (a
     frame reads `function (path/of/module.py:line)`, the path from its package root)."""
@@ -92,21 +126,26 @@ def thread_names(collapsed: Path) -> dict[int, str]:
     return names
 
 
-def summarize(collapsed: Path) -> Counter[str]:
-    """Samples per component in py-spy's `raw` (collapsed) output."""
+def summarize(collapsed: Path) -> tuple[Counter[str], Counter[str]]:
+    """Samples per component, and the event loop thread's samples per role, in py-spy's `raw`
+    (collapsed) output."""
     counts: Counter[str] = Counter()
+    roles: Counter[str] = Counter()
     for line in collapsed.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
             counts[component(stack)] += int(count)
-    return counts
+            if (found := THREAD_FRAME.match(stack)) and found.group(2) == EVENT_LOOP_THREAD:
+                roles[role(stack)] += int(count)
+    return counts, roles
 
 
 async def profile(
     shape: str, backend: str, runs: int, concurrency: int, warmup: int, out: Path, rate: int
-) -> tuple[Counter[str], float, dict[str, float]]:
-    """Record the server under load: the samples per component, the server's CPU per run,
-    and the CPU per run of each of its threads (ms)."""
+) -> tuple[tuple[Counter[str], Counter[str]], float, dict[str, float]]:
+    """Record the server under load: the samples per component and the event loop thread's
+    per role (`summarize`), the server's CPU per run, and the CPU per run of each of its
+    threads (ms)."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     name = f"{shape}-{backend}"
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
@@ -157,9 +196,9 @@ async def profile(
     return summarize(outputs["raw"]), (user + system) / runs * 1000, by_name
 
 
-def table(counts: Counter[str], cpu_per_run_ms: float) -> str:
+def table(counts: Counter[str], cpu_per_run_ms: float, what: str = "component") -> str:
     total = sum(counts.values()) or 1
-    lines = ["| component | share of samples | ms of CPU per run |", "|---|---|---|"]
+    lines = [f"| {what} | share of samples | ms of CPU per run |", "|---|---|---|"]
     for name, count in counts.most_common():
         share = count / total
         lines.append(f"| {name} | {share:.1%} | {share * cpu_per_run_ms:.2f} |")
@@ -176,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/profiles"))
     args = parser.parse_args(argv)
-    counts, cpu, threads = asyncio.run(
+    (counts, roles), cpu, threads = asyncio.run(
         profile(
             args.shape, args.backend, args.runs, args.concurrency, args.warmup, args.out, args.rate
         )
@@ -186,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| thread | ms of CPU per run |\n|---|---|")
     for name, ms in sorted(threads.items(), key=lambda item: -item[1]):
         print(f"| {name} | {ms:.2f} |")
+    print(f"\nThe event loop's thread ({EVENT_LOOP_THREAD}) by role:")
+    print(table(roles, threads.get(EVENT_LOOP_THREAD, 0.0), what="role"))
     return 0
 
 
