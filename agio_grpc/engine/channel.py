@@ -71,7 +71,8 @@ class RunChannel:
         return self._closed
 
     def publish(self, event: Event) -> SequencedEvent:
-        """Append `event` (or merge a delta into an untaken tail delta) and wake subscribers."""
+        """Append `event` and wake subscribers, or merge a delta into an untaken tail delta:
+        no new seq, and whoever waits was woken when the tail was published."""
         if self._closed:
             raise ChannelClosedError(f"run {self.run_id} already ended")
         tail = self._journal[-1] if self._journal else None
@@ -86,15 +87,15 @@ class RunChannel:
                 self.run_id, self.session_id, tail.seq, tail.time, tail.event.merged(event)
             )
             self._journal[-1] = sequenced
-        else:
-            sequenced = SequencedEvent(
-                self.run_id, self.session_id, self.last_seq + 1, utc_now(), event
-            )
-            # Inline rather than `_append` and `_wake`: this runs for every delta.
-            self._journal.append(sequenced)
-            if not isinstance(event, LIVE_ONLY):
-                self._closed = sequenced.is_terminal
-                self._unjournaled.append(sequenced)
+            return sequenced
+        sequenced = SequencedEvent(
+            self.run_id, self.session_id, self.last_seq + 1, utc_now(), event
+        )
+        # Inline rather than `_append` and `_wake`: this runs for every delta.
+        self._journal.append(sequenced)
+        if not isinstance(event, LIVE_ONLY):
+            self._closed = sequenced.is_terminal
+            self._unjournaled.append(sequenced)
         self._wakeup.set()
         self._wakeup = asyncio.Event()
         return sequenced

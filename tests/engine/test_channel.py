@@ -79,6 +79,28 @@ async def test_every_subscriber_sees_the_same_seqs_whatever_its_pace() -> None:
     assert rest[0] is slow[2]
 
 
+async def test_a_delta_merged_into_an_untaken_one_wakes_no_one() -> None:
+    """A merge publishes no new seq: a waiter for an event past the tail waits on, and a
+    reader woken by the tail takes it merged."""
+    channel = RunChannel("run", "sess")
+    channel.publish(StepStarted(step_id="s1", role=Role.ASSISTANT))
+    assert [e.seq for e in channel.events_after(0)] == [1]
+    tail = channel.publish(delta("a"))
+    waiter = asyncio.create_task(channel.wait_beyond(tail.seq, timeout=60.0))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert channel.publish(delta("b")).seq == tail.seq
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiter.done()
+    channel.publish(delta("c", "s2"))
+    await asyncio.wait_for(waiter, 5.0)
+    assert [(e.seq, e.event) for e in channel.events_after(1)] == [
+        (2, delta("ab")),
+        (3, delta("c", "s2")),
+    ]
+
+
 async def test_deltas_of_different_steps_or_split_by_other_events_are_not_merged() -> None:
     channel = RunChannel("run", "sess")
     channel.publish(delta("a", "s1"))
