@@ -184,7 +184,8 @@ copies the log into the database."""
 CHECKPOINT_HOLD_S: Final = 0.05
 """How long a brief write waits for the end of a checkpoint (`_checkpoint_wal`) at most: a
 few milliseconds usually, its syncs; a disk that stalls them does not stall the writes too
-(the log then starts over at a later checkpoint)."""
+(the log then starts over at a later checkpoint). Once one write waited this long, the
+writes after it do not wait for that checkpoint."""
 WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024
 """What a WAL file is cut back to when its log starts over (`journal_size_limit`): a log a
 stall let grow gives its disk back. Above the log of CHECKPOINT_EVERY runs' commits (about
@@ -249,8 +250,12 @@ class SqliteDatabase:
 
     async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
         if write and brief and self._brief is not None:
-            if self._held is not None:  # the end of a checkpoint (`_checkpoint_wal`)
-                await asyncio.wait((self._held,), timeout=CHECKPOINT_HOLD_S)
+            if (held := self._held) is not None:  # the end of a checkpoint (`_checkpoint_wal`)
+                ended, _ = await asyncio.wait((held,), timeout=CHECKPOINT_HOLD_S)
+                if not ended and self._held is held:
+                    # Stalled (a slow disk, or queued behind the writer thread's work): the
+                    # writes that follow go on beside it, not CHECKPOINT_HOLD_S late each.
+                    self._held = None
             if not self._brief_open:  # opening may wait for the lock: not on this thread
                 await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
             try:
@@ -314,6 +319,8 @@ class SqliteDatabase:
         loop = asyncio.get_running_loop()
         # The first on its way at once, whether or not the loop turns before the next write.
         first = loop.run_in_executor(self._writer, self._checkpoint_passive)
+        # `_checkpoint_wal` logs its failure; one disposed of before it ran drops it.
+        first.add_done_callback(_retrieved)
         self._checkpoint = asyncio.ensure_future(self._checkpoint_wal(first))
 
     async def _checkpoint_wal(self, first: asyncio.Future[None]) -> None:
@@ -323,7 +330,7 @@ class SqliteDatabase:
         committed when it began, so under a steady stream of commits it never was, and the
         log grew without end (by 18 MB a second at 150 short runs a second: NOTES.md,
         change 37). So a second checkpoint follows the first, with the brief writes held
-        until it is done (`run`, CHECKPOINT_HOLD_S at most): it copies only what was
+        until it is done (`run`, CHECKPOINT_HOLD_S at most, once): it copies only what was
         committed during the first, in a few milliseconds. Held, not sent to the
         writer thread, where each would find the lock of the one before it taken and send
         the next one there too. Both PASSIVE: they copy what no reader still reads, waiting
@@ -359,6 +366,12 @@ class SqliteDatabase:
         await loop.run_in_executor(self._writer, self._engine.dispose)
         self._writer.shutdown(wait=False)
         self._readers.shutdown(wait=False)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark `future`'s outcome as seen, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _transact(engine: Engine, work: Callable[[Connection], T], write: bool) -> T:

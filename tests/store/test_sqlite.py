@@ -6,6 +6,7 @@ The behaviour both backends share lives in test_conformance.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import stat
 import threading
@@ -334,8 +335,9 @@ async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
 async def test_a_checkpoint_that_stalls_holds_brief_writes_back_for_a_while_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A disk that stalls the checkpoint's syncs: the writes wait CHECKPOINT_HOLD_S, then
-    # commit on the event loop's thread beside it.
+    # A disk that stalls the checkpoint's syncs (or a checkpoint queued behind the writer
+    # thread's work): a write waits CHECKPOINT_HOLD_S, then commits on the event loop's
+    # thread beside it, and the writes after it do not wait for that checkpoint at all.
     path = tmp_path / "agio.db"
     database = sqlite_database(path)
     threads: list[int] = []
@@ -343,13 +345,36 @@ async def test_a_checkpoint_that_stalls_holds_brief_writes_back_for_a_while_only
     try:
         await hold_the_second_checkpoint(database, release, monkeypatch, hold_s=0.01)
         assert await database.run(writing("on", threads), write=True, brief=True) == 6
-        assert database._held is not None  # still stalled
+        assert database._checkpoint is not None  # still stalled,
+        assert database._held is None  # and holding no write back any more
+        monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", 60)
+        after = database.run(writing("after", threads), write=True, brief=True)
+        assert await asyncio.wait_for(after, 30) == 7
+        assert database._checkpoint is not None
     finally:
         release.set()
         await checkpointed(database)
         await database.dispose()
-    assert threads == [threading.get_ident()]
-    assert notes(path)[-1] == "on"
+    assert threads == [threading.get_ident()] * 2
+    assert notes(path)[-2:] == ["on", "after"]
+
+
+async def test_a_checkpoint_disposed_of_before_it_ran_leaves_no_unretrieved_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
+    database = sqlite_database(tmp_path / "agio.db")
+
+    def fail() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(database, "_checkpoint_passive", fail)
+    for index in range(5):  # the last submits the first checkpoint; its task has not run
+        await database.run(writing(str(index), []), write=True, brief=True)
+    await database.dispose()  # cancels the task before its first step
+    await asyncio.sleep(0)
+    gc.collect()
+    assert "never retrieved" not in caplog.text
 
 
 async def test_disposing_during_a_checkpoint_ends_it_quietly(
