@@ -80,8 +80,8 @@ async def test_every_subscriber_sees_the_same_seqs_whatever_its_pace() -> None:
 
 
 async def test_a_delta_merged_into_an_untaken_one_wakes_no_one() -> None:
-    """A merge publishes no new seq: a waiter for an event past the tail waits on, and a
-    reader woken by the tail takes it merged."""
+    """A merge publishes no new seq: a waiter for an event past the tail waits on, and the
+    next read takes the tail merged."""
     channel = RunChannel("run", "sess")
     channel.publish(StepStarted(step_id="s1", role=Role.ASSISTANT))
     assert [e.seq for e in channel.events_after(0)] == [1]
