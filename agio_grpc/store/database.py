@@ -279,10 +279,7 @@ class SqliteDatabase:
     def _open_brief(self) -> None:
         if self._brief is None or self._brief_open:
             return
-        try:
-            self._brief.connect().close()  # kept open by its StaticPool
-        except DRIVER_ERRORS as error:
-            raise as_store_error(error, connecting=True) from error
+        _connected(self._brief, write=False).close()  # kept open by its StaticPool
         self._brief_open = True
 
     def _brief_transaction(self, work: Callable[[Connection], T]) -> T:
@@ -294,12 +291,7 @@ class SqliteDatabase:
         conn = self._brief_conn
         try:
             if conn is None:
-                try:
-                    conn = self._brief.connect()
-                except DRIVER_ERRORS as error:
-                    raise as_store_error(error, connecting=True) from error
-                conn.execution_options(**{WRITE_OPTION: True})
-                self._brief_conn = conn
+                conn = self._brief_conn = _connected(self._brief, write=True)
             with conn.begin():
                 return work(conn)
         except BaseException as error:
@@ -374,19 +366,24 @@ def _retrieved(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
+def _connected(engine: Engine, write: bool) -> Connection:
+    """A connection of `engine`, marked for writing if `write`; failing to connect raises
+    StoreError."""
+    try:
+        conn = engine.connect()
+    except DRIVER_ERRORS as error:
+        raise as_store_error(error, connecting=True) from error
+    if write:
+        conn.execution_options(**{WRITE_OPTION: True})
+    return conn
+
+
 def _transact(engine: Engine, work: Callable[[Connection], T], write: bool) -> T:
     """`work` in one transaction on a connection of `engine`, driver errors as StoreError
     (WriteLockTakenError passes: nothing was done)."""
     try:
-        try:
-            conn = engine.connect()
-        except DRIVER_ERRORS as error:
-            raise as_store_error(error, connecting=True) from error
-        with conn:
-            if write:
-                conn.execution_options(**{WRITE_OPTION: True})
-            with conn.begin():
-                return work(conn)
+        with _connected(engine, write) as conn, conn.begin():
+            return work(conn)
     except StoreError:
         raise
     except DRIVER_ERRORS as error:

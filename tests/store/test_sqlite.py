@@ -6,11 +6,12 @@ The behaviour both backends share lives in test_conformance.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,19 @@ def blocked(database: SqliteDatabase) -> threading.Event:
     return release
 
 
+async def frames_after_a_checkpoint(database: SqliteDatabase, path: Path) -> int:
+    """Five brief writes of 3 KB (CHECKPOINT_EVERY set to 5), their checkpoint, one more
+    write, and the database disposed of: the frames in the log then."""
+    try:
+        for index in range(5):
+            await database.run(writing("x" * 3000 + str(index), []), write=True, brief=True)
+        await checkpointed(database)
+        await database.run(writing("after", []), write=True, brief=True)
+        return log_frames(path)
+    finally:
+        await database.dispose()
+
+
 async def test_brief_writes_checkpoint_the_wal_on_the_writer_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,15 +233,8 @@ async def test_brief_writes_checkpoint_the_wal_on_the_writer_thread(
     monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
     path = tmp_path / "agio.db"
     database = sqlite_database(path)
-    try:
-        for index in range(5):
-            await database.run(writing("x" * 3000 + str(index), []), write=True, brief=True)
-        await checkpointed(database)
-        await database.run(writing("after", []), write=True, brief=True)
-        frames = log_frames(path)  # the last commit's only, once it started over
-    finally:
-        await database.dispose()
-    assert 0 < frames < 5
+    frames = await frames_after_a_checkpoint(database, path)
+    assert 0 < frames < 5  # the last commit's only, once the log started over
 
 
 async def test_the_log_starts_over_after_a_commit_during_its_checkpoint(
@@ -258,30 +265,24 @@ async def test_the_log_starts_over_after_a_commit_during_its_checkpoint(
             other.close()
 
     monkeypatch.setattr(database, "_checkpoint_passive", copy_during_a_commit)
-    try:
-        for index in range(5):
-            await database.run(writing("x" * 3000 + str(index), []), write=True, brief=True)
-        await checkpointed(database)
-        await database.run(writing("after", []), write=True, brief=True)
-        frames = log_frames(path)
-    finally:
-        await database.dispose()
+    frames = await frames_after_a_checkpoint(database, path)
     assert 0 < frames < 5  # started over: six commits of 3 KB each would be 12 frames and more
     assert copies == [0, 1]
     assert len(notes(path)) == 7
 
 
-async def hold_the_second_checkpoint(
-    database: SqliteDatabase,
-    release: threading.Event,
-    monkeypatch: pytest.MonkeyPatch,
-    hold_s: float,
-) -> None:
-    """Brief writes "0" to "4", a checkpoint after them, and back once the checkpoint that
-    follows the first is under way, held until `release` is set; brief writes wait for it
-    `hold_s` at most."""
+@contextlib.asynccontextmanager
+async def second_checkpoint_held(
+    path: Path, monkeypatch: pytest.MonkeyPatch, hold_s: float
+) -> AsyncIterator[tuple[SqliteDatabase, threading.Event]]:
+    """A database at `path` after brief writes "0" to "4" and a checkpoint after them, once
+    the checkpoint that follows the first is under way, held until the event is set (at the
+    latest when the block ends, which then waits for it and disposes of the database);
+    brief writes wait for it `hold_s` at most."""
     monkeypatch.setattr(database_module, "CHECKPOINT_EVERY", 5)
     monkeypatch.setattr(database_module, "CHECKPOINT_HOLD_S", hold_s)
+    database = sqlite_database(path)
+    release = threading.Event()
     copy = database._checkpoint_passive
     calls: list[int] = []
     second = threading.Event()
@@ -294,10 +295,16 @@ async def hold_the_second_checkpoint(
         copy()
 
     monkeypatch.setattr(database, "_checkpoint_passive", hold_the_second)
-    for index in range(5):
-        await database.run(writing(str(index), []), write=True, brief=True)
-    await asyncio.to_thread(second.wait)
-    assert database._held is not None
+    try:
+        for index in range(5):
+            await database.run(writing(str(index), []), write=True, brief=True)
+        await asyncio.to_thread(second.wait)
+        assert database._held is not None
+        yield database, release
+    finally:
+        release.set()
+        await checkpointed(database)
+        await database.dispose()
 
 
 async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
@@ -307,11 +314,8 @@ async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
     # then commit on the event loop's thread: sent to the writer thread instead, each would
     # find the one before it holding the lock, and all of them would go on going there.
     path = tmp_path / "agio.db"
-    database = sqlite_database(path)
     threads: list[int] = []
-    release = threading.Event()
-    try:
-        await hold_the_second_checkpoint(database, release, monkeypatch, hold_s=60)
+    async with second_checkpoint_held(path, monkeypatch, hold_s=60) as (database, release):
         held, gone = writing("held", threads), writing("gone", threads)
         waiting = asyncio.create_task(database.run(held, write=True, brief=True))
         leaving = asyncio.create_task(database.run(gone, write=True, brief=True))
@@ -325,9 +329,6 @@ async def test_brief_writes_wait_for_the_checkpoint_on_the_event_loops_thread(
         with pytest.raises(asyncio.CancelledError):
             await leaving
         await checkpointed(database)
-    finally:
-        release.set()
-        await database.dispose()
     assert threads == [threading.get_ident()]
     assert notes(path) == ["0", "1", "2", "3", "4", "held"]
 
@@ -339,11 +340,8 @@ async def test_a_checkpoint_that_stalls_holds_brief_writes_back_for_a_while_only
     # thread's work): a write waits CHECKPOINT_HOLD_S, then commits on the event loop's
     # thread beside it, and the writes after it do not wait for that checkpoint at all.
     path = tmp_path / "agio.db"
-    database = sqlite_database(path)
     threads: list[int] = []
-    release = threading.Event()
-    try:
-        await hold_the_second_checkpoint(database, release, monkeypatch, hold_s=0.01)
+    async with second_checkpoint_held(path, monkeypatch, hold_s=0.01) as (database, _):
         assert await database.run(writing("on", threads), write=True, brief=True) == 6
         assert database._checkpoint is not None  # still stalled,
         assert database._held is None  # and holding no write back any more
@@ -351,10 +349,6 @@ async def test_a_checkpoint_that_stalls_holds_brief_writes_back_for_a_while_only
         after = database.run(writing("after", threads), write=True, brief=True)
         assert await asyncio.wait_for(after, 30) == 7
         assert database._checkpoint is not None
-    finally:
-        release.set()
-        await checkpointed(database)
-        await database.dispose()
     assert threads == [threading.get_ident()] * 2
     assert notes(path)[-2:] == ["on", "after"]
 
