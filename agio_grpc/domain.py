@@ -232,6 +232,11 @@ class StopSignal:
     retryable: bool = False
     resume_from_sequence: int = 0
 
+    def copied(self) -> StopSignal:
+        """A copy that shares nothing mutable. Most signals have no context, and a deep
+        copy's machinery costs several times a shallow copy; so only a context is deep-copied."""
+        return replace(self, context=copy.deepcopy(self.context) if self.context else {})
+
 
 def pick_stop_signal(signals: Iterable[StopSignal]) -> StopSignal | None:
     """The strongest signal by `StopReason` priority; ties keep the first raised."""
@@ -450,7 +455,7 @@ class Run:
         return replace(
             self,
             usage=replace(self.usage),
-            stop_signal=copy.deepcopy(self.stop_signal),
+            stop_signal=None if self.stop_signal is None else self.stop_signal.copied(),
             metadata=dict(self.metadata),
         )
 

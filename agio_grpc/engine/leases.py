@@ -15,7 +15,6 @@ request at once instead of at its next poll. Never imports grpc.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 
 from agio_grpc.domain import Run, StopSignal
@@ -83,7 +82,7 @@ class LeaseKeeper:
         # Asked again at every look: the run may have waited for its client (which spends
         # a request) and been continued since.
         tell = self._remote
-        while await self.leases.request_cancel(run.id, copy.deepcopy(signal)):
+        while await self.leases.request_cancel(run.id, signal.copied()):
             if tell is not None:  # once the request stands: acted on now, not at a poll
                 await tell.tell_owner(run.id, max(deadline - loop.time(), 0.0))
                 tell = None

@@ -21,7 +21,6 @@ Never imports grpc; never touches the store.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -114,7 +113,7 @@ class LiveRuns:
             return False
         if tenant is not None and segment.tenant != tenant:
             return False
-        segment.control.request_stop(copy.deepcopy(signal))
+        segment.control.request_stop(signal.copied())
         await asyncio.wait({segment.task}, timeout=wait_s)
         return True
 
@@ -122,7 +121,7 @@ class LiveRuns:
         """Ask the segments running `tasks` to stop with `signal`."""
         for segment in list(self._segments.values()):
             if segment.task in tasks:
-                segment.control.request_stop(copy.deepcopy(signal))
+                segment.control.request_stop(signal.copied())
 
     def _live(self, run_id: str) -> LiveSegment | None:
         segment = self._segments.get(run_id)

@@ -1,10 +1,18 @@
-"""Stop reasons: their priority order, how ties are broken, and the run status each leaves."""
+"""Stop reasons: their priority order, how ties are broken, and the run status each leaves;
+a signal's copy, and a run's snapshot for an event."""
 
 from __future__ import annotations
 
 import pytest
 
-from agio_grpc.domain import RunStatus, StopReason, StopSignal, pick_stop_signal, status_for
+from agio_grpc.domain import (
+    Run,
+    RunStatus,
+    StopReason,
+    StopSignal,
+    pick_stop_signal,
+    status_for,
+)
 
 DESIGN_ORDER = [
     "INTERNAL_ERROR",
@@ -78,3 +86,30 @@ def test_no_signal_picks_none() -> None:
 def test_each_stop_reason_leaves_one_run_status(reason: StopReason, status: RunStatus) -> None:
     assert status_for(reason) is status
     assert (status is RunStatus.FAILED) == reason.is_error
+
+
+def test_a_signal_s_copy_shares_nothing_the_original_may_change() -> None:
+    context = {"calls": [{"id": "call_1", "args": {"path": "/tmp"}}]}
+    signal = StopSignal(StopReason.REQUIRES_ACTION, "approve", "loop", context, True, 3)
+    copied = signal.copied()
+    assert copied == signal
+    signal.context["calls"][0]["args"]["path"] = "/etc"
+    signal.context["other"] = 1
+    assert copied.context == {"calls": [{"id": "call_1", "args": {"path": "/tmp"}}]}
+
+    bare = StopSignal(StopReason.COMPLETED)
+    bare_copy = bare.copied()
+    bare.context["late"] = True
+    assert bare_copy == StopSignal(StopReason.COMPLETED)
+
+
+def test_a_run_s_snapshot_keeps_its_stop_signal_as_it_was() -> None:
+    run = Run(session_id="sess_1", agent="assistant")
+    assert run.snapshot().stop_signal is None
+    run.stop_signal = StopSignal(StopReason.TIMEOUT, "late", context={"after_s": [1.5]})
+    snapshot = run.snapshot()
+    run.stop_signal.context["after_s"].append(9.0)
+    run.stop_signal.message = "changed"
+    assert snapshot.stop_signal == StopSignal(
+        StopReason.TIMEOUT, "late", context={"after_s": [1.5]}
+    )
