@@ -11,10 +11,13 @@ import copy
 import enum
 import re
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any, Final
+from operator import attrgetter
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
 
 
 def new_id(prefix: str) -> str:
@@ -24,6 +27,28 @@ def new_id(prefix: str) -> str:
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+_FIELD_VALUES: dict[type[Any], Callable[[Any], tuple[Any, ...]]] = {}
+
+
+def copy_of(value: T, **changes: Any) -> T:
+    """`dataclasses.replace(value, **changes)` for the mutable dataclasses here, at about a
+    third of its cost: every field of theirs is an init field, so a copy is their class called
+    with the values in field order, then `changes` set on it. A run is copied several times a
+    run (each event's snapshot, each write's stored copy), and `replace` checks each field's
+    kind every time."""
+    cls: type[Any] = type(value)
+    values = _FIELD_VALUES.get(cls)
+    if values is None:
+        of_class = fields(cls)
+        if len(of_class) < 2 or not all(each.init for each in of_class):
+            raise TypeError(f"copy_of needs a dataclass of init fields only, not {cls!r}")
+        values = _FIELD_VALUES[cls] = attrgetter(*(each.name for each in of_class))
+    duplicate: T = cls(*values(value))
+    for name, new in changes.items():
+        setattr(duplicate, name, new)
+    return duplicate
 
 
 DEFAULT_TENANT = "default"
@@ -235,7 +260,7 @@ class StopSignal:
     def copied(self) -> StopSignal:
         """A copy that shares nothing mutable. Most signals have no context, and a deep
         copy's machinery costs several times a shallow copy; so only a context is deep-copied."""
-        return replace(self, context=copy.deepcopy(self.context) if self.context else {})
+        return copy_of(self, context=copy.deepcopy(self.context) if self.context else {})
 
 
 def pick_stop_signal(signals: Iterable[StopSignal]) -> StopSignal | None:
@@ -426,22 +451,22 @@ class Run:
         `queued`."""
         status = status_for(signal.reason)
         end_time = (at or utc_now()) if status.is_terminal else None
-        return replace(self, status=status, stop_signal=signal, end_time=end_time)
+        return copy_of(self, status=status, stop_signal=signal, end_time=end_time)
 
     def resumed(self) -> Run:
         """This run going on after it waited (for its client's tool outputs, or in its
         session's queue): RUNNING, no stop signal."""
-        return replace(self, status=RunStatus.RUNNING, stop_signal=None, end_time=None)
+        return copy_of(self, status=RunStatus.RUNNING, stop_signal=None, end_time=None)
 
     def queued(self) -> Run:
         """This run waiting in its session's queue: QUEUED."""
-        return replace(self, status=RunStatus.QUEUED, stop_signal=None, end_time=None)
+        return copy_of(self, status=RunStatus.QUEUED, stop_signal=None, end_time=None)
 
     def with_steps(self, stored: Sequence[Step]) -> Run:
         """A copy counting `stored`, its steps just stored (in sequence order)."""
         if not stored:
             return self
-        return replace(
+        return copy_of(
             self,
             step_count=self.step_count + len(stored),
             first_sequence=self.first_sequence or stored[0].sequence,
@@ -452,9 +477,9 @@ class Run:
         """A copy for an event, cheaper than a deep copy: what the loop goes on changing
         (status, counts, usage, stop signal, times) is copied, while `options`, set once when
         the run starts and only read after, is shared."""
-        return replace(
+        return copy_of(
             self,
-            usage=replace(self.usage),
+            usage=copy_of(self.usage),
             stop_signal=None if self.stop_signal is None else self.stop_signal.copied(),
             metadata=dict(self.metadata),
         )

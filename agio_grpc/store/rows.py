@@ -28,6 +28,7 @@ from agio_grpc.domain import (
     ToolCall,
     Usage,
     clean_text,
+    copy_of,
 )
 from agio_grpc.store.records import JournalRecord
 from agio_grpc.store.tables import steps as step_table
@@ -42,7 +43,7 @@ def aware_utc(value: datetime, name: str) -> datetime:
 
 def stored_session(session: Session) -> Session:
     """A new session as stored: empty, with its times in UTC."""
-    return dataclasses.replace(
+    return copy_of(
         session,
         step_count=0,
         create_time=aware_utc(session.create_time, "create_time"),
@@ -65,12 +66,12 @@ def session_from_row(row: Row[Any]) -> Session:
 
 def stored_copy(step: Step, *, sequence: int, create_time: datetime) -> Step:
     """The caller's step as stored; the caller's object is left as it was."""
-    return dataclasses.replace(
+    return copy_of(
         step,
         sequence=sequence,
         create_time=create_time,
         tool_calls=list(step.tool_calls),
-        metrics=dataclasses.replace(step.metrics),
+        metrics=copy_of(step.metrics),
     )
 
 
@@ -334,9 +335,9 @@ def utc_from_database(value: datetime | str) -> datetime:
 
 def stored_run(run: Run) -> Run:
     """The run as it will read back: a copy with UTC times and JSON-normalised dicts."""
-    stored = dataclasses.replace(
+    stored = copy_of(
         run,
-        usage=dataclasses.replace(run.usage),
+        usage=copy_of(run.usage),
         metadata=dict(run.metadata),
         options=json.loads(_json(run.options)),
         stop_signal=stop_signal_from_json(stop_signal_json(run.stop_signal)),

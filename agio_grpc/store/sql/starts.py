@@ -241,14 +241,10 @@ def store_start(
     if run.rollback_from:
         roll_back(conn, run.session_id, run.supersedes, run.rollback_from)
     stored_steps = insert_steps(conn, steps, 1) if fresh else append(conn, run.session_id, steps)
-    started = stored_run(
-        replace(
-            run,
-            first_sequence=stored_steps[0].sequence,
-            last_sequence=stored_steps[-1].sequence,
-            step_count=len(stored_steps),
-        )
-    )
+    started = stored_run(run)
+    started.first_sequence = stored_steps[0].sequence
+    started.last_sequence = stored_steps[-1].sequence
+    started.step_count = len(stored_steps)
     if insert:
         insert_run(conn, started)
     elif CONTINUE_RUN.execute(conn, run_update(started)) != 1:
