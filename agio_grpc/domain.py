@@ -42,8 +42,11 @@ def copy_of(value: T, **changes: Any) -> T:
     values = _FIELD_VALUES.get(cls)
     if values is None:
         of_class = fields(cls)
+        # Two fields at least: `attrgetter` of one name gives the value, not a tuple.
         if len(of_class) < 2 or not all(each.init for each in of_class):
-            raise TypeError(f"copy_of needs a dataclass of init fields only, not {cls!r}")
+            raise TypeError(
+                f"copy_of needs a dataclass of two or more fields, init fields only: {cls!r}"
+            )
         values = _FIELD_VALUES[cls] = attrgetter(*(each.name for each in of_class))
     duplicate: T = cls(*values(value))
     for name, new in changes.items():
