@@ -3,8 +3,10 @@
 `store` (and the URL behind it, `store_url`) is parametrized over `sqlite` and `postgres`, so a
 test written once runs on both. PostgreSQL comes from `AGIO_TEST_POSTGRES_URL` or a throwaway
 cluster started once per test session (see tests/postgres.py); when neither is possible the
-postgres cases skip, or fail when `AGIO_REQUIRE_POSTGRES=1`. Fixtures here never mock the
-database.
+postgres cases skip, or fail when `AGIO_REQUIRE_POSTGRES=1`. Either backend's database comes
+at the head revision: PostgreSQL's cloned from a migrated template, SQLite's a copy of a file
+the store migrated once per process (`sqlite_url`, tests/sqlite.py). Fixtures here never mock
+the database.
 
 The tally of the adversarial suite (tests/fuzz) is printed at the end of the session; under
 pytest-xdist (`make test` runs several workers) each worker sends its tally to the main
@@ -32,6 +34,7 @@ from tests.postgres import (
     start_postgres,
 )
 from tests.roles import StoreRoles, open_roles
+from tests.sqlite import SqliteTemplate
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -121,6 +124,18 @@ def postgres_databases(postgres_admin_url: str) -> Iterator[TestDatabases]:
         databases.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
+    """A SQLite file migrated to head once per test process (tests/sqlite.py)."""
+    return SqliteTemplate.made_in(tmp_path_factory.mktemp("sqlite-template"))
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: SqliteTemplate, tmp_path: Path) -> str:
+    """The URL of a new SQLite file at head, tmp_path / "agio.db", with nothing in it."""
+    return sqlite_template.copy_to(tmp_path / "agio.db")
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test: `sqlite` or `postgres`."""
@@ -129,12 +144,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def store_url(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[str]:
-    """The URL of an empty database of the backend under test, removed afterwards."""
+async def store_url(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The URL of an empty database of the backend under test at head, removed afterwards."""
     if backend == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+        yield request.getfixturevalue("sqlite_url")
         return
     databases: TestDatabases = request.getfixturevalue("postgres_databases")
     url = await databases.create()

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
-from agio_grpc.store.errors import StoreError
+from agio_grpc.store.errors import SchemaTooNewError, StoreError
 
 
 class StartupError(Exception):
@@ -54,6 +54,13 @@ def opening_store(url: str) -> Iterator[None]:
             f"bad database URL: {one_line(error)}",
             setting,
             "use sqlite+aiosqlite:///path/agio.db or postgresql+asyncpg://user:password@host/db",
+        ) from error
+    except SchemaTooNewError as error:
+        raise StartupError(
+            one_line(error),
+            setting,
+            "run the version of agio-grpc that migrated it (or a later one), or point "
+            "AGIO_DATABASE_URL at a database this version made",
         ) from error
     except StoreError as error:
         raise StartupError(

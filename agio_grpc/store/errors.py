@@ -109,6 +109,20 @@ class StoreUnavailableError(StoreError):
     """The database cannot be reached or refused the operation for a transient reason."""
 
 
+class SchemaTooNewError(StoreError):
+    """The database's schema is at a revision this version of the store does not have: a
+    newer version migrated it. Nothing was changed; this version cannot use it."""
+
+    def __init__(self, revisions: tuple[str, ...], head: str) -> None:
+        named = ", ".join(repr(revision) for revision in revisions)
+        super().__init__(
+            f"the database's schema is at revision {named}, which this version of agio-grpc "
+            f"does not have (its newest is {head!r}): a newer version migrated it"
+        )
+        self.revisions = revisions
+        self.head = head
+
+
 class TenantQuotaError(StoreError):
     """The run would take its tenant past a quota (`TenantQuotas`): as many of its runs as
     the quota allows are `status` (RUNNING or QUEUED) already. Nothing was written."""

@@ -4,7 +4,6 @@ openai client inside it talking HTTP to the fake model, and a real gRPC client."
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,9 +46,9 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
 
 
 @pytest.fixture
-async def app(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
-    """The service on SQLite in tmp_path."""
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+async def app(sqlite_url: str, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
+    """The service on SQLite in tmp_path (agio.db)."""
+    settings = make_settings(sqlite_url, fake_model.base_url)
     started = await AgioApp.start(settings)
     try:
         yield started

@@ -13,10 +13,11 @@ import sys
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import alembic.command
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
@@ -36,6 +37,7 @@ from agio_grpc.domain import (
 from agio_grpc.store import (
     InvalidRangeError,
     NotFoundError,
+    SchemaTooNewError,
     SequenceConflictError,
     SessionBusyError,
     StoreError,
@@ -1440,6 +1442,55 @@ async def test_schema_matches_the_table_definitions(store: StoreRoles, store_url
 
     assert diff == []
     assert names == set()
+
+
+async def test_a_database_at_head_opens_without_running_alembic(
+    store: StoreRoles, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def upgrade(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Alembic ran on a database at head")
+
+    monkeypatch.setattr(alembic.command, "upgrade", upgrade)
+    again = await open_roles(store_url)
+    await again.close()
+
+
+async def test_a_schema_newer_than_this_version_is_refused_and_left_as_it_is(
+    store: StoreRoles, store_url: str
+) -> None:
+    session = await session_with_steps(store, 1)
+    await set_version(store_url, "0099_from_a_newer_release")
+
+    with pytest.raises(SchemaTooNewError) as refused:
+        await open_roles(store_url)
+
+    assert refused.value.revisions == ("0099_from_a_newer_release",)
+    assert refused.value.head == head_revision()
+    assert "a newer version migrated it" in str(refused.value)
+    assert await versions_of(store_url) == ["0099_from_a_newer_release"]
+    assert await store.step_count(session.id) == 1
+
+
+async def set_version(url: str, revision: str) -> None:
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(f'UPDATE "{VERSION_TABLE}" SET version_num = :revision'),
+                {"revision": revision},
+            )
+    finally:
+        await engine.dispose()
+
+
+async def versions_of(url: str) -> list[str]:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(text(f'SELECT version_num FROM "{VERSION_TABLE}"'))
+            return [str(revision) for (revision,) in rows]
+    finally:
+        await engine.dispose()
 
 
 async def test_unreachable_postgres_raises_store_unavailable() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from opentelemetry.context import Context
@@ -105,9 +104,9 @@ async def fake_model() -> AsyncIterator[FakeModelServer]:
 
 @pytest.fixture
 async def app(
-    tmp_path: Path, fake_model: FakeModelServer, traced: Traced
+    sqlite_url: str, fake_model: FakeModelServer, traced: Traced
 ) -> AsyncIterator[AgioApp]:
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_url, fake_model.base_url)
     started = await AgioApp.start(settings, traced.telemetry)
     try:
         yield started
