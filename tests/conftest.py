@@ -34,7 +34,7 @@ from tests.postgres import (
     start_postgres,
 )
 from tests.roles import StoreRoles, open_roles
-from tests.sqlite import SqliteTemplate
+from tests.sqlite import sqlite_at
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -124,16 +124,11 @@ def postgres_databases(postgres_admin_url: str) -> Iterator[TestDatabases]:
         databases.dispose()
 
 
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
-    """A SQLite file migrated to head once per test process (tests/sqlite.py)."""
-    return SqliteTemplate.made_in(tmp_path_factory.mktemp("sqlite-template"))
-
-
 @pytest.fixture
-def sqlite_url(sqlite_template: SqliteTemplate, tmp_path: Path) -> str:
-    """The URL of a new SQLite file at head, tmp_path / "agio.db", with nothing in it."""
-    return sqlite_template.copy_to(tmp_path / "agio.db")
+def sqlite_url(tmp_path: Path) -> str:
+    """The URL of a new SQLite file at head, tmp_path / "agio.db", with nothing in it
+    (a copy of a file migrated once per process: tests/sqlite.py)."""
+    return sqlite_at(tmp_path / "agio.db")
 
 
 @pytest.fixture(params=BACKENDS)

@@ -2,26 +2,48 @@
 
 Migrating a new file costs `open_store` 50-100 ms of CPU (Alembic builds and runs every
 revision's DDL), and the suite opens well over a thousand of them: a fifth of its CPU. So a
-test process migrates one file with the store's own `open_store`, checks that it holds the
-schema and nothing else, and each test that wants an empty database gets a copy of it,
-made as `open_store` makes a new file (its owner's only). A copy is what `open_store`
-would have made: the same schema and version row, and WAL mode in its header; opening it
-runs the store's check that it is at head, as for any existing file.
+test process migrates one file with the store's own `open_store` (`SqliteTemplate`), checks
+that it holds the schema and nothing else, and `sqlite_at(path)` gives each test that wants
+an empty database a copy of it, made as `open_store` makes a new file (its owner's only).
+A copy is what `open_store` would have made: the same schema and version row, and WAL mode
+in its header; opening it runs the store's check that it is at head, as for any existing
+file.
 
-The tests of migrations themselves (tests/store) still start from empty files and from
-older revisions, and the template is made by the migrations on every run of the suite.
+What a new file's start itself does is still tested on new files: the tests of migrations
+(tests/store), of `serve` and its workers starting on a new database, and of start-up
+errors. The template is made by the migrations on every run of the suite.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from agio_grpc.store.database import SQLITE_FILE_MODE
 from agio_grpc.store.migrations import VERSION_TABLE, head_revision
 from tests.postgres import run_in_thread
 from tests.roles import open_roles
+
+
+def sqlite_at(path: Path) -> str:
+    """The SQLAlchemy URL of the SQLite file at `path`, first made there as a copy of this
+    process's template when there is none (a test that opens it twice, or starts a second
+    server on it, gets the same file)."""
+    if not path.exists():
+        return process_template().copy_to(path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+@functools.cache
+def process_template() -> SqliteTemplate:
+    """This process's template, made on first use and removed when the process exits."""
+    folder = tempfile.TemporaryDirectory(prefix="agio-sqlite-template-")
+    atexit.register(folder.cleanup)
+    return SqliteTemplate.made_in(Path(folder.name))
 
 
 class SqliteTemplate:

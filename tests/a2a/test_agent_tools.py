@@ -19,6 +19,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
 from agio_grpc.v1.resources_pb2 import Role, RunStatus, StopReason
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 
 def agents(**boss: Any) -> list[AgentConfig]:
@@ -225,6 +226,6 @@ async def test_cycles_and_unknown_agents_are_refused_at_start_up(
     tmp_path: Any, fake_model: FakeModelServer, calls: dict[str, list[str]], message: str
 ) -> None:
     configured = [AgentConfig(name=name, agents=calls.get(name, [])) for name in ("boss", "worker")]
-    url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    url = sqlite_at(tmp_path / "agio.db")
     with pytest.raises(Exception, match=message):
         await started(settings(url, fake_model.base_url, agents=configured))

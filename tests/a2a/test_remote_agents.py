@@ -29,6 +29,7 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1.resources_pb2 import Role, RunStatus
 from tests.a2a.conftest import on_uvicorn
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import make_traced
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "a2a" / "sdk_agent.py"
@@ -268,9 +269,7 @@ async def test_an_unreachable_agent_is_an_unavailable_tool_with_its_reason(
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    app = await AgioApp.start(
-        settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, url)
-    )
+    app = await AgioApp.start(settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, url))
     try:
         async with AgioClient(app.address) as client:
             for _ in range(200):
@@ -295,7 +294,7 @@ async def test_a_missing_header_variable_stops_the_start(
 ) -> None:
     monkeypatch.delenv("NO_SUCH_VARIABLE_AGIO", raising=False)
     configured = settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         "http://127.0.0.1:9/",
         headers={"authorization": "Bearer ${NO_SUCH_VARIABLE_AGIO}"},
@@ -308,9 +307,7 @@ async def test_the_remote_agent_gets_the_calls_trace_context(
     tmp_path: Path, fake_model: FakeModelServer, remote: Remote
 ) -> None:
     traced = make_traced()
-    configured = settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, remote.url
-    )
+    configured = settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, remote.url)
     app = await AgioApp.start(configured, traced.telemetry)
     try:
         await offered(app)

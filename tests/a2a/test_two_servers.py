@@ -19,6 +19,7 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1.resources_pb2 import Role
 from tests.a2a.test_remote_agents import offered_tool
 from tests.roles import open_roles
+from tests.sqlite import sqlite_at
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "a2a"
 
@@ -27,7 +28,7 @@ def example(name: str, tmp_path: Path, model_url: str, **overrides: Any) -> Sett
     values = yaml.safe_load((EXAMPLES / name).read_text())
     values |= {
         "listen_address": "127.0.0.1:0",
-        "database_url": f"sqlite+aiosqlite:///{tmp_path / name}.db",
+        "database_url": sqlite_at(tmp_path / f"{name}.db"),
         "openai_base_url": model_url,
         "openai_api_key": "test-key",
     }

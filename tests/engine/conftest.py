@@ -13,14 +13,12 @@ import pytest
 from agio_grpc.testing import FakeModelServer
 from tests.engine.harness import Gate, Harness, build_runtime
 from tests.roles import StoreRoles, open_roles
-from tests.sqlite import SqliteTemplate
+from tests.sqlite import sqlite_at
 
 
 @pytest.fixture
-async def sqlite_store(
-    sqlite_template: SqliteTemplate, tmp_path: Path
-) -> AsyncIterator[StoreRoles]:
-    store = await open_roles(sqlite_template.copy_to(tmp_path / "engine.db"))
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[StoreRoles]:
+    store = await open_roles(sqlite_at(tmp_path / "engine.db"))
     try:
         yield store
     finally:

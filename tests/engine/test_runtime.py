@@ -50,6 +50,7 @@ from agio_grpc.store.errors import (
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.engine.harness import Gate, Harness, Outcome, assert_valid_messages, build_runtime
 from tests.roles import StoreRoles, open_roles
+from tests.sqlite import sqlite_at
 from tests.store.test_leases import wait_for_expiry
 
 LOOKUP = ClientTool(
@@ -839,7 +840,7 @@ async def start_run_then_die(url: str, *, lease_s: float) -> Run:
 async def test_a_cancel_takes_over_a_run_whose_process_died(
     sqlite_store: StoreRoles, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    url = sqlite_at(tmp_path / "engine.db")
     run = await start_run_then_die(url, lease_s=0.2)
     await wait_for_expiry(url, run.session_id)
     other = build_runtime(sqlite_store, fake_model, Gate(), leases=sqlite_store)
@@ -861,7 +862,7 @@ async def test_a_run_that_stalled_past_its_lease_writes_nothing_after_the_take_o
 ) -> None:
     # A replica whose lease runs out while its tool runs (nothing renews it: a stalled
     # server); another replica takes the session over; then the tool returns.
-    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    url = sqlite_at(tmp_path / "engine.db")
     stalled_store = await open_roles(url, session_lease_s=0.2)
     gate = Gate()
     stalled = build_runtime(stalled_store, fake_model, gate)
@@ -973,7 +974,7 @@ async def test_a_watch_through_another_runtime_follows_the_run_to_its_end(
 async def test_a_watch_of_a_run_whose_process_died_ends_once_its_lease_runs_out(
     sqlite_store: StoreRoles, fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    url = sqlite_at(tmp_path / "engine.db")
     run = await start_run_then_die(url, lease_s=0.3)
     watcher_store = await open_roles(url, session_lease_s=0.3)
     other = build_runtime(
@@ -997,7 +998,7 @@ async def test_a_watch_of_a_run_left_running_without_its_session_ends_it_interru
     fake_model: FakeModelServer, tmp_path: Path
 ) -> None:
     # Its server released the session but failed to store the run's end, then went away.
-    url = f"sqlite+aiosqlite:///{tmp_path / 'engine.db'}"
+    url = sqlite_at(tmp_path / "engine.db")
     store = await open_roles(url, session_lease_s=0.3)
     other = build_runtime(store, fake_model, Gate(), leases=store, watch_poll_s=0.02)
     try:

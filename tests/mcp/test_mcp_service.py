@@ -30,6 +30,7 @@ from tests.mcp.conftest import TOOLBOX, HttpToolbox, eventually, http_toolbox, w
 from tests.mcp.reference import ReferenceServers
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def mcp_settings(
     tmp_path: Path, model: FakeModelServer, servers: list[McpServerConfig], **agent: Any
 ) -> Settings:
     return make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         model.base_url,
         mcp_servers=servers,
         agents=[AgentConfig(name="assistant", **({"tools": ["echo"]} | agent))],
@@ -320,7 +321,7 @@ async def start_fails(
     tmp_path: Path, servers: list[McpServerConfig], tool_modules: tuple[str, ...] = (), **agent: Any
 ) -> str:
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         "http://127.0.0.1:9/v1",
         mcp_servers=servers,
         tool_modules=list(tool_modules),

@@ -14,6 +14,7 @@ from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import resources_pb2
 from tests.mcp.conftest import TOOLBOX
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import make_traced
 from tests.telemetry.test_span_tree import RUN_SPAN, attrs, children, hex_span, one
 
@@ -23,7 +24,7 @@ async def test_an_mcp_tool_call_is_an_execute_tool_span_under_the_run(tmp_path: 
     toolbox = McpServerConfig(name="toolbox", command=sys.executable, args=[str(TOOLBOX)])
     async with FakeModelServer() as fake_model:
         settings = make_settings(
-            f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            sqlite_at(tmp_path / "agio.db"),
             fake_model.base_url,
             mcp_servers=[toolbox],
             agents=[AgentConfig(name="assistant", tools=["toolbox.hello"])],

@@ -16,13 +16,14 @@ from agio_grpc.testing import FakeModelServer, Turn
 from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 
 @pytest.fixture
 async def one_slot(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[AgioClient]:
     """A server that runs one run at a time; a run without a deadline waits 0.2 s for it."""
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         server=ServerConfig(max_running_runs=1, admission_wait_s=0.2),
     )

@@ -25,6 +25,7 @@ from agio_grpc.testing import FakeModelServer
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
 from tests.service.connect_wire import CONNECT_JSON, wire_error
+from tests.sqlite import sqlite_at
 
 LIST_AGENTS = "/agio.v1.AgentService/ListAgents"
 REBINDING_PAGE = "attacker.example"
@@ -32,7 +33,7 @@ REBINDING_PAGE = "attacker.example"
 
 def settings_for(tmp_path: Path, model_url: str, http_address: str, **overrides: Any) -> Settings:
     return make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         model_url,
         http_address=http_address,
         **overrides,

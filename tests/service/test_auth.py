@@ -38,6 +38,7 @@ from tests.service.auth_helpers import (
     whoami,
 )
 from tests.service.test_startup_errors import serve_output
+from tests.sqlite import sqlite_at
 
 API_KEY_AUTH = {"mode": "api_key", "api_key": {"cache_s": 0}}
 
@@ -167,7 +168,7 @@ async def test_reflection_is_on_without_authentication_or_when_asked_for(
 ) -> None:
     assert "agio.v1.AgentService" in await list_services(app.address)
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'asked.db'}",
+        sqlite_at(tmp_path / "asked.db"),
         fake_model.base_url,
         auth={"mode": "api_key"},
         server={"reflection": True},
@@ -316,7 +317,7 @@ def test_only_loopback_addresses_are_loopback(address: str, loopback: bool) -> N
 
 async def test_no_mode_on_an_address_others_reach_refuses_to_start(tmp_path: Path) -> None:
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",  # a new file: it must not be made
         "http://127.0.0.1:9/v1",
         listen_address="0.0.0.0:0",
     )
@@ -342,7 +343,7 @@ async def test_an_explicit_none_serves_everyone_with_a_warning(
     tmp_path: Path, fake_model: FakeModelServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         listen_address="0.0.0.0:0",
         auth={"mode": "none"},

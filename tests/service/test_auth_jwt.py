@@ -37,6 +37,7 @@ from tests.service.auth_helpers import (
     unauthenticated,
     whoami,
 )
+from tests.sqlite import sqlite_at
 
 ISSUER = "https://issuer.example"
 AUDIENCE = "agio-grpc"
@@ -130,9 +131,7 @@ async def jwt_app(
     """The service checking JWTs against `issuer`'s key set, fetched again for an unknown
     key id at most once an hour."""
     auth = jwt_auth(jwks_url=issuer.url, jwks_refresh_min_interval_s=3600)
-    settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, auth=auth
-    )
+    settings = auth_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, auth=auth)
     async with serving(settings) as app:
         yield app
 
@@ -220,9 +219,7 @@ async def test_a_key_published_later_is_found_by_fetching_the_set_again(
     second_key: SigningKey,
 ) -> None:
     auth = jwt_auth(jwks_url=issuer.url, jwks_refresh_min_interval_s=0)
-    settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, auth=auth
-    )
+    settings = auth_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, auth=auth)
     async with serving(settings) as app:
         await refusal(app.address)  # nothing fetched without a token
         assert await whoami(app.address, bearer(first_key.sign(tenant="acme"))) == (
@@ -270,7 +267,7 @@ async def test_a_key_set_that_cannot_be_fetched_makes_calls_unavailable(
     await gone.start()
     await gone.stop()  # its port now refuses connections
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         auth=jwt_auth(jwks_url=gone.url),
     )
@@ -286,7 +283,7 @@ async def test_a_pem_public_key_file_verifies_tokens(
     pem = tmp_path / "issuer.pem"
     pem.write_bytes(first_key.pem())
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         auth=jwt_auth(public_key_file=str(pem)),
     )
@@ -309,7 +306,7 @@ async def test_a_public_key_file_that_cannot_be_read_refuses_to_start(
     if content is not None:
         pem.write_bytes(content)
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         "http://127.0.0.1:9/v1",
         auth=jwt_auth(public_key_file=str(pem)),
     )

@@ -40,6 +40,7 @@ from tests.service.auth_helpers import (
     whoami,
 )
 from tests.service.test_auth_jwt import AUDIENCE, ISSUER, JwksServer, jwt_auth
+from tests.sqlite import sqlite_at
 
 PrivateKey = (
     rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
@@ -159,9 +160,7 @@ async def test_a_token_whose_algorithm_does_not_fit_the_key_is_refused_credentia
     else:
         key_set.keys = [server_key]
         auth = jwt_auth(jwks_url=key_set.url)
-    settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, auth=auth
-    )
+    settings = auth_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, auth=auth)
     caplog.set_level(logging.INFO)
     async with serving(settings) as app:
         genuine = [server_key.sign(kid=server_key.kid, tenant="acme")]
@@ -192,7 +191,7 @@ async def test_an_es256_token_against_an_rsa_key_names_the_algorithm_as_the_faul
 ) -> None:
     (tmp_path / "issuer.pem").write_bytes(SERVER_KEYS["rsa"].pem())
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         auth=jwt_auth(public_key_file=str(tmp_path / "issuer.pem")),
     )

@@ -20,6 +20,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
 from tests.service.auth_helpers import auth_settings, serving
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 LIST_AGENTS = "agio.v1.AgentService/ListAgents"
 
@@ -52,7 +53,7 @@ async def buf_curl(*arguments: str) -> tuple[int, str, str]:
 @pytest.fixture
 async def http_app(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
     )
@@ -120,7 +121,7 @@ async def test_with_reflection_off_buf_curl_needs_a_schema(
     """Reflection follows `server.reflection` on both listeners (off by default when callers
     authenticate)."""
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
         server={"reflection": False},

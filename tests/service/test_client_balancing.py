@@ -17,6 +17,7 @@ from agio_grpc.handlers import AgioMethodInterceptor, Behavior, rewrap_handler
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 
 class CallCounter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -113,7 +114,7 @@ async def test_two_clients_of_one_address_have_a_connection_each(
     among every channel of the process."""
     recorder = PeerRecorder()
     app = await AgioApp.start(
-        make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url),
+        make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url),
         interceptors=[recorder],
     )
     try:

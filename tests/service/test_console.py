@@ -30,6 +30,7 @@ from tests.mcp.conftest import TOOLBOX
 from tests.roles import open_roles
 from tests.service.auth_helpers import auth_settings, serving
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 # A browser and a server each: `make test-slow`, which CI runs (keeps `make test` short).
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ async def browser() -> AsyncIterator[Browser]:
 @pytest.fixture
 async def console_app(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[AgioApp]:
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
         http={"trace_url_template": "http://jaeger.example/trace/{trace_id}"},
@@ -171,7 +172,7 @@ async def test_a_tool_call_s_progress_shows_while_it_runs(
 ) -> None:
     helper = AgentConfig(name="helper", model="fake-model", instructions="Help.", tools=[])
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
     )
@@ -346,7 +347,7 @@ async def test_the_agent_picker_runs_the_picked_agent_mcp_only_included(
         name="researcher", model="fake-model", instructions="Research.", tools=[], mcp=["toolbox"]
     )
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
         mcp_servers=[toolbox],
@@ -443,7 +444,7 @@ async def test_a_credential_entered_in_the_page_is_used(
     browser: Browser, tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
         auth={"mode": "api_key", "api_key": {"cache_s": 0}},

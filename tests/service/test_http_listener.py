@@ -38,6 +38,7 @@ from tests.service.connect_wire import (
     json_envelope,
     wire_error,
 )
+from tests.sqlite import sqlite_at
 
 RUN = "/agio.v1.AgentService/Run"
 LIST_AGENTS = "/agio.v1.AgentService/ListAgents"
@@ -47,7 +48,7 @@ ALLOWED_ORIGIN = "https://console.example"
 
 def http_settings(tmp_path: Path, model_url: str, **overrides: Any) -> Any:
     return make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         model_url,
         **{"http_address": "127.0.0.1:0", **overrides},
     )
@@ -401,7 +402,7 @@ async def test_with_api_keys_a_call_needs_a_key_and_runs_in_its_tenant(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
         auth={"mode": "api_key", "api_key": {"cache_s": 0}},

@@ -41,6 +41,7 @@ from agio_grpc.v1.resources_pb2 import RunStatus, StopReason
 from tests.roles import open_roles
 from tests.service.conftest import make_settings
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
+from tests.sqlite import sqlite_at
 
 # Real server processes killed mid-run, and leases left to expire (make test-slow).
 pytestmark = pytest.mark.slow
@@ -84,7 +85,7 @@ async def two_servers(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> AsyncIterator[tuple[AgioClient, AgioClient]]:
     """Two `agio-grpc serve` replicas on one SQLite file, and a client of each."""
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    database_url = sqlite_at(tmp_path / "agio.db")
     # Migrated beforehand, so the two servers do not race to create the file.
     await (await open_roles(database_url)).close()
     started = await asyncio.gather(
@@ -138,7 +139,7 @@ async def wait_for_lease_expiry(database_url: str, session_id: str) -> None:
 async def test_a_session_survives_its_server_being_killed_mid_run(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    database_url = sqlite_at(tmp_path / "agio.db")
     # Migrated beforehand, so the two servers do not race to create the file.
     await (await open_roles(database_url)).close()
     fake_model.enqueue(Turn.hanging(), Turn.text("Back again."))
@@ -248,7 +249,7 @@ async def test_a_restarted_server_finalises_the_runs_its_crashed_predecessor_lef
     RUNNING run under a lease nobody renews; the test above shows a real kill leaves
     exactly that), then a server starting after the lease ran out. GetRun tells the truth
     at once, before any Run touches the session."""
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    database_url = sqlite_at(tmp_path / "agio.db")
     fake_model.enqueue(Turn.text("Yes."))
     dead = await open_roles(database_url, session_lease_s=0.05)
     try:
@@ -282,7 +283,7 @@ async def test_a_run_whose_session_was_taken_over_is_stopped_by_its_next_renewal
     """A server that stalled past its lease while another replica took the session over:
     played by rewriting the session's holder in the database, as the other replica's take
     would. The stalled server's next renewal finds the session gone and stops its run."""
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    database_url = sqlite_at(tmp_path / "agio.db")
     fake_model.enqueue(Turn.hanging())
     settings = make_settings(
         database_url, fake_model.base_url, server=ServerConfig(session_lease_s=0.3)

@@ -32,6 +32,7 @@ from tests.roles import open_roles
 from tests.service.test_leases import kill, start_serve
 from tests.service.test_serve import read_until, spawn_serve
 from tests.service.test_workers import SUPERVISOR_LISTENING
+from tests.sqlite import sqlite_at
 
 # Real server processes, one of them killed (make test-slow).
 pytestmark = pytest.mark.slow
@@ -203,7 +204,7 @@ async def test_the_workers_of_one_port_follow_and_cancel_each_other_s_runs(
     process = await spawn_serve(
         tmp_path,
         {
-            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_DATABASE_URL": sqlite_at(tmp_path / "agio.db"),
             "OPENAI_BASE_URL": fake_model.base_url,
             "OPENAI_API_KEY": "test-key",
             "AGIO_SERVER__WORKERS": "2",

@@ -21,6 +21,7 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1 import resources_pb2
 from tests.service.conftest import make_settings
 from tests.service.test_startup_errors import serve_output
+from tests.sqlite import sqlite_at
 
 PARIS = {"city": "Paris", "population": 2_100_000}
 CITY_SCHEMA: dict[str, Any] = {
@@ -129,7 +130,7 @@ async def test_an_agent_schema_from_a_file_applies_to_its_runs(
     schema_file.write_text(json.dumps(CITY_SCHEMA))
     agent = AgentConfig(name="cities", tools=[], output_schema=schema_file, output_mode="tool")
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         agents=[agent],
         default_agent="cities",

@@ -30,6 +30,7 @@ from tests.service.conftest import make_settings
 from tests.service.pki import Pki, served_certificate
 from tests.service.test_serve import LISTENING, read_until, spawn_serve
 from tests.service.test_startup_errors import start_fails
+from tests.sqlite import sqlite_at
 
 QUESTION = "What is 12 * 7?"
 
@@ -42,7 +43,7 @@ def pki(tmp_path: Path) -> Pki:
 async def start_app(
     tmp_path: Path, fake_model: FakeModelServer, pki: Pki, *, mutual: bool = False
 ) -> AgioApp:
-    database_url = f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}"
+    database_url = sqlite_at(tmp_path / "agio.db")
     settings = make_settings(
         database_url, fake_model.base_url, **pki.server_settings(mutual=mutual)
     )
@@ -128,7 +129,7 @@ async def test_each_tls_mistake_of_a_client_says_what_to_change(
     mtls_app: AgioApp, pki: Pki, tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
     stranger = Pki.create(tmp_path / "other", "another CA")
-    plaintext = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'plain.db'}", fake_model.base_url)
+    plaintext = make_settings(sqlite_at(tmp_path / "plain.db"), fake_model.base_url)
     async with serving(plaintext) as plaintext_app:
         mistakes = {
             TlsFailure.SERVER_WANTS_TLS: (mtls_app.address, {}),
@@ -202,7 +203,7 @@ async def test_sighup_to_serve_rotates_the_certificate_and_an_open_watch_goes_on
     process = await spawn_serve(
         tmp_path,
         {
-            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_DATABASE_URL": sqlite_at(tmp_path / "agio.db"),
             "OPENAI_BASE_URL": fake_model.base_url,
             "OPENAI_API_KEY": "test-key",
             "AGIO_TLS_CERT_FILE": str(pki.server_cert),
@@ -340,7 +341,7 @@ async def test_serve_with_a_missing_certificate_prints_one_line_and_exits_2(
     process = await spawn_serve(
         tmp_path,
         {
-            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+            "AGIO_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",  # must not be made
             "AGIO_TLS_CERT_FILE": str(tmp_path / "missing.pem"),
             "AGIO_TLS_KEY_FILE": str(pki.server_key),
         },
@@ -397,7 +398,7 @@ async def test_mutual_tls_auth_takes_the_tenant_from_the_client_certificate(
     acme = pki.ca.issue_client("acme")
     cert_file, key_file = acme.write(pki.directory, "acme")
     settings = auth_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         auth={"mode": "mtls"},
         **pki.server_settings(mutual=True),

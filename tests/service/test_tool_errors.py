@@ -17,6 +17,7 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1 import resources_pb2
 from tests.service.auth_helpers import serving
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 TOOLS = ["current_time", "calculate", "echo", "explode"]
 
@@ -34,9 +35,7 @@ def payments_agent(**tool_options: ToolOptionsConfig) -> AgentConfig:
 @pytest.fixture
 async def strict_client(tmp_path: Path, fake_model: FakeModelServer) -> AsyncIterator[AgioClient]:
     agent = payments_agent(explode=ToolOptionsConfig(on_error="stop"))
-    settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, agents=[agent]
-    )
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, agents=[agent])
     async with serving(settings) as app, AgioClient(app.address) as client:
         yield client
 

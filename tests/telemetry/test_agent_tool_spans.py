@@ -17,6 +17,7 @@ from agio_grpc.config import AgentConfig
 from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import Traced
 from tests.telemetry.test_span_tree import children, one
 
@@ -25,7 +26,7 @@ async def test_a_child_runs_spans_nest_under_the_tool_call_span(
     tmp_path: Path, fake_model: FakeModelServer, traced: Traced
 ) -> None:
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         default_agent="boss",
         agents=[
@@ -71,7 +72,7 @@ async def test_an_a2a_http_call_is_a_server_span_parenting_its_run(
     tmp_path: Path, fake_model: FakeModelServer, traced: Traced
 ) -> None:
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         http_address="127.0.0.1:0",
     )

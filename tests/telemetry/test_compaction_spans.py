@@ -15,6 +15,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import resources_pb2
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import Traced
 from tests.telemetry.test_span_tree import attrs, children, drain, hex_span, one
 
@@ -34,9 +35,7 @@ async def compacting_client(
         context_window_tokens=1_000,
         compaction=CompactionConfig(trigger_ratio=0.5, keep_recent_steps=1),
     )
-    settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url, agents=[agent]
-    )
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url, agents=[agent])
     app = await AgioApp.start(settings, traced.telemetry)
     try:
         async with AgioClient(app.address) as client:

@@ -15,6 +15,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer
 from agio_grpc.v1 import resources_pb2
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import Traced, make_traced
 
 GAUGE = "agio.history.cache.usage"
@@ -75,7 +76,7 @@ async def test_with_the_cache_off_the_gauge_reads_zero(
 ) -> None:
     traced = make_traced()
     settings = make_settings(
-        f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}",
+        sqlite_at(tmp_path / "agio.db"),
         fake_model.base_url,
         server={"history_cache_mb": 0},
     )

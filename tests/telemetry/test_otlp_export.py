@@ -19,6 +19,7 @@ from agio_grpc.telemetry import Telemetry, telemetry_from_environment
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.testing.otlp import OtlpReceiver
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ async def test_a_run_is_exported_over_otlp_grpc_as_one_tree(
     telemetry = telemetry_from_environment()
     assert telemetry.tracing
     assert telemetry.owns_providers
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url)
     app = await AgioApp.start(settings, telemetry)
     try:
         fake_model.enqueue(
@@ -138,7 +139,7 @@ async def test_the_jaeger_recipe_exports_spans_and_no_metrics_and_logs_no_error(
     telemetry = telemetry_from_environment()
     assert telemetry.tracing
     assert not exports_metrics(telemetry)  # no metrics exporter, no reader thread
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url)
     caplog.set_level(logging.WARNING)
     app = await AgioApp.start(settings, telemetry)
     try:

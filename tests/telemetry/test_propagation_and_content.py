@@ -15,6 +15,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.telemetry import Telemetry, TraceContextFilter
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import Traced, make_traced
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -57,7 +58,7 @@ async def test_with_tracing_off_runs_carry_the_callers_trace_id_or_none(
 ) -> None:
     # Nothing is recorded, but a run still joins its caller's trace by id (the client
     # conformance scenario checks this against servers with tracing off).
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url)
     app = await AgioApp.start(settings, Telemetry())
     traceparent = ("traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
     try:
@@ -153,7 +154,7 @@ async def test_with_content_capture_on_spans_carry_the_messages(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
     traced = make_traced(capture_content=True)
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url)
     app = await AgioApp.start(settings, traced.telemetry)
     try:
         _script(fake_model)

@@ -23,6 +23,7 @@ from agio_grpc.service.app import AgioApp
 from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn, UsageSpec
 from agio_grpc.v1 import agent_service_pb2, events_pb2, resources_pb2
 from tests.service.conftest import make_settings
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import Traced, make_traced
 
 StepEvent = events_pb2.StepEvent
@@ -355,7 +356,7 @@ async def test_a_shutdown_interrupts_the_run_and_ends_every_span(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
     traced = make_traced()
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url)
     app = await AgioApp.start(settings, traced.telemetry)
     fake_model.enqueue(Turn.hanging())
     stopped = False

@@ -20,6 +20,7 @@ from agio_grpc.testing import FakeModelServer, ToolCallSpec, Turn
 from agio_grpc.v1 import agent_service_pb2 as pb
 from tests.service.conftest import make_settings
 from tests.service.tenancy import tenant_interceptors, tenant_metadata
+from tests.sqlite import sqlite_at
 from tests.telemetry.conftest import Traced
 
 TENANT = "tenant-a"
@@ -46,7 +47,7 @@ def log_lines() -> Iterator[io.StringIO]:
 async def tenant_client(
     tmp_path: Path, fake_model: FakeModelServer, traced: Traced
 ) -> AsyncIterator[AgioClient]:
-    settings = make_settings(f"sqlite+aiosqlite:///{tmp_path / 'agio.db'}", fake_model.base_url)
+    settings = make_settings(sqlite_at(tmp_path / "agio.db"), fake_model.base_url)
     app = await AgioApp.start(settings, traced.telemetry, interceptors=tenant_interceptors())
     try:
         async with AgioClient(app.address, metadata=tenant_metadata(TENANT)) as client:
