@@ -136,7 +136,8 @@ class Database(Protocol):
         ...
 
     async def dispose(self) -> None:
-        """Close every connection."""
+        """Close every connection. A transaction asked for once this began is refused with
+        StoreUnavailableError; one already running finishes first. Again: nothing."""
         ...
 
 
@@ -235,6 +236,7 @@ class SqliteDatabase:
             )
             _install_sqlite_hooks(self._brief, mode, busy_timeout_ms=0, autocheckpoint=False)
         self._brief_open = False
+        self._closed = False  # `dispose` began: no transaction starts after it
         self._brief_conn: Connection | None = None  # kept between brief writes
         self._brief_commits = 0
         self._checkpoint: asyncio.Future[None] | None = None
@@ -249,6 +251,7 @@ class SqliteDatabase:
         return "sqlite"
 
     async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
+        _refuse_if(self._closed)
         if write and brief and self._brief is not None:
             if (held := self._held) is not None:  # the end of a checkpoint (`_checkpoint_wal`)
                 ended, _ = await asyncio.wait((held,), timeout=CHECKPOINT_HOLD_S)
@@ -258,6 +261,7 @@ class SqliteDatabase:
                     self._held = None
             if not self._brief_open:  # opening may wait for the lock: not on this thread
                 await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
+            _refuse_if(self._closed)  # closed while this write waited
             try:
                 done = self._brief_transaction(work)
             except WriteLockTakenError:
@@ -345,6 +349,9 @@ class SqliteDatabase:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     async def dispose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         loop = asyncio.get_running_loop()
         if self._checkpoint is not None:  # its statement, if running, ends before dispose's
             self._checkpoint.cancel()
@@ -358,6 +365,13 @@ class SqliteDatabase:
         await loop.run_in_executor(self._writer, self._engine.dispose)
         self._writer.shutdown(wait=False)
         self._readers.shutdown(wait=False)
+
+
+def _refuse_if(closed: bool) -> None:
+    """A transaction asked of a database whose `dispose` began: refused, as a database that
+    is gone, rather than run on connections opened again behind the closed ones."""
+    if closed:
+        raise StoreUnavailableError("the store is closed")
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -406,6 +420,7 @@ class PostgresDatabase:
             hide_parameters=True,  # a statement's error never carries user content
         )
         _install_postgres_checkout(self._engine.sync_engine.pool)
+        self._closed = False  # `dispose` began: no transaction starts after it
 
     @property
     def backend(self) -> str:
@@ -424,6 +439,7 @@ class PostgresDatabase:
         return await self._on_connection(work, "AUTOCOMMIT")
 
     async def _on_connection(self, work: Callable[[Connection], T], isolation: str | None) -> T:
+        _refuse_if(self._closed)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
@@ -439,6 +455,7 @@ class PostgresDatabase:
             raise as_store_error(error) from error
 
     async def dispose(self) -> None:
+        self._closed = True
         await self._engine.dispose()
 
 

@@ -1493,6 +1493,26 @@ async def versions_of(url: str) -> list[str]:
         await engine.dispose()
 
 
+async def test_a_closed_store_refuses_reads_and_writes_and_writes_nothing(
+    store: StoreRoles, store_url: str
+) -> None:
+    session = await session_with_steps(store, 1)
+    closed = await open_roles(store_url)
+    await closed.close()
+
+    # A brief write (a step), a transaction on the writer (a session) and a read.
+    with pytest.raises(StoreUnavailableError, match="the store is closed"):
+        await closed.append_steps([user(session.id)])
+    with pytest.raises(StoreUnavailableError, match="the store is closed"):
+        await closed.new_session()
+    with pytest.raises(StoreUnavailableError, match="the store is closed"):
+        await closed.get_session(session.id)
+
+    assert await store.step_count(session.id) == 1
+    assert [each.id for each in await store.list_sessions(limit=10)] == [session.id]
+    await closed.close()  # a second close is harmless
+
+
 async def test_unreachable_postgres_raises_store_unavailable() -> None:
     closed_port = free_local_port()
 
