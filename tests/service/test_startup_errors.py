@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ from agio_grpc.cli.serve import configuration_lines
 from agio_grpc.config import ServerConfig, Settings, model_key_warning
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.startup import StartupError, check_bindable
-from agio_grpc.store.migrations import VERSION_TABLE
 from tests.service.conftest import make_settings
+from tests.store.test_conformance import set_version
 
 MODEL_URL = "http://127.0.0.1:9/v1"
 
@@ -64,9 +63,7 @@ async def test_a_database_that_cannot_open_names_the_url_without_its_password(
 async def test_a_database_a_newer_version_migrated_names_its_revision_and_the_fix(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    with sqlite3.connect(tmp_path / "agio.db") as connection:
-        connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0099'")
-    connection.close()
+    await set_version(sqlite_url, "0099")
 
     error = await start_fails(tmp_path, database_url=sqlite_url)
 
