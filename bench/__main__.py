@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from bench import concurrency, report, runs, store, streaming
+from bench.stats import speed_gauge
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6")
@@ -50,17 +51,20 @@ async def run(args: argparse.Namespace, command: str) -> report.Report:
     only = set(args.only)
     result = report.Report(command=command, concurrency_settings=(args.b4_tokens, args.b4_rate))
     if only & {"b1", "b2", "b3"}:
+        result.gauges.append(("before B1-B3", speed_gauge()))
         per_path = args.runs or (10 if quick else 30)
         tokens = args.tokens or 200
         print(f"B1-B3: {per_path} runs x {tokens} tokens per path...", file=sys.stderr)
         result.streaming = await streaming.measure(per_path, tokens, args.warmup)
     if "b4" in only:
+        result.gauges.append(("before B4", speed_gauge()))
         levels = args.concurrency or ([50] if quick else [100, 500, 1000])
         print(f"B4: concurrency {levels}...", file=sys.stderr)
         result.concurrency = await concurrency.measure(
             levels, args.b4_tokens, args.b4_rate, sdk=not args.no_sdk, postgres=not args.no_postgres
         )
     if "b5" in only:
+        result.gauges.append(("before B5", speed_gauge()))
         sizes = [100, 1000] if quick else [100, 1000, 10000]
         writers = [1, 10] if quick else [1, 10, 50]
         print(f"B5: context build {sizes} steps, writers {writers}...", file=sys.stderr)
@@ -72,6 +76,7 @@ async def run(args: argparse.Namespace, command: str) -> report.Report:
             postgres=not args.no_postgres,
         )
     if "b6" in only:
+        result.gauges.append(("before B6", speed_gauge()))
         count = args.b6_runs or (100 if quick else 1000)
         print(f"B6: {count} short and tool runs per system...", file=sys.stderr)
         result.runs = await runs.measure(
@@ -81,6 +86,7 @@ async def run(args: argparse.Namespace, command: str) -> report.Report:
             postgres=not args.no_postgres,
             sdk=not args.no_sdk,
         )
+    result.gauges.append(("at the end", speed_gauge()))
     return result
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.concurrency import LevelResult
 from bench.runs import TOKENS, RunsRow
-from bench.stats import median, percentile
+from bench.stats import GAUGE_ADDITIONS, GAUGE_ROUND_TRIPS, SpeedGauge, median, percentile
 from bench.store import StoreResult
 from bench.streaming import StreamingResult
 
@@ -27,6 +27,8 @@ class Report:
     concurrency_settings: tuple[int, float] = (100, 10.0)
     store: list[StoreResult] = field(default_factory=list)
     runs: list[RunsRow] = field(default_factory=list)
+    gauges: list[tuple[str, SpeedGauge]] = field(default_factory=list)
+    """The machine's speed (`bench.stats.speed_gauge`) before each part and at the end."""
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -75,6 +77,18 @@ def _machine_lines(report: Report) -> list[str]:
         f"- Python {platform.python_version()}; SQLite {sqlite3.sqlite_version}; {versions}",
         "- everything on 127.0.0.1; fake model, server and clients in separate processes "
         "sharing the same cores",
+        *_gauge_lines(report),
+    ]
+
+
+def _gauge_lines(report: Report) -> list[str]:
+    if not report.gauges:
+        return []
+    taken = "; ".join(f"{when}: {gauge.describe()}" for when, gauge in report.gauges)
+    return [
+        f"- the machine's speed while it ran, as CPU ms of {GAUGE_ADDITIONS:,} additions in a "
+        f"Python loop and of {GAUGE_ROUND_TRIPS:,} round trips over a socket pair (lower is "
+        f"faster; this machine's speed drifts, and absolute figures with it): {taken}",
     ]
 
 

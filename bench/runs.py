@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from bench import procs
 from bench.concurrency import generate
 from bench.loadgen import LoadResult
-from bench.stats import percentile
+from bench.stats import percentile, speed_gauge
 
 TOKENS = 20
 SHAPES = {"short": False, "tool": True}
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     server_env = dict(item.split("=", 1) for item in args.server_env)
+    print(f"machine speed before: {speed_gauge().describe()}", file=sys.stderr)
     rows = asyncio.run(
         measure(
             args.runs,
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             *row.error_samples[:1],
             file=sys.stderr,
         )
+    print(f"machine speed after: {speed_gauge().describe()}", file=sys.stderr)
     return 0
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -16,3 +20,50 @@ def percentile(values: list[float], pct: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+GAUGE_ADDITIONS = 3_000_000
+GAUGE_ROUND_TRIPS = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedGauge:
+    """How fast this machine runs at the moment, as CPU ms of two fixed workloads (the
+    quickest of three takes each). Its speed drifts by up to ~2x over hours
+    (docs/benchmarks/NOTES.md), which moves every absolute figure of a run with it; a
+    slow phase has slowed system calls (gRPC's, the sockets') more than Python's own work."""
+
+    python_ms: float
+    """`GAUGE_ADDITIONS` additions in a pure-Python loop."""
+    syscalls_ms: float
+    """`GAUGE_ROUND_TRIPS` one-byte round trips over a socket pair, in one thread."""
+
+    def describe(self) -> str:
+        return f"Python {self.python_ms:.0f} ms, system calls {self.syscalls_ms:.0f} ms"
+
+
+def speed_gauge() -> SpeedGauge:
+    return SpeedGauge(_quickest_of_three(_additions), _quickest_of_three(_round_trips))
+
+
+def _quickest_of_three(work: Callable[[], None]) -> float:
+    quickest = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        work()
+        quickest = min(quickest, time.process_time() - started)
+    return quickest * 1000
+
+
+def _additions() -> None:
+    total = 0
+    for value in range(GAUGE_ADDITIONS):
+        total += value
+
+
+def _round_trips() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        for _ in range(GAUGE_ROUND_TRIPS):
+            left.send(b"x")
+            right.recv(1)

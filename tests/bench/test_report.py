@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench.concurrency import LevelResult
 from bench.report import Report, to_markdown
 from bench.runs import RunsRow
+from bench.stats import SpeedGauge, speed_gauge
 from bench.store import StoreResult
 from bench.streaming import Samples, StreamingResult
 
@@ -126,3 +127,20 @@ def test_targets_missed_read_missed() -> None:
 def test_errors_alone_miss_b4() -> None:
     found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
     assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"
+
+
+def test_the_machines_speed_is_in_the_header_when_gauged() -> None:
+    measured = report(agio_ttft_ms=7, gap_p99_ms=120, errors=0, context_ms=5)
+    assert "machine's speed" not in to_markdown(measured)
+    measured.gauges = [
+        ("before B1-B3", SpeedGauge(104.2, 52.6)),
+        ("at the end", SpeedGauge(180.9, 99.5)),
+    ]
+    header = to_markdown(measured).split("\n## ", 1)[0]
+    assert "before B1-B3: Python 104 ms, system calls 53 ms; at the end: Python 181 ms, " in header
+
+
+def test_the_speed_gauge_measures_both_workloads() -> None:
+    gauge = speed_gauge()
+    assert gauge.python_ms > 0
+    assert gauge.syscalls_ms > 0
