@@ -87,8 +87,9 @@ def _gauge_lines(report: Report) -> list[str]:
     taken = "; ".join(f"{when}: {gauge.describe()}" for when, gauge in report.gauges)
     return [
         f"- the machine's speed while it ran, as CPU ms of {GAUGE_ADDITIONS:,} additions in a "
-        f"Python loop and of {GAUGE_ROUND_TRIPS:,} round trips over a socket pair (lower is "
-        f"faster; this machine's speed drifts, and absolute figures with it): {taken}",
+        f"Python loop and of {GAUGE_ROUND_TRIPS:,} round trips to another thread over a socket "
+        f"pair (lower is faster; this machine's speed drifts, and absolute figures with it): "
+        f"{taken}",
     ]
 
 

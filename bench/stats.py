@@ -1,9 +1,11 @@
-"""Small statistics for benchmark tables: nearest-rank percentiles, medians."""
+"""Small statistics for benchmark tables: nearest-rank percentiles, medians; and a gauge of
+the machine's speed at the moment, for reading a run's absolute figures."""
 
 from __future__ import annotations
 
 import socket
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,23 +25,25 @@ def median(values: list[float]) -> float:
 
 
 GAUGE_ADDITIONS = 3_000_000
-GAUGE_ROUND_TRIPS = 20_000
+GAUGE_ROUND_TRIPS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
 class SpeedGauge:
-    """How fast this machine runs at the moment, as CPU ms of two fixed workloads (the
-    quickest of three takes each). Its speed drifts by up to ~2x over hours
-    (docs/benchmarks/NOTES.md), which moves every absolute figure of a run with it; a
-    slow phase has slowed system calls (gRPC's, the sockets') more than Python's own work."""
+    """How fast this machine runs at the moment, as the process's CPU ms for two fixed
+    workloads (the quickest of three takes each). Its speed drifts by up to ~2x over hours
+    (docs/benchmarks/NOTES.md), moving every absolute figure of a run with it; both follow
+    the gRPC floor's cost per run (correlation about 0.6 and 0.7 over an hour's samples),
+    which a round trip within one thread did not (0.3)."""
 
     python_ms: float
     """`GAUGE_ADDITIONS` additions in a pure-Python loop."""
-    syscalls_ms: float
-    """`GAUGE_ROUND_TRIPS` one-byte round trips over a socket pair, in one thread."""
+    threads_ms: float
+    """`GAUGE_ROUND_TRIPS` one-byte round trips over a socket pair to a thread that echoes
+    them: wake-ups and hand-offs between threads, as gRPC's poller makes."""
 
     def describe(self) -> str:
-        return f"Python {self.python_ms:.0f} ms, system calls {self.syscalls_ms:.0f} ms"
+        return f"Python {self.python_ms:.0f} ms, threads {self.threads_ms:.0f} ms"
 
 
 def speed_gauge() -> SpeedGauge:
@@ -49,7 +53,7 @@ def speed_gauge() -> SpeedGauge:
 def _quickest_of_three(work: Callable[[], None]) -> float:
     quickest = float("inf")
     for _ in range(3):
-        started = time.process_time()
+        started = time.process_time()  # every thread of the process
         work()
         quickest = min(quickest, time.process_time() - started)
     return quickest * 1000
@@ -63,7 +67,15 @@ def _additions() -> None:
 
 def _round_trips() -> None:
     left, right = socket.socketpair()
+
+    def echo() -> None:
+        for _ in range(GAUGE_ROUND_TRIPS):
+            right.send(right.recv(1))
+
     with left, right:
+        echoing = threading.Thread(target=echo, name="speed-gauge-echo")
+        echoing.start()
         for _ in range(GAUGE_ROUND_TRIPS):
             left.send(b"x")
-            right.recv(1)
+            left.recv(1)
+        echoing.join()

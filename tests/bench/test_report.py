@@ -137,10 +137,10 @@ def test_the_machines_speed_is_in_the_header_when_gauged() -> None:
         ("at the end", SpeedGauge(180.9, 99.5)),
     ]
     header = to_markdown(measured).split("\n## ", 1)[0]
-    assert "before B1-B3: Python 104 ms, system calls 53 ms; at the end: Python 181 ms, " in header
+    assert "before B1-B3: Python 104 ms, threads 53 ms; at the end: Python 181 ms, " in header
 
 
 def test_the_speed_gauge_measures_both_workloads() -> None:
     gauge = speed_gauge()
     assert gauge.python_ms > 0
-    assert gauge.syscalls_ms > 0
+    assert gauge.threads_ms > 0
