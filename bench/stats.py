@@ -33,8 +33,8 @@ class SpeedGauge:
     """How fast this machine runs at the moment, as the process's CPU ms for two fixed
     workloads (the quickest of three takes each). Its speed drifts by up to ~2x over hours
     (docs/benchmarks/NOTES.md), moving every absolute figure of a run with it; both follow
-    the gRPC floor's cost per run (correlation about 0.6 and 0.7 over an hour's samples),
-    which a round trip within one thread did not (0.3)."""
+    the gRPC floor's cost per run (correlation 0.63 and 0.70 over 15 samples in half an
+    hour), which a round trip within one thread did not (0.28)."""
 
     python_ms: float
     """`GAUGE_ADDITIONS` additions in a pure-Python loop."""
