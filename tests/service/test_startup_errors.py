@@ -19,7 +19,7 @@ from agio_grpc.config import ServerConfig, Settings, model_key_warning
 from agio_grpc.service.app import AgioApp
 from agio_grpc.service.startup import StartupError, check_bindable
 from tests.service.conftest import make_settings
-from tests.store.test_conformance import set_version
+from tests.store.versions import set_version
 
 MODEL_URL = "http://127.0.0.1:9/v1"
 

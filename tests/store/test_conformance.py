@@ -17,7 +17,7 @@ import alembic.command
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, delete, insert, select, text, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agio_grpc.domain import (
@@ -50,6 +50,7 @@ from agio_grpc.store.sql.steps import READ_BATCH, free_history
 from agio_grpc.store.tables import metadata, runs, sessions, steps
 from tests.postgres import free_local_port
 from tests.roles import StoreRoles, open_roles
+from tests.store.versions import set_version, versions_of
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -1469,28 +1470,6 @@ async def test_a_schema_newer_than_this_version_is_refused_and_left_as_it_is(
     assert "a newer version migrated it" in str(refused.value)
     assert await versions_of(store_url) == ["0099_from_a_newer_release"]
     assert await store.step_count(session.id) == 1
-
-
-async def set_version(url: str, revision: str) -> None:
-    engine = create_async_engine(url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(
-                text(f'UPDATE "{VERSION_TABLE}" SET version_num = :revision'),
-                {"revision": revision},
-            )
-    finally:
-        await engine.dispose()
-
-
-async def versions_of(url: str) -> list[str]:
-    engine = create_async_engine(url)
-    try:
-        async with engine.connect() as conn:
-            rows = await conn.execute(text(f'SELECT version_num FROM "{VERSION_TABLE}"'))
-            return [str(revision) for (revision,) in rows]
-    finally:
-        await engine.dispose()
 
 
 async def test_a_closed_store_refuses_reads_and_writes_and_writes_nothing(
