@@ -163,6 +163,15 @@ async def grpc_floor(
 
 
 @asynccontextmanager
+async def run_floor(model_url: str) -> AsyncIterator[Child]:
+    """`bench.run_floor`: a run's messages and model calls against `model_url`, nothing
+    stored; `ready` is its address."""
+    args = [sys.executable, "-m", "bench.run_floor", model_url]
+    async with child(args, LISTEN_LINE, clean_env(), "stderr") as started:
+        yield started
+
+
+@asynccontextmanager
 async def scratch_database(postgres: str = "") -> AsyncIterator[str]:
     """The URL of a fresh database, removed afterwards: made on the PostgreSQL server the
     URL `postgres` names, else a SQLite file in a temporary directory."""

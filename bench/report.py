@@ -299,6 +299,16 @@ def _runs_markdown(rows: list[RunsRow]) -> str:
         else:
             limit_text = f"<= {limit} ms"
         targets.append([f"B6 {shape} run, server CPU, SQLite", measured, limit_text, _verdict(ok)])
+        if (floor := of.get(("run floor", "none"))) is not None:
+            added = sqlite.cpu_ms_per_run - floor.cpu_ms_per_run
+            targets.append(
+                [
+                    f"B6 {shape} run, what agio-grpc on SQLite adds to the run floor",
+                    f"{added:+.2f} ms (floor {floor.cpu_ms_per_run:.2f})",
+                    "-",
+                    "-",
+                ]
+            )
         if postgres is not None and sqlite.cpu_ms_per_run:
             ratio = postgres.cpu_ms_per_run / sqlite.cpu_ms_per_run
             targets.append(
@@ -330,7 +340,12 @@ def _runs_markdown(rows: list[RunsRow]) -> str:
         "short: one model call; tool: a `calculate` call, its result, a second model call. "
         "CPU: the `agio-grpc serve` process (one process, tracing off) over the measured runs, "
         "after unmeasured warm-up runs; for agents-sdk the one process running "
-        "`Runner.run_streamed` and its callers. PostgreSQL: the database connection over TLS "
+        "`Runner.run_streamed` and its callers. grpc floor: a bare grpc.aio server streaming "
+        "a short run's messages, one delta per token, with nothing behind them. run floor: a "
+        "bare grpc.aio server writing the messages of an agio-grpc run of that shape, the model "
+        "read with agio-grpc's own driver and the tool run inline, with no store, engine or "
+        "tracing (bench/run_floor.py): what the run costs in Python here before any of them. "
+        "PostgreSQL: the database connection over TLS "
         "(`?ssl=require`; a throwaway cluster with `ssl = on` and its own certificate, or the "
         "server in AGIO_TEST_POSTGRES_URL). Load: one generator process keeping that many "
         "runs going (bench/runs.py).",

@@ -17,7 +17,10 @@ the measured runs, per run. The Agents SDK runs the same agent shape in one proc
 own (`Runner.run_streamed` on the same fake model, the same concurrency), so its figure
 includes its callers: it is what a framework costs in the process that runs it. The gRPC
 floor (bench/floor.py) streams a short run's messages from a bare grpc.aio server with
-nothing behind them: what Python gRPC alone costs per run here.
+nothing behind them: what Python gRPC alone costs per run here. The run floor
+(bench/run_floor.py) writes what an agio-grpc run of each shape writes, its model read with
+agio-grpc's own driver, with no store, engine or tracing: what such a run costs in Python
+before any of them, so agio-grpc's figure over it is what those cost.
 """
 
 from __future__ import annotations
@@ -108,6 +111,20 @@ async def floor_row(runs: int, concurrency: int, warmup: int) -> RunsRow:
     return _row("grpc floor", "none", "short", concurrency, load, server_cpu)
 
 
+async def run_floor_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsRow:
+    """The run floor for `shape` (bench/run_floor.py): its messages and model calls through
+    agio-grpc's own driver and conversions, nothing stored, no engine."""
+    async with (
+        procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model,
+        procs.run_floor(model.ready) as server,
+    ):
+        await generate("agio", server.ready, warmup, concurrency=concurrency)
+        cpu = server.cpu_s()
+        load = await generate("agio", server.ready, runs, concurrency=concurrency)
+        server_cpu = server.cpu_s() - cpu
+    return _row("run floor", "none", shape, concurrency, load, server_cpu)
+
+
 async def sdk_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsRow:
     async with procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model:
         load = await generate("sdk", model.ready, runs, concurrency=concurrency, warmup=warmup)
@@ -132,6 +149,7 @@ async def measure(
         for shape in SHAPES:
             if sdk:
                 rows.append(await sdk_row(shape, runs, concurrency, warmup))
+            rows.append(await run_floor_row(shape, runs, concurrency, warmup))
             sqlite = procs.scratch_database()
             rows.append(
                 await agio_row("sqlite", sqlite, shape, runs, concurrency, warmup, server_env)

@@ -124,6 +124,21 @@ def test_targets_missed_read_missed() -> None:
     assert "skipped: no server" in markdown
 
 
+def test_what_agio_grpc_adds_to_the_run_floor_is_reported_per_shape() -> None:
+    measured = report(agio_ttft_ms=7, gap_p99_ms=120, errors=0, context_ms=5, run_cpu_ms=4.5)
+    measured.runs += [
+        whole("short", "run floor", "none", 2.75),
+        whole("tool", "run floor", "none", 4.0),
+    ]
+    rows = [line for line in to_markdown(measured).splitlines() if "adds to the run floor" in line]
+    assert rows == [
+        "| B6 short run, what agio-grpc on SQLite adds to the run floor | +1.75 ms (floor 2.75) "
+        "| - | - |",
+        "| B6 tool run, what agio-grpc on SQLite adds to the run floor | +2.00 ms (floor 4.00) "
+        "| - | - |",
+    ]
+
+
 def test_errors_alone_miss_b4() -> None:
     found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
     assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"

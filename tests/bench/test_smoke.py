@@ -171,15 +171,53 @@ async def test_whole_runs_are_measured_for_the_service_and_the_sdk() -> None:
     assert [(row.shape, row.system) for row in rows] == [
         ("short", "grpc floor"),
         ("short", "agents-sdk"),
+        ("short", "run floor"),
         ("short", "agio-grpc"),
         ("tool", "agents-sdk"),
+        ("tool", "run floor"),
         ("tool", "agio-grpc"),
     ]
     for row in rows:
         assert row.errors == 0, row.error_samples
         assert row.runs_per_s > 0, row
-        # CPU is read in clock ticks (10 ms): the floor's few runs may not fill one.
-        assert row.cpu_ms_per_run > 0 or row.system == "grpc floor", row
+        # CPU is read in clock ticks (10 ms): the floors' few runs may not fill one.
+        assert row.cpu_ms_per_run > 0 or row.system.endswith(" floor"), row
+
+
+@pytest.mark.parametrize("shape", list(runs.SHAPES))
+async def test_the_run_floor_writes_what_an_agio_grpc_run_writes(shape: str) -> None:
+    """The floor is only a floor if it streams what the service streams: the same kinds of
+    message in the same order (a step's deltas counted as one, as they merge by timing),
+    the same steps' roles and texts."""
+    import grpc
+
+    from agio_grpc.v1 import agent_service_pb2, agent_service_pb2_grpc
+
+    async def streamed(address: str) -> list[tuple[str, str]]:
+        seen: list[tuple[str, str]] = []
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = agent_service_pb2_grpc.AgentServiceStub(channel).Run(
+                agent_service_pb2.RunRequest(input="what is 2 + 2?")
+            )
+            async for event in call:
+                kind = event.WhichOneof("event")
+                if kind == "step_delta" and seen[-1][0] == kind:
+                    continue
+                step = event.step_completed.step
+                seen.append((kind, f"{step.role} {step.content} {step.tool_call_id != ''}"))
+        return seen
+
+    tool_first = runs.SHAPES[shape]
+    async with procs.fake_model(runs.TOKENS, 0.0, tool_first=tool_first) as model:
+        async with procs.run_floor(model.ready) as floor:
+            from_floor = await streamed(floor.ready)
+        async with (
+            procs.scratch_database() as url,
+            procs.agio_server(model.ready, url) as server,
+        ):
+            from_agio = await streamed(server.ready)
+    assert from_floor == from_agio
+    assert len(from_agio) == (11 if tool_first else 6)
 
 
 async def test_the_warmth_benchmark_times_each_path_three_ways() -> None:
