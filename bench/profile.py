@@ -3,6 +3,7 @@
     python -m bench.profile --shape short --backend sqlite
     python -m bench.profile --shape tool --backend postgresql --out docs/benchmarks/profiles
     python -m bench.profile --shape paced --concurrency 500 --runs 500 --warmup 0   # B4's
+    python -m bench.profile --shape short --backend run-floor     # the run floor, to compare
 
 Starts the fake model and the server as B6 does (bench/runs.py), warms it up, then samples
 every thread of the server with py-spy while a load generator keeps `--concurrency` runs
@@ -33,6 +34,9 @@ PROFILED: dict[str, tuple[int, float, bool]] = {
 } | {"paced": (100, 10.0, True)}
 """Shape -> the fake model's tokens, tokens/s (0: as fast as it can) and whether it calls
 the tool first: B6's short and tool runs, and B4's (`--shape paced --concurrency 500`)."""
+
+RUN_FLOOR = "run-floor"
+"""The `--backend` that profiles the run floor (bench/run_floor.py) in place of the server."""
 
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("ssl.py", "TLS (ssl, asyncio sslproto)"),
@@ -69,7 +73,8 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "the model call (aiohttp, SSE, each delta checked and published)",
         ("(agio_grpc/engine/models/", "(aiohttp/", "(yarl/", "(multidict/"),
     ),
-    ("the relay (events to protobuf, gRPC writes)", ("AgentServicer._relay (",)),
+    # The run floor (bench/run_floor.py) writes its events from its servicer's own frames.
+    ("the relay (events to protobuf, gRPC writes)", ("AgentServicer._relay (", "RunFloorServicer.")),
 )
 """What the event loop's thread was doing, by the first role whose marker is in any frame of a
 stack; a stack with none goes to tracing (its innermost agio_grpc frame in telemetry), the
@@ -154,13 +159,16 @@ async def profile(
         model = await stack.enter_async_context(
             procs.fake_model(tokens, rate_per_s, tool_first=tool_first)
         )
-        if backend == "postgresql":
-            new_database = await stack.enter_async_context(postgres_tls())
-            url = await stack.enter_async_context(new_database())
+        if backend == RUN_FLOOR:
+            server = await stack.enter_async_context(procs.run_floor(model.ready))
         else:
-            url = await stack.enter_async_context(procs.scratch_database())
-        slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
-        server = await stack.enter_async_context(procs.agio_server(model.ready, url, slots))
+            if backend == "postgresql":
+                new_database = await stack.enter_async_context(postgres_tls())
+                url = await stack.enter_async_context(new_database())
+            else:
+                url = await stack.enter_async_context(procs.scratch_database())
+            slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
+            server = await stack.enter_async_context(procs.agio_server(model.ready, url, slots))
         await generate("agio", server.ready, warmup, concurrency=concurrency)
         outputs = {"flamegraph": out / f"{name}.svg", "raw": out / f"{name}.txt"}
         record = [py_spy, "record", "--pid", str(server.pid), "--rate", str(rate)]
@@ -208,7 +216,12 @@ def table(counts: Counter[str], cpu_per_run_ms: float, what: str = "component") 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("--shape", choices=list(PROFILED), default="short")
-    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument(
+        "--backend",
+        choices=["sqlite", "postgresql", RUN_FLOOR],
+        default="sqlite",
+        help=f"{RUN_FLOOR}: profile bench/run_floor.py instead of agio-grpc",
+    )
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=50)
