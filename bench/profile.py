@@ -74,7 +74,10 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("(agio_grpc/engine/models/", "(aiohttp/", "(yarl/", "(multidict/"),
     ),
     # The run floor (bench/run_floor.py) writes its events from its servicer's own frames.
-    ("the relay (events to protobuf, gRPC writes)", ("AgentServicer._relay (", "RunFloorServicer.")),
+    (
+        "the relay (events to protobuf, gRPC writes)",
+        ("AgentServicer._relay (", "RunFloorServicer."),
+    ),
 )
 """What the event loop's thread was doing, by the first role whose marker is in any frame of a
 stack; a stack with none goes to tracing (its innermost agio_grpc frame in telemetry), the
