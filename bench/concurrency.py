@@ -142,6 +142,22 @@ async def relay_floor_level(concurrency: int, tokens: int, rate: float) -> Level
     return level_result("grpc relay floor", concurrency, load, server_cpu, peak, others_cpu)
 
 
+async def run_floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
+    """The run floor (bench/run_floor.py) on B4's shape: the tool call, its result, then the
+    paced answer, read with agio-grpc's own model driver and written as agio-grpc writes a
+    run, with no store, engine or tracing."""
+    async with (
+        procs.fake_model(tokens, rate, tool_first=True) as model,
+        procs.run_floor(model.ready) as server,
+    ):
+        cpu, model_cpu = server.cpu_s(), model.cpu_s()
+        load = await run_load("agio", server.ready, concurrency)
+        server_cpu = server.cpu_s() - cpu
+        others_cpu = model.cpu_s() - model_cpu + load.cpu_s
+        peak = server.peak_rss_mb()
+    return level_result("run floor", concurrency, load, server_cpu, peak, others_cpu)
+
+
 async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
     async with procs.fake_model(tokens, rate, tool_first=True) as model:
         model_cpu = model.cpu_s()
@@ -194,8 +210,9 @@ def level_result(
 async def measure(
     levels: list[int], tokens: int, rate: float, sdk: bool, postgres: bool = False
 ) -> list[LevelResult]:
-    """Each level: agio-grpc on SQLite, the gRPC floor, the SDK; with `postgres`, agio-grpc
-    on PostgreSQL with TLS too at the highest level (bench/runs.py's database)."""
+    """Each level: agio-grpc on SQLite, the gRPC floor, the relay and run floors, the SDK;
+    with `postgres`, agio-grpc on PostgreSQL with TLS too at the highest level (bench/runs.py's
+    database)."""
     from bench.runs import postgres_tls
 
     results: list[LevelResult] = []
@@ -207,6 +224,7 @@ async def measure(
                 results.append(await agio_level(level, tokens, rate, new_database(), system))
         results.append(await floor_level(level, tokens, rate))
         results.append(await relay_floor_level(level, tokens, rate))
+        results.append(await run_floor_level(level, tokens, rate))
         if sdk:
             results.append(await sdk_level(level, tokens, rate))
     return results

@@ -202,6 +202,16 @@ def _concurrency_markdown(report: Report) -> str:
         floor = floors.get(level.concurrency)
         if level.system.startswith("agio-grpc") and level.concurrency >= 1000 and floor:
             targets += _b4_targets(level, floor, pace)
+        elif level.system == "run floor" and level.concurrency >= 1000 and floor:
+            ratio = level.cpu_ms_per_run / floor.cpu_ms_per_run if floor.cpu_ms_per_run else 0.0
+            targets.append(
+                [
+                    f"B4 run floor, {level.concurrency} runs: server CPU per run / the floor's",
+                    f"{ratio:.2f} ({level.cpu_ms_per_run:.1f} / {floor.cpu_ms_per_run:.1f} ms)",
+                    "-",
+                    "-",
+                ]
+            )
     errors = [
         f"- {level.system} x{level.concurrency}: {sample}"
         for level in report.concurrency
@@ -233,7 +243,9 @@ def _concurrency_markdown(report: Report) -> str:
         "its streams starts at a random phase of the pace, so its TTFT is not comparable. "
         "grpc relay floor: a bare grpc.aio server relaying the paced model, read with the "
         "plain openai client (no tool call, no store, no engine): what reading a model and "
-        "relaying it costs in Python alone. "
+        "relaying it costs in Python alone. run floor: a bare grpc.aio server writing what an "
+        "agio-grpc run of this shape writes, the model read with agio-grpc's own driver, the "
+        "tool run inline, no store, engine or tracing (bench/run_floor.py). "
         "Machine cores: CPU of every process of the level (server, fake model, load "
         f"generators) per wall second; this machine has {os.cpu_count()}.",
     ]

@@ -139,6 +139,15 @@ def test_what_agio_grpc_adds_to_the_run_floor_is_reported_per_shape() -> None:
     ]
 
 
+def test_the_run_floors_cpu_in_b4_is_read_against_the_grpc_floor() -> None:
+    measured = report(agio_ttft_ms=7, gap_p99_ms=120, errors=0, context_ms=5)
+    measured.concurrency.append(level("run floor", 1000, 125.0))
+    measured.concurrency[1].cpu_ms_per_run = 16.0  # the grpc floor's
+    found = verdicts(to_markdown(measured))
+    assert found["B4 run floor, 1000 runs: server CPU per run / the floor's"] == "-"
+    assert "| 2.50 (40.0 / 16.0 ms) | - | - |" in to_markdown(measured)
+
+
 def test_errors_alone_miss_b4() -> None:
     found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
     assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"

@@ -49,6 +49,7 @@ async def test_the_load_generators_drive_the_service_and_the_sdk() -> None:
     for level in (
         await concurrency.agio_level(3, tokens=5, rate=200),
         await concurrency.relay_floor_level(3, tokens=5, rate=200),
+        await concurrency.run_floor_level(3, tokens=5, rate=200),
         await concurrency.sdk_level(3, tokens=5, rate=200),
     ):
         assert (level.concurrency, level.errors) == (3, 0), level.error_samples
