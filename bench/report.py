@@ -134,6 +134,25 @@ def _streaming_rows(result: StreamingResult) -> tuple[list[list[str]], list[list
             [hop, f"{hop_p50:+.2f} ms", "-", "-"],
             [over, f"{over_p50:+.2f} ms", "-", "-"],
         ]
+    run_floor = paths.get("run floor")
+    if run_floor is not None:
+        over_p50 = percentile(agio.ttft_ms, 50) - percentile(run_floor.ttft_ms, 50)
+        over_p99 = percentile(agio.ttft_ms, 99) - percentile(run_floor.ttft_ms, 99)
+        target_rows += [
+            [
+                "B1 TTFT p50 / p99 the run floor adds (run floor - direct)",
+                f"{percentile(run_floor.ttft_ms, 50) - percentile(direct.ttft_ms, 50):+.2f} / "
+                f"{percentile(run_floor.ttft_ms, 99) - percentile(direct.ttft_ms, 99):+.2f} ms",
+                "-",
+                "-",
+            ],
+            [
+                "B1 TTFT p50 / p99 agio-grpc adds over the run floor",
+                f"{over_p50:+.2f} / {over_p99:+.2f} ms",
+                "-",
+                "-",
+            ],
+        ]
     target_rows += [
         [
             "B2 CPU/token agio-grpc traced / agents-sdk",
@@ -148,6 +167,11 @@ def _streaming_rows(result: StreamingResult) -> tuple[list[list[str]], list[list
             "<= 30 µs",
             _verdict(0 < agio.cpu_us_per_token <= 30),
         ],
+        *(
+            [["B2 server CPU/token run floor", f"{run_floor.cpu_us_per_token:.1f} µs", "-", "-"]]
+            if run_floor is not None
+            else []
+        ),
         [
             "B3 tokens/s agio-grpc / direct",
             f"{tps_ratio:.2f}",
@@ -171,7 +195,9 @@ def _streaming_markdown(result: StreamingResult) -> str:
             "CPU per token: the client process's for direct and agents-sdk (both run in "
             "process), the server process's for agio-grpc (relaying over gRPC and storing "
             "every step) and for the grpc relay floor (a bare grpc.aio server relaying the plain "
-            "openai client's stream: no store, no engine; bench/floor.py).",
+            "openai client's stream: no store, no engine; bench/floor.py) and the run floor "
+            "(what an agio-grpc run writes, the model read with agio-grpc's own driver, nothing "
+            "stored, no engine; bench/run_floor.py).",
             _table(["target", "measured", "target", "verdict"], targets),
         ]
     )

@@ -9,15 +9,17 @@ service (`agio-grpc serve` on a fresh SQLite file), and this process, the client
   the terminal event (every step stored). Measured with tracing off, and with tracing on
   (a second server exporting OTLP to an in-memory receiver in this process);
 - grpc relay floor: a `Run` on `bench.floor --relay`, a bare grpc.aio server relaying the
-  plain openai client's stream (no store, no engine): the cost of the gRPC hop alone.
+  plain openai client's stream (no store, no engine): the cost of the gRPC hop alone;
+- run floor: a `Run` on `bench.run_floor`, what an agio-grpc run writes, the model read with
+  agio-grpc's own driver, nothing stored and no engine.
 
-B1 and B3 alternate direct, agio-grpc and relay floor runs so drift in the machine's load
-hits all three, the two servers' runs in turn after the direct client's (a server's run is
-slower right after another process's run than right after its own: `python -m
-bench.warmth`); the traced server's runs, taken after the others, each follow a direct
+B1 and B3 alternate direct, agio-grpc, relay floor and run floor runs so drift in the
+machine's load hits all four, the three servers' runs in turn after the direct client's (a
+server's run is slower right after another process's run than right after its own: `python
+-m bench.warmth`); the traced server's runs, taken after the others, each follow a direct
 client's run too. B2 is CPU time over the tokens streamed: this process's for direct and the
-SDK (both run here), the server process's for agio-grpc and the relay floor; the fake
-model's CPU is in none of them.
+SDK (both run here), the server process's for agio-grpc and the floors; the fake model's CPU
+is in none of them.
 """
 
 from __future__ import annotations
@@ -126,45 +128,51 @@ async def sdk_runs(model_url: str, runs: int, warmup: int) -> Samples:
 
 
 @asynccontextmanager
-async def b1_servers(model_url: str) -> AsyncIterator[tuple[procs.Child, procs.Child]]:
-    """B1's two servers on the fake model at `model_url`: `agio-grpc serve` (untraced, on a
-    fresh SQLite file) and the relay floor; stopped after."""
+async def b1_servers(
+    model_url: str,
+) -> AsyncIterator[tuple[procs.Child, procs.Child, procs.Child]]:
+    """B1's three servers on the fake model at `model_url`: `agio-grpc serve` (untraced, on
+    a fresh SQLite file), the relay floor and the run floor; stopped after."""
     with tempfile.TemporaryDirectory() as scratch:
         database = f"sqlite+aiosqlite:///{Path(scratch) / 'off.db'}"
         async with (
             procs.agio_server(model_url, database) as server,
             procs.grpc_floor(relay=model_url) as floor,
+            procs.run_floor(model_url) as run_floor,
         ):
-            yield server, floor
+            yield server, floor, run_floor
 
 
 async def measure(runs: int, tokens: int, warmup: int) -> StreamingResult:
     paths: dict[str, Samples] = {}
     async with procs.fake_model(tokens) as model_proc:
         model_url = model_proc.ready
-        direct, service, relay = Samples(), Samples(), Samples()
+        direct, service, relay, minimal = Samples(), Samples(), Samples(), Samples()
         async with (
-            b1_servers(model_url) as (server, floor),
+            b1_servers(model_url) as (server, floor, run_floor),
             openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0) as model,
             AgioClient(server.ready) as client,
             AgioClient(floor.ready) as bare,
+            AgioClient(run_floor.ready) as unstored,
         ):
             for _ in range(warmup):
                 await direct_run(model, Samples())
-                await service_run(client, Samples(), tokens)
-                await service_run(bare, Samples(), tokens)
+                for warmed in (client, bare, unstored):
+                    await service_run(warmed, Samples(), tokens)
             # Each server idles while the others run: its CPU over the loop is its own.
-            cpu, floor_cpu = server.cpu_s(), floor.cpu_s()
-            servers = [(client, service), (bare, relay)]
+            processes = [(server, service), (floor, relay), (run_floor, minimal)]
+            started = [process.cpu_s() for process, _ in processes]
+            servers = [(client, service), (bare, relay), (unstored, minimal)]
             for _ in range(runs):
                 await direct_run(model, direct)
                 for server_client, samples in servers:
                     await service_run(server_client, samples, tokens)
-                servers.reverse()  # each server's runs follow the other's as often
-            service.cpu_s = server.cpu_s() - cpu
-            relay.cpu_s = floor.cpu_s() - floor_cpu
+                servers = servers[1:] + servers[:1]  # each takes every place as often
+            for (process, samples), cpu in zip(processes, started, strict=True):
+                samples.cpu_s = process.cpu_s() - cpu
         paths["direct"] = direct
         paths["grpc relay floor"] = relay
+        paths["run floor"] = minimal
         paths["agio-grpc"] = service
         paths["agents-sdk"] = await sdk_runs(model_url, runs, warmup)
         traced, spans = await traced_runs(model_url, runs, tokens, warmup)

@@ -47,7 +47,7 @@ async def measure_ttft(runs: int, pause_s: float) -> dict[str, dict[str, tuple[f
     async with procs.fake_model(TOKENS) as model_proc:
         model_url = model_proc.ready
         async with (
-            b1_servers(model_url) as (server, floor),
+            b1_servers(model_url) as (server, floor, _),
             openai.AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=0) as model,
             AgioClient(server.ready) as agio,
             AgioClient(floor.ready) as bare,

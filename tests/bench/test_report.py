@@ -148,6 +148,25 @@ def test_the_run_floors_cpu_in_b4_is_read_against_the_grpc_floor() -> None:
     assert "| 2.50 (40.0 / 16.0 ms) | - | - |" in to_markdown(measured)
 
 
+def test_b1_and_b2_read_the_run_floor_when_it_ran() -> None:
+    measured = report(agio_ttft_ms=7, gap_p99_ms=120, errors=0, context_ms=5)
+    assert not [name for name in verdicts(to_markdown(measured)) if "run floor" in name]
+    assert measured.streaming is not None
+    measured.streaming.paths["run floor"] = samples(6.5, 2900, 20)
+    found = {
+        name: line for name, line in verdicts(to_markdown(measured)).items() if "run floor" in name
+    }
+    assert set(found) == {
+        "B1 TTFT p50 / p99 the run floor adds (run floor - direct)",
+        "B1 TTFT p50 / p99 agio-grpc adds over the run floor",
+        "B2 server CPU/token run floor",
+    }
+    assert "| B2 server CPU/token run floor | 20.0 µs | - | - |" in to_markdown(measured)
+    assert "| B1 TTFT p50 / p99 agio-grpc adds over the run floor | +0.50 / +0.50 ms |" in (
+        to_markdown(measured)
+    )
+
+
 def test_errors_alone_miss_b4() -> None:
     found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
     assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"

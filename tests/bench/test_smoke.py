@@ -35,6 +35,7 @@ async def test_every_streaming_path_runs_against_its_own_processes() -> None:
     assert set(result.paths) == {
         "direct",
         "grpc relay floor",
+        "run floor",
         "agio-grpc",
         "agents-sdk",
         "agio-grpc traced",
