@@ -4,6 +4,7 @@
     python -m bench.profile --shape tool --backend postgresql --out docs/benchmarks/profiles
     python -m bench.profile --shape paced --concurrency 500 --runs 500 --warmup 0   # B4's
     python -m bench.profile --shape short --backend run-floor     # the run floor, to compare
+    python -m bench.profile --shape stream --concurrency 1 --runs 300 --warmup 10   # B1-B3's
 
 Starts the fake model and the server as B6 does (bench/runs.py), warms it up, then samples
 every thread of the server with py-spy while a load generator keeps `--concurrency` runs
@@ -31,9 +32,10 @@ from bench.runs import SHAPES, TOKENS, postgres_tls
 
 PROFILED: dict[str, tuple[int, float, bool]] = {
     shape: (TOKENS, 0.0, tool_first) for shape, tool_first in SHAPES.items()
-} | {"paced": (100, 10.0, True)}
+} | {"paced": (100, 10.0, True), "stream": (200, 0.0, False)}
 """Shape -> the fake model's tokens, tokens/s (0: as fast as it can) and whether it calls
-the tool first: B6's short and tool runs, and B4's (`--shape paced --concurrency 500`)."""
+the tool first: B6's short and tool runs, B4's (`--shape paced --concurrency 500`) and
+B1-B3's (`--shape stream --concurrency 1`: one 200-token run at a time)."""
 
 RUN_FLOOR = "run-floor"
 """The `--backend` that profiles the run floor (bench/run_floor.py) in place of the server."""
