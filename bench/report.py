@@ -426,6 +426,15 @@ def _store_markdown(results: list[StoreResult]) -> str:
                         _verdict(mid <= 5),
                     ]
                 )
+                if (floor := result.floor_ms.get(size)) is not None:
+                    targets.append(
+                        [
+                            "B5 context build's floor, 1,000 steps, SQLite",
+                            f"{floor:.2f} ms (agio-grpc {mid / floor:.2f}x)",
+                            "-",
+                            "-",
+                        ]
+                    )
         for writers, rate in result.writes_per_s.items():
             writes.append([result.backend, str(writers), f"{rate:.0f}"])
     parts = [
@@ -437,7 +446,10 @@ def _store_markdown(results: list[StoreResult]) -> str:
         "whole history or only the steps after the history the server kept from the "
         "session's previous run (engine/history.py). Each backend is measured in processes "
         "of its own shaped like `agio-grpc serve` (its modules, its frozen start-up heap), "
-        f"each on an empty database, their timings pooled ({_processes(results)}).",
+        f"each on an empty database, their timings pooled ({_processes(results)}). The "
+        "floor (SQLite): the same messages straight from stdlib sqlite3 on the caller's "
+        "thread, one dict per row, no step objects, repair or store around it (bench/store.py "
+        "`_floor_build`).",
         _table(
             [
                 "backend",

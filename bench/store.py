@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import sqlite3
 import sys
 import tempfile
 import time
@@ -37,6 +38,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sqlalchemy import make_url
 
 from agio_grpc.domain import Role, Run, Step
 from agio_grpc.engine.context import build_context
@@ -59,6 +62,9 @@ class StoreResult:
     history and after a held one."""
     writes_per_s: dict[int, float] = field(default_factory=dict)
     """Concurrent writers -> steps stored per second."""
+    floor_ms: dict[int, float] = field(default_factory=dict)
+    """Steps in the session -> median ms of the context build's floor (`_floor_build`;
+    SQLite only)."""
     processes: int = 0
     """How many processes' timings are pooled in the figures."""
     skipped: str = ""
@@ -73,11 +79,12 @@ class StoreSamples:
     start_whole: dict[int, list[float]] = field(default_factory=dict)
     start_held: dict[int, list[float]] = field(default_factory=dict)
     writes_per_s: dict[int, list[float]] = field(default_factory=dict)
+    floor: dict[int, list[float]] = field(default_factory=dict)
     processes: int = 1
 
     def merge(self, other: StoreSamples) -> None:
         """Pool `other`'s timings into these."""
-        for name in ("context", "full_read", "start_whole", "start_held", "writes_per_s"):
+        for name in ("context", "full_read", "start_whole", "start_held", "writes_per_s", "floor"):
             mine: dict[int, list[float]] = getattr(self, name)
             for key, values in getattr(other, name).items():
                 mine.setdefault(key, []).extend(values)
@@ -92,6 +99,7 @@ class StoreSamples:
                 n: (median(v), median(self.start_held[n])) for n, v in self.start_whole.items()
             },
             writes_per_s={n: median(v) for n, v in self.writes_per_s.items()},
+            floor_ms={n: median(v) for n, v in self.floor.items()},
             processes=self.processes,
         )
 
@@ -110,6 +118,9 @@ class StoreSamples:
         return cls(**by_size, processes=processes)
 
 
+INSTRUCTIONS = "You are a helpful assistant."
+
+
 async def _context_build(
     store: SqlStore, session_id: str, repeats: int
 ) -> tuple[list[float], list[float]]:
@@ -119,12 +130,54 @@ async def _context_build(
     for _ in range(repeats + 2):
         started = time.perf_counter()
         history = await store.log.get_history(session_id)
-        build_context("You are a helpful assistant.", history, None)
+        build_context(INSTRUCTIONS, history, None)
         timings.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         await store.log.get_steps(session_id)
         full_reads.append((time.perf_counter() - started) * 1000)
     return timings[2:], full_reads[2:]  # warm caches first
+
+
+def floor_messages(conn: sqlite3.Connection, session_id: str) -> list[dict[str, object]]:
+    """The messages of a session straight from SQLite (`_floor_build`)."""
+    rows = conn.execute(FLOOR_QUERY, (session_id,)).fetchall()
+    messages: list[dict[str, object]] = [{"role": "system", "content": INSTRUCTIONS}]
+    for role, content, tool_calls, tool_call_id in rows:
+        message: dict[str, object] = {"role": role, "content": content}
+        if tool_call_id:
+            message["tool_call_id"] = tool_call_id
+        elif tool_calls != "[]":
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": function_of(c)}
+                for c in json.loads(tool_calls)
+            ]
+            message["content"] = content or None
+        messages.append(message)
+    return messages
+
+
+def _floor_build(path: str, session_id: str, repeats: int) -> list[float]:
+    """ms of each build of the messages straight from SQLite: stdlib sqlite3 on this thread,
+    the columns a message needs, one dict per row, no step objects, no repair, no thread or
+    store around it: what a context build costs here before the store's and the engine's
+    parts. Taken after the measured builds, in the same process."""
+    timings: list[float] = []
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        for _ in range(repeats + 2):
+            started = time.perf_counter()
+            floor_messages(conn, session_id)
+            timings.append((time.perf_counter() - started) * 1000)
+    return timings[2:]
+
+
+def function_of(call: dict[str, str]) -> dict[str, str]:
+    return {"name": call["name"], "arguments": call["arguments"]}
+
+
+FLOOR_QUERY = (
+    "SELECT role, content, tool_calls, tool_call_id FROM steps WHERE session_id = ? "
+    "AND sequence >= 1 ORDER BY sequence"
+)
 
 
 async def _run_start(
@@ -146,7 +199,7 @@ async def _run_start(
         kept = histories.cached(session_id) if hold else CachedHistory()
         started = await store.ledger.start_run(run, [user], since=kept.mark)
         history = kept.join(started.history_start, started.history)
-        build_context("You are a helpful assistant.", history, None)
+        build_context(INSTRUCTIONS, history, None)
         (held if hold else whole).append((time.perf_counter() - began) * 1000)
         await store.ledger.release_session(session_id, run.id)
         await store.log.delete_steps_from(session_id, last)
@@ -195,6 +248,8 @@ async def measure_store(
             session_id = await stored_session(store, lambda id: tool_rounds(id, size))  # noqa: B023
             built = await _context_build(store, session_id, repeats)
             samples.context[size], samples.full_read[size] = built
+            if (path := make_url(url).database) and store.backend == "sqlite":
+                samples.floor[size] = _floor_build(path, session_id, repeats)
             started = await _run_start(store, session_id, repeats)
             samples.start_whole[size], samples.start_held[size] = started
         for count in writers:

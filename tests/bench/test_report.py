@@ -167,6 +167,14 @@ def test_b1_and_b2_read_the_run_floor_when_it_ran() -> None:
     )
 
 
+def test_b5_reads_its_floor_when_measured() -> None:
+    measured = report(agio_ttft_ms=7, gap_p99_ms=120, errors=0, context_ms=6)
+    assert "B5 context build's floor, 1,000 steps, SQLite" not in verdicts(to_markdown(measured))
+    measured.store[0].floor_ms = {1000: 4.0}
+    line = "| B5 context build's floor, 1,000 steps, SQLite | 4.00 ms (agio-grpc 1.50x) | - | - |"
+    assert line in to_markdown(measured)
+
+
 def test_errors_alone_miss_b4() -> None:
     found = verdicts(to_markdown(report(agio_ttft_ms=7, gap_p99_ms=120, errors=1, context_ms=5)))
     assert found["B4 agio-grpc, 1000 runs: errors, p99 gap over pace"] == "**missed**"

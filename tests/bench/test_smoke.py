@@ -11,7 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from bench import ab, concurrency, connect, long_start, procs, run_writes, runs, store, streaming
+from bench import (
+    ab,
+    concurrency,
+    connect,
+    long_start,
+    procs,
+    run_writes,
+    runs,
+    store,
+    streaming,
+    timeline,
+)
 from bench.store import measure_store
 
 # Benchmark smoke runs: processes of their own, tens of seconds each (make test-slow).
@@ -85,6 +96,30 @@ async def test_the_store_measurements_run_on_sqlite(tmp_path: Path) -> None:
     assert {len(samples.context[10]), len(samples.full_read[10])} == {2}
     assert {len(samples.start_whole[10]), len(samples.start_held[10])} == {2}
     assert samples.writes_per_s[2][0] > 0
+    assert len(samples.floor[10]) == 2
+
+
+async def test_the_context_builds_floor_builds_the_messages_the_engine_builds(
+    tmp_path: Path,
+) -> None:
+    import contextlib
+    import sqlite3
+
+    from agio_grpc.engine.context import build_context
+    from agio_grpc.store.sql import open_store
+    from bench.sessions import stored_session, tool_rounds
+
+    path = tmp_path / "floor.db"
+    sql_store = await open_store(f"sqlite+aiosqlite:///{path}")
+    try:
+        session_id = await stored_session(sql_store, lambda id: tool_rounds(id, 9))
+        history = await sql_store.log.get_history(session_id)
+    finally:
+        await sql_store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        floor = store.floor_messages(conn, session_id)
+    assert floor == build_context(store.INSTRUCTIONS, history, None)
+    assert {"tool_calls", "tool_call_id"} <= {key for message in floor for key in message}
 
 
 async def test_the_long_start_benchmark_times_the_appends_and_the_starts() -> None:
@@ -220,6 +255,23 @@ async def test_the_run_floor_writes_what_an_agio_grpc_run_writes(shape: str) -> 
             from_agio = await streamed(server.ready)
     assert from_floor == from_agio
     assert len(from_agio) == (11 if tool_first else 6)
+
+
+async def test_the_timeline_marks_every_phase_of_a_run_in_order() -> None:
+    marks, direct, agio = await timeline.measure(runs=2, warmup=1)
+    assert (len(marks), len(direct), len(agio)) == (2, 2, 2)
+    for run in marks:
+        order = sorted(run, key=run.__getitem__)
+        assert (order[0], order[-1]) == ("arrived", "ended"), order
+        phases = [
+            "request checked",
+            "start transaction: done",
+            "model request: start",
+            "model: first chunk parsed",
+            "encoded: step_delta",
+        ]
+        assert [name for name in order if name in phases] == phases, order
+    assert "| brief transaction: done |" in timeline.table(marks)
 
 
 async def test_the_warmth_benchmark_times_each_path_three_ways() -> None:
