@@ -448,8 +448,8 @@ def _store_markdown(results: list[StoreResult]) -> str:
         "of its own shaped like `agio-grpc serve` (its modules, its frozen start-up heap), "
         f"each on an empty database, their timings pooled ({_processes(results)}). The "
         "floor (SQLite): the same messages straight from stdlib sqlite3 on the caller's "
-        "thread, one dict per row, no step objects, repair or store around it (bench/store.py "
-        "`_floor_build`).",
+        "thread, one dict per row, no step objects, repair or store around it, timed in turn "
+        "with the builds (bench/store.py `floor_messages`).",
         _table(
             [
                 "backend",

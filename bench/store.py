@@ -63,7 +63,7 @@ class StoreResult:
     writes_per_s: dict[int, float] = field(default_factory=dict)
     """Concurrent writers -> steps stored per second."""
     floor_ms: dict[int, float] = field(default_factory=dict)
-    """Steps in the session -> median ms of the context build's floor (`_floor_build`;
+    """Steps in the session -> median ms of the context build's floor (`floor_messages`;
     SQLite only)."""
     processes: int = 0
     """How many processes' timings are pooled in the figures."""
@@ -122,11 +122,13 @@ INSTRUCTIONS = "You are a helpful assistant."
 
 
 async def _context_build(
-    store: SqlStore, session_id: str, repeats: int
-) -> tuple[list[float], list[float]]:
-    """ms of each context build, and of each full read, of the session."""
+    store: SqlStore, session_id: str, repeats: int, floor: sqlite3.Connection | None
+) -> tuple[list[float], list[float], list[float]]:
+    """ms of each context build, of each full read and, given a connection to the SQLite
+    file, of each of the build's floor (`floor_messages`), of the session, taken in turn."""
     timings: list[float] = []
     full_reads: list[float] = []
+    floors: list[float] = []
     for _ in range(repeats + 2):
         started = time.perf_counter()
         history = await store.log.get_history(session_id)
@@ -135,11 +137,18 @@ async def _context_build(
         started = time.perf_counter()
         await store.log.get_steps(session_id)
         full_reads.append((time.perf_counter() - started) * 1000)
-    return timings[2:], full_reads[2:]  # warm caches first
+        if floor is not None:
+            started = time.perf_counter()
+            floor_messages(floor, session_id)
+            floors.append((time.perf_counter() - started) * 1000)
+    return timings[2:], full_reads[2:], floors[2:]  # warm caches first
 
 
 def floor_messages(conn: sqlite3.Connection, session_id: str) -> list[dict[str, object]]:
-    """The messages of a session straight from SQLite (`_floor_build`)."""
+    """The context build's floor: a session's messages straight from SQLite, through stdlib
+    sqlite3 on this thread, the columns a message needs, one dict per row; no step objects,
+    no repair, no thread or store around it. What the build costs here before the store's
+    and the engine's parts."""
     rows = conn.execute(FLOOR_QUERY, (session_id,)).fetchall()
     messages: list[dict[str, object]] = [{"role": "system", "content": INSTRUCTIONS}]
     for role, content, tool_calls, tool_call_id in rows:
@@ -154,20 +163,6 @@ def floor_messages(conn: sqlite3.Connection, session_id: str) -> list[dict[str, 
             message["content"] = content or None
         messages.append(message)
     return messages
-
-
-def _floor_build(path: str, session_id: str, repeats: int) -> list[float]:
-    """ms of each build of the messages straight from SQLite: stdlib sqlite3 on this thread,
-    the columns a message needs, one dict per row, no step objects, no repair, no thread or
-    store around it: what a context build costs here before the store's and the engine's
-    parts. Taken after the measured builds, in the same process."""
-    timings: list[float] = []
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        for _ in range(repeats + 2):
-            started = time.perf_counter()
-            floor_messages(conn, session_id)
-            timings.append((time.perf_counter() - started) * 1000)
-    return timings[2:]
 
 
 def function_of(call: dict[str, str]) -> dict[str, str]:
@@ -246,10 +241,16 @@ async def measure_store(
     try:
         for size in sizes:
             session_id = await stored_session(store, lambda id: tool_rounds(id, size))  # noqa: B023
-            built = await _context_build(store, session_id, repeats)
-            samples.context[size], samples.full_read[size] = built
-            if (path := make_url(url).database) and store.backend == "sqlite":
-                samples.floor[size] = _floor_build(path, session_id, repeats)
+            path = make_url(url).database if store.backend == "sqlite" else None
+            floor = sqlite3.connect(path) if path else None  # the build's floor: SQLite only
+            try:
+                built = await _context_build(store, session_id, repeats, floor)
+            finally:
+                if floor is not None:
+                    floor.close()
+            samples.context[size], samples.full_read[size], floors = built
+            if floors:
+                samples.floor[size] = floors
             started = await _run_start(store, session_id, repeats)
             samples.start_whole[size], samples.start_held[size] = started
         for count in writers:
