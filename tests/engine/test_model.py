@@ -304,7 +304,10 @@ async def test_a_model_that_never_answers_is_retried_then_fails_retryable(
         await complete_within(fake_model.base_url, 0.2)
     assert raised.value.retryable
     assert "sent nothing for 0.2s" in raised.value.message
-    assert len(fake_model.requests) == attempts
+    assert raised.value.retries == FAST_RETRIES.max_retries  # every attempt made
+    # The fake model runs in this event loop: a stall past the idle timeout lets the driver
+    # give up on an attempt and close its connection before the model has read the request.
+    assert attempts - 1 <= len(fake_model.requests) <= attempts
 
 
 async def test_a_stream_that_goes_silent_after_deltas_restarts(
