@@ -109,12 +109,18 @@ async def agio_level(
         # Admission sized to the level: this measures the engine, not the wait for a slot.
         slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)}
         async with procs.agio_server(model.ready, url, slots) as server:
-            cpu, model_cpu = server.cpu_s(), model.cpu_s()
-            load = await run_load("agio", server.ready, concurrency)
-            server_cpu = server.cpu_s() - cpu
-            others_cpu = model.cpu_s() - model_cpu + load.cpu_s
-            peak = server.peak_rss_mb()
-    return level_result(system, concurrency, load, server_cpu, peak, others_cpu)
+            return await _served_level(system, server, model, concurrency)
+
+
+async def _served_level(
+    system: str, server: procs.Child, model: procs.Child, concurrency: int
+) -> LevelResult:
+    """`concurrency` runs on `server` against the fake `model`, both still running."""
+    cpu, model_cpu = server.cpu_s(), model.cpu_s()
+    load = await run_load("agio", server.ready, concurrency)
+    server_cpu = server.cpu_s() - cpu
+    others_cpu = model.cpu_s() - model_cpu + load.cpu_s
+    return level_result(system, concurrency, load, server_cpu, server.peak_rss_mb(), others_cpu)
 
 
 async def floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
@@ -134,12 +140,7 @@ async def relay_floor_level(concurrency: int, tokens: int, rate: float) -> Level
         procs.fake_model(tokens, rate, tool_first=False) as model,
         procs.grpc_floor(tokens, rate, relay=model.ready) as server,
     ):
-        cpu, model_cpu = server.cpu_s(), model.cpu_s()
-        load = await run_load("agio", server.ready, concurrency)
-        server_cpu = server.cpu_s() - cpu
-        others_cpu = model.cpu_s() - model_cpu + load.cpu_s
-        peak = server.peak_rss_mb()
-    return level_result("grpc relay floor", concurrency, load, server_cpu, peak, others_cpu)
+        return await _served_level("grpc relay floor", server, model, concurrency)
 
 
 async def run_floor_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
@@ -150,12 +151,7 @@ async def run_floor_level(concurrency: int, tokens: int, rate: float) -> LevelRe
         procs.fake_model(tokens, rate, tool_first=True) as model,
         procs.run_floor(model.ready) as server,
     ):
-        cpu, model_cpu = server.cpu_s(), model.cpu_s()
-        load = await run_load("agio", server.ready, concurrency)
-        server_cpu = server.cpu_s() - cpu
-        others_cpu = model.cpu_s() - model_cpu + load.cpu_s
-        peak = server.peak_rss_mb()
-    return level_result("run floor", concurrency, load, server_cpu, peak, others_cpu)
+        return await _served_level("run floor", server, model, concurrency)
 
 
 async def sdk_level(concurrency: int, tokens: int, rate: float) -> LevelResult:
