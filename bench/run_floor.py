@@ -145,18 +145,22 @@ async def _relayed(
 
     call = asyncio.ensure_future(complete(request, on_event))
     call.add_done_callback(lambda _: queue.put_nowait(None))
-    ended = False
-    while not ended and (delta := await queue.get()) is not None:
-        content, calls = delta.content, list(delta.tool_calls)
-        while not queue.empty():
-            if (more := queue.get_nowait()) is None:
-                ended = True
-                break
-            content += more.content
-            calls += more.tool_calls
-        await write(events.StepDelta(step_id=step_id, content=content, tool_calls=tuple(calls)))
-        written = True
-    return await call
+    try:
+        ended = False
+        while not ended and (delta := await queue.get()) is not None:
+            content, calls = delta.content, list(delta.tool_calls)
+            while not queue.empty():
+                if (more := queue.get_nowait()) is None:
+                    ended = True
+                    break
+                content += more.content
+                calls += more.tool_calls
+            merged = events.StepDelta(step_id=step_id, content=content, tool_calls=tuple(calls))
+            await write(merged)
+            written = True
+        return await call
+    finally:
+        call.cancel()  # the caller left mid-stream: the model call goes with it
 
 
 def main(argv: list[str] | None = None) -> int:
