@@ -93,22 +93,27 @@ async def agio_row(
     async with procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model, database as url:
         slots = {"AGIO_SERVER__MAX_RUNNING_RUNS": str(concurrency)} | (server_env or {})
         async with procs.agio_server(model.ready, url, slots) as server:
-            await generate("agio", server.ready, warmup, concurrency=concurrency)
-            cpu = server.cpu_s()
-            load = await generate("agio", server.ready, runs, concurrency=concurrency)
-            server_cpu = server.cpu_s() - cpu
-    return _row("agio-grpc", backend, shape, concurrency, load, server_cpu)
+            return await _served_row(
+                server, ("agio-grpc", backend, shape), runs, concurrency, warmup
+            )
+
+
+async def _served_row(
+    server: procs.Child, names: tuple[str, str, str], runs: int, concurrency: int, warmup: int
+) -> RunsRow:
+    """`runs` runs on the running `server` after `warmup` unmeasured ones, as the row of
+    `names` (system, backend, shape): its CPU over the measured runs."""
+    await generate("agio", server.ready, warmup, concurrency=concurrency)
+    cpu = server.cpu_s()
+    load = await generate("agio", server.ready, runs, concurrency=concurrency)
+    return _row(*names, concurrency, load, server.cpu_s() - cpu)
 
 
 async def floor_row(runs: int, concurrency: int, warmup: int) -> RunsRow:
     """The gRPC floor for a short run's messages: `run_started`, TOKENS deltas and
     `run_completed` from a bare grpc.aio server (bench/floor.py), no model, store or engine."""
     async with procs.grpc_floor(TOKENS, 0.0) as server:
-        await generate("agio", server.ready, warmup, concurrency=concurrency)
-        cpu = server.cpu_s()
-        load = await generate("agio", server.ready, runs, concurrency=concurrency)
-        server_cpu = server.cpu_s() - cpu
-    return _row("grpc floor", "none", "short", concurrency, load, server_cpu)
+        return await _served_row(server, ("grpc floor", "none", "short"), runs, concurrency, warmup)
 
 
 async def run_floor_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsRow:
@@ -118,11 +123,7 @@ async def run_floor_row(shape: str, runs: int, concurrency: int, warmup: int) ->
         procs.fake_model(TOKENS, 0.0, tool_first=SHAPES[shape]) as model,
         procs.run_floor(model.ready) as server,
     ):
-        await generate("agio", server.ready, warmup, concurrency=concurrency)
-        cpu = server.cpu_s()
-        load = await generate("agio", server.ready, runs, concurrency=concurrency)
-        server_cpu = server.cpu_s() - cpu
-    return _row("run floor", "none", shape, concurrency, load, server_cpu)
+        return await _served_row(server, ("run floor", "none", shape), runs, concurrency, warmup)
 
 
 async def sdk_row(shape: str, runs: int, concurrency: int, warmup: int) -> RunsRow:

@@ -49,11 +49,13 @@ def instrument(marks: Marks) -> None:
         if marks and name not in marks[-1]:
             marks[-1][name] = time.perf_counter()
 
-    def timed_async(owner: Any, name: str, before: str, after: str) -> None:
+    def timed_async(
+        owner: Any, name: str, before: str, after: str, *, begins_run: bool = False
+    ) -> None:
         inner = getattr(owner, name)
 
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if before == "arrived":
+            if begins_run:
                 marks.append({})
             mark(before)
             result = await inner(*args, **kwargs)
@@ -76,7 +78,7 @@ def instrument(marks: Marks) -> None:
         setattr(owner, name, wrapper)
 
     servicer = agent_service.AgentServicer
-    timed_async(servicer, "Run", "arrived", "ended")
+    timed_async(servicer, "Run", "arrived", "ended", begins_run=True)
     timed_async(servicer, "run_input", "request checked: start", "request checked")
     timed_async(runtime.Runtime, "start_run", "start_run: start", "start_run: done")
     timed_async(segments.Segments, "admit", "admitted: start", "admitted")
