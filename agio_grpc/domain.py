@@ -156,6 +156,11 @@ SUMMARY_PREFIX: Final = "[Summary of the earlier conversation]\n"
 """What a summary step's message starts with, so the model reads it as one."""
 
 _ROLE_VALUES: Final[dict[Role, str]] = {role: role.value for role in Role}
+# The roles `Step.to_message` tells apart, as module names: reading a member off the enum
+# class each time cost more than the rest of making most messages.
+_TOOL: Final = Role.TOOL
+_ASSISTANT: Final = Role.ASSISTANT
+_SUMMARY: Final = Role.SUMMARY
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,19 +239,23 @@ class Step:
     def to_message(self) -> dict[str, Any]:
         """The OpenAI chat message this step is, with no other conversion (a summary is a
         user message saying what it is)."""
-        # Called for every step of a session before every model call, so the role's value
-        # comes from a dict rather than the (slower) enum `value` property.
+        # Made for every step of a session before every model call: one dict literal per
+        # role, and the other roles' value from a dict rather than the (slower) enum
+        # `value` property.
         role = self.role
-        if role is Role.SUMMARY:
+        if role is _TOOL:
+            return {"role": "tool", "content": self.content, "tool_call_id": self.tool_call_id}
+        if role is _ASSISTANT:
+            if not self.tool_calls:
+                return {"role": "assistant", "content": self.content}
+            return {
+                "role": "assistant",
+                "content": self.content or None,
+                "tool_calls": [call.to_openai() for call in self.tool_calls],
+            }
+        if role is _SUMMARY:
             return {"role": "user", "content": SUMMARY_PREFIX + self.content}
-        message: dict[str, Any] = {"role": _ROLE_VALUES[role], "content": self.content}
-        if role is Role.TOOL:
-            message["tool_call_id"] = self.tool_call_id
-        elif role is Role.ASSISTANT and self.tool_calls:
-            message["tool_calls"] = [call.to_openai() for call in self.tool_calls]
-            if not self.content:
-                message["content"] = None
-        return message
+        return {"role": _ROLE_VALUES[role], "content": self.content}
 
 
 @dataclass(slots=True)

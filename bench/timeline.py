@@ -40,7 +40,7 @@ def _none(_result: object) -> str:
 def instrument(marks: Marks) -> None:
     """Wrap the server's functions so each run's phases are marked into `marks` (one run
     at a time: a mark goes to the newest run)."""
-    from agio_grpc.engine import lifecycle, queues, runtime, segments
+    from agio_grpc.engine import lifecycle, loop, model_call, queues, runtime, segments
     from agio_grpc.engine.models import openai_chat
     from agio_grpc.service import agent_service
     from agio_grpc.store import database
@@ -87,6 +87,10 @@ def instrument(marks: Marks) -> None:
     sqlite = database.SqliteDatabase
     timed(sqlite, "_brief_transaction", "brief transaction: start", "brief transaction: done")
     timed_async(segments.Segments, "spawn_started", "loop spawned: start", "loop spawned")
+    timed_async(loop.RunLoop, "run", "loop: start", "loop: done")
+    timed_async(loop.RunLoop, "_compact", "compaction check: start", "compaction check: done")
+    timed(loop, "model_request", "request built: start", "request built")
+    timed_async(model_call.ModelCall, "reply", "model call: start", "model call: done")
     driver = openai_chat.OpenAIModelDriver
     timed_async(driver, "_stream", "model request: start", "model reply: done")
     timed(openai_chat, "chunk_of", "model: first chunk read", "model: first chunk parsed")

@@ -17,35 +17,59 @@ Pure functions over steps: never reads the store, never mutates a step.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
 
 from agio_grpc.domain import Role, Step, ToolCall
 
 INTERRUPTED_RESULT = "Error: this tool call was interrupted before it returned a result."
 
+T = TypeVar("T")
+
+# The roles the repair tells apart, as module names (cheaper than the enum's attributes in
+# a loop over every step).
+_TOOL: Final = Role.TOOL
+_ASSISTANT: Final = Role.ASSISTANT
+_USER: Final = Role.USER
+
 
 def build_context(
     instructions: str, steps: Sequence[Step], max_history_messages: int | None = None
 ) -> list[dict[str, Any]]:
-    """The OpenAI messages for the next model call (see the module docstring)."""
-    return [step.to_message() for step in context_steps(instructions, steps, max_history_messages)]
+    """The OpenAI messages for the next model call (see the module docstring): the messages
+    of `context_steps`, each made in the repair's own pass."""
+    return _context(instructions, steps, max_history_messages, Step.to_message)
 
 
 def context_steps(
     instructions: str, steps: Sequence[Step], max_history_messages: int | None = None
 ) -> list[Step]:
     """`build_context` as steps: the system prompt and synthetic results have sequence 0."""
+    return _context(instructions, steps, max_history_messages, _as_is)
+
+
+def _context(
+    instructions: str,
+    steps: Sequence[Step],
+    max_history_messages: int | None,
+    convert: Callable[[Step], T],
+) -> list[T]:
     summary = latest_summary(steps)
-    history, starts = _repaired(steps if summary is None else after_summary(steps, summary))
+    history, starts = _repaired(
+        steps if summary is None else after_summary(steps, summary), convert
+    )
     del history[: _first_kept(len(history), starts, max_history_messages)]
     if summary is not None:
-        history.insert(0, summary)
+        history.insert(0, convert(summary))
     if not instructions:
         return history
     session_id = steps[0].session_id if steps else ""
-    history.insert(0, Step(session_id, "", Role.SYSTEM, content=instructions, id=""))
+    history.insert(0, convert(Step(session_id, "", Role.SYSTEM, content=instructions, id="")))
     return history
+
+
+def _as_is(step: Step) -> Step:
+    return step
 
 
 def latest_summary(history: Sequence[Step]) -> Step | None:
@@ -63,45 +87,43 @@ def after_summary(history: Sequence[Step], summary: Step | None) -> list[Step]:
     return [s for s in history if s.sequence > covered and s.role is not Role.SUMMARY]
 
 
-def _repaired(steps: Sequence[Step]) -> tuple[list[Step], list[int]]:
-    """The steps with tool results laid out after their calls, and where history may start.
+def _repaired(steps: Sequence[Step], convert: Callable[[Step], T]) -> tuple[list[T], list[int]]:
+    """The steps, each as `convert` makes it, with tool results laid out after their calls,
+    and where history may start.
 
-    One pass that allocates nothing per plain step: this runs over the whole session before
-    every model call. The second list holds the indexes (ascending) of the user and final
-    assistant steps, the only places a cut may fall.
+    One pass that allocates nothing per plain step but what `convert` makes: this runs over
+    the whole session before every model call. The second list holds the indexes
+    (ascending) of the user and final assistant steps, the only places a cut may fall.
     """
-    history: list[Step] = []
+    history: list[T] = []
     starts: list[int] = []
+    append = history.append
     caller: Step | None = None  # the assistant step whose results are being collected
     call_ids: set[str] = set()
     results: dict[str, Step] = {}
     for step in steps:
         role = step.role
-        if role is Role.TOOL:
+        if role is _TOOL:
             # The first result of each of the caller's calls counts; orphans are dropped.
             call_id = step.tool_call_id
             if caller is not None and call_id in call_ids and call_id not in results:
                 results[call_id] = step
             continue
         if caller is not None:
-            _lay_out_results(history, caller, results)
+            for call in caller.tool_calls:  # in call order, the missing ones invented
+                append(convert(results.get(call.id) or _interrupted_result(caller, call)))
             caller = None
-        if role is Role.ASSISTANT and step.tool_calls:
+        if role is _ASSISTANT and step.tool_calls:
             caller = step
             call_ids = {call.id for call in step.tool_calls}
             results = {}
-        elif role is Role.USER or role is Role.ASSISTANT:
+        elif role is _USER or role is _ASSISTANT:
             starts.append(len(history))
-        history.append(step)
+        append(convert(step))
     if caller is not None:
-        _lay_out_results(history, caller, results)
+        for call in caller.tool_calls:
+            append(convert(results.get(call.id) or _interrupted_result(caller, call)))
     return history, starts
-
-
-def _lay_out_results(history: list[Step], caller: Step, results: dict[str, Step]) -> None:
-    """Append the caller's results in call order, inventing the missing ones."""
-    for call in caller.tool_calls:
-        history.append(results.get(call.id) or _interrupted_result(caller, call))
 
 
 def _interrupted_result(assistant: Step, call: ToolCall) -> Step:

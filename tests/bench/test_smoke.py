@@ -266,6 +266,10 @@ async def test_the_timeline_marks_every_phase_of_a_run_in_order() -> None:
         phases = [
             "request checked",
             "start transaction: done",
+            "loop: start",
+            "compaction check: done",
+            "request built",
+            "model call: start",
             "model request: start",
             "model: first chunk parsed",
             "encoded: step_delta",

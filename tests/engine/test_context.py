@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agio_grpc.domain import Role, Step, ToolCall
+from agio_grpc.domain import SUMMARY_PREFIX, Role, Step, ToolCall
 from agio_grpc.engine.context import (
     INTERRUPTED_RESULT,
     build_context,
@@ -46,6 +46,44 @@ def test_context_is_system_prompt_then_each_step_message() -> None:
     messages = build_context("Be brief.", steps)
     assert messages[0] == {"role": "system", "content": "Be brief."}
     assert messages[1:] == [step.to_message() for step in steps]
+
+
+def test_each_role_becomes_the_openai_message_it_is() -> None:
+    summary = Step(SESSION, "run", Role.SUMMARY, content="earlier: hi")
+    spoken = Step(
+        SESSION, "run", Role.ASSISTANT, content="I'll check.", tool_calls=calls("b").tool_calls
+    )
+    steps = numbered(user("hi"), calls("a"), result("a", "4"), spoken, result("b"), reply(""))
+    assert build_context("sys", [summary, *steps]) == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": SUMMARY_PREFIX + "earlier: hi"},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,  # a call without text: null, as the API sends it
+            "tool_calls": [
+                {
+                    "id": "a",
+                    "type": "function",
+                    "function": {"name": "echo", "arguments": '{"text": "x"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "4", "tool_call_id": "a"},
+        {
+            "role": "assistant",
+            "content": "I'll check.",
+            "tool_calls": [
+                {
+                    "id": "b",
+                    "type": "function",
+                    "function": {"name": "echo", "arguments": '{"text": "x"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "ok", "tool_call_id": "b"},
+        {"role": "assistant", "content": ""},  # a final answer keeps its (empty) text
+    ]
 
 
 def test_call_without_result_gets_synthetic_error_result_right_after_it() -> None:
