@@ -7,13 +7,13 @@ a connection or decides what to store.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import Row
 
+from agio_grpc import json_codec
 from agio_grpc.domain import (
     DEFAULT_TENANT,
     ApprovalDecision,
@@ -89,7 +89,7 @@ SUMMARY_FIELDS: Final = ("summary_first_sequence", "summary_last_sequence")
 
 def tool_calls_json(calls: Sequence[ToolCall]) -> str:
     """A step's tool calls as its row stores them (`_tool_calls` reads them back)."""
-    return json.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls])
+    return json_codec.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls])
 
 
 def step_row(step: Step) -> dict[str, Any]:
@@ -240,7 +240,7 @@ def approval_json(decision: ApprovalDecision | None) -> str | None:
     if decision is None:
         return None
     time = decision.decide_time
-    return json.dumps(
+    return json_codec.dumps(
         {
             "approved": decision.approved,
             "reason": clean_text(decision.reason),
@@ -251,7 +251,7 @@ def approval_json(decision: ApprovalDecision | None) -> str | None:
 
 
 def _approval(value: str) -> ApprovalDecision:
-    data: dict[str, Any] = json.loads(value)
+    data: dict[str, Any] = json_codec.loads(value)
     time = data.get("decide_time")
     return ApprovalDecision(
         bool(data["approved"]),
@@ -309,12 +309,8 @@ def history_from_rows(session_id: str, rows: Iterable[Sequence[Any]]) -> list[St
     ]
 
 
-# `raw_decode` skips the whitespace scans of `json.loads`: the text is what `step_row` wrote.
-_JSON: Final = json.JSONDecoder()
-
-
 def _tool_calls(value: str) -> list[ToolCall]:
-    calls: list[dict[str, str]] = _JSON.raw_decode(value)[0]
+    calls: list[dict[str, str]] = json_codec.loads(value)
     return [ToolCall(call["id"], call["name"], call["arguments"]) for call in calls]
 
 
@@ -339,7 +335,7 @@ def stored_run(run: Run) -> Run:
         run,
         usage=copy_of(run.usage),
         metadata=dict(run.metadata),
-        options=json.loads(_json(run.options)),
+        options=json_codec.loads(_json(run.options)),
         stop_signal=stop_signal_from_json(stop_signal_json(run.stop_signal)),
         create_time=aware_utc(run.create_time, "create_time"),
     )
@@ -382,7 +378,7 @@ def run_mutable_values(run: Run) -> dict[str, Any]:
         "last_sequence": run.last_sequence,
         "end_time": run.end_time,
         "trace_id": run.trace_id,
-        "metadata": json.dumps(run.metadata),
+        "metadata": json_codec.dumps(run.metadata),
         "options": _json(run.options),
         "last_event_seq": run.last_event_seq,
         "output_json": run.output_json,
@@ -421,8 +417,8 @@ def run_from_row(row: Row[Any]) -> Run:
         end_time=row.end_time,
         trace_id=row.trace_id,
         request_id=row.request_id,
-        metadata=json.loads(row._mapping["metadata"]),
-        options=json.loads(row.options),
+        metadata=json_codec.loads(row._mapping["metadata"]),
+        options=json_codec.loads(row.options),
         last_event_seq=row.last_event_seq,
         input=row.input,
         queue_position=row.queue_position,
@@ -438,7 +434,7 @@ def run_from_row(row: Row[Any]) -> Run:
 def _json(value: Any) -> str:
     # default=str: a run is recorded on every exit path, so an odd value in its options or
     # stop-signal context is stored as text rather than failing the write.
-    return json.dumps(value, default=str)
+    return json_codec.dumps(value, default=str)
 
 
 def stop_signal_json(signal: StopSignal | None) -> str | None:
@@ -461,7 +457,7 @@ def _stop_signal_data(signal: StopSignal) -> dict[str, Any]:
 def stop_signal_from_json(value: str | None) -> StopSignal | None:
     if value is None:
         return None
-    return _stop_signal_from_data(json.loads(value))
+    return _stop_signal_from_data(json_codec.loads(value))
 
 
 def _stop_signal_from_data(data: Mapping[str, Any] | None) -> StopSignal | None:
@@ -610,11 +606,6 @@ def step_from_json(data: Sequence[Any]) -> Step:
     return step
 
 
-# One encoder for every journal payload: compact, no circular-reference check (payloads are
-# trees of plain data); odd values are stored as text, as in `_json`.
-_JOURNAL_JSON: Final = json.JSONEncoder(default=str, separators=(",", ":"), check_circular=False)
-
-
 def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
     """The `run_events` row of one journal record."""
     run, step = record.run, record.step
@@ -628,12 +619,12 @@ def journal_row(run_id: str, record: JournalRecord) -> dict[str, Any]:
         "seq": record.seq,
         "time": record.time,
         "kind": record.kind,
-        "payload": _JOURNAL_JSON.encode(payload),
+        "payload": json_codec.dumps(payload, str),  # odd values as text, as in `_json`
     }
 
 
 def journal_from_row(seq: int, time: datetime | str, kind: str, payload: str) -> JournalRecord:
-    run, step, data = json.loads(payload)
+    run, step, data = json_codec.loads(payload)
     return JournalRecord(
         seq=int(seq),
         time=utc_from_database(time),
