@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import pydantic
 
+from agio_grpc import json_codec
 from agio_grpc.domain import (
     StopReason,
     StopSignal,
@@ -145,7 +146,7 @@ async def execute_tool_call(
             call, f"Error: unknown tool {call.name!r}. Available tools: {available}.", True
         )
     try:
-        raw = json.loads(call.arguments) if call.arguments.strip() else {}
+        raw = json_codec.loads(call.arguments) if call.arguments.strip() else {}
     except json.JSONDecodeError as error:
         return ToolResult(
             call,

@@ -26,7 +26,6 @@ parameter per table, so the SQL is the same whatever the number of rows.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from sqlalchemy import Connection, Table, TextClause, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 
+from agio_grpc import json_codec
 from agio_grpc.domain import Run, RunStatus, Session, Step, utc_now
 from agio_grpc.store.records import HistoryMark, Journal, JournalRecord, RunEnd, RunStart
 from agio_grpc.store.rows import (
@@ -308,7 +308,7 @@ def _events(run_id: str, records: Sequence[JournalRecord]) -> str:
 
 
 def _json(rows: object) -> str:
-    return json.dumps(rows, default=_utc_text, separators=(",", ":"))
+    return json_codec.dumps(rows, _utc_text)
 
 
 def _utc_text(value: object) -> str:
