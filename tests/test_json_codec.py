@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agio_grpc import json_codec
+from agio_grpc.domain import ToolCall
 
 # Any text, lone surrogates included, and integers well past 64 bits.
 _SCALARS = (
@@ -96,3 +97,24 @@ def test_a_value_json_cannot_hold_raises_without_a_default() -> None:
 
 def test_the_encoding_is_compact_utf8() -> None:
     assert json_codec.dump_bytes({"a": ["é", 1]}) == '{"a":["é",1]}'.encode()
+
+
+def test_a_typed_decoder_reads_straight_into_the_type_and_falls_back_to_convert() -> None:
+    converted: list[object] = []
+
+    def convert(value: Any) -> list[ToolCall]:
+        converted.append(value)
+        return [ToolCall(c["id"], c["name"], c["arguments"]) for c in value]
+
+    decode = json_codec.decoder_of(list[ToolCall], convert)
+    call = {"id": "c1", "name": "calc", "arguments": '{"x": "é"}'}
+    assert decode(json.dumps([call])) == [ToolCall("c1", "calc", '{"x": "é"}')]
+    assert converted == []
+    # An escaped lone surrogate: only the stdlib reads it; `convert` makes the calls.
+    lone = {**call, "arguments": "\ud800"}
+    assert decode(json.dumps([lone])) == [ToolCall("c1", "calc", "\ud800")]
+    assert converted == [[lone]]
+    with pytest.raises(KeyError):  # not the shape: `convert` raises what it raises
+        decode('[{"id": "c1"}]')
+    with pytest.raises(json.JSONDecodeError):
+        decode("[")
