@@ -110,8 +110,7 @@ def _repaired(steps: Sequence[Step], convert: Callable[[Step], T]) -> tuple[list
                 results[call_id] = step
             continue
         if caller is not None:
-            for call in caller.tool_calls:  # in call order, the missing ones invented
-                append(convert(results.get(call.id) or _interrupted_result(caller, call)))
+            _lay_out_results(append, caller, results, convert)
             caller = None
         if role is _ASSISTANT and step.tool_calls:
             caller = step
@@ -121,9 +120,19 @@ def _repaired(steps: Sequence[Step], convert: Callable[[Step], T]) -> tuple[list
             starts.append(len(history))
         append(convert(step))
     if caller is not None:
-        for call in caller.tool_calls:
-            append(convert(results.get(call.id) or _interrupted_result(caller, call)))
+        _lay_out_results(append, caller, results, convert)
     return history, starts
+
+
+def _lay_out_results(
+    append: Callable[[T], None],
+    caller: Step,
+    results: dict[str, Step],
+    convert: Callable[[Step], T],
+) -> None:
+    """Append the caller's results in call order, inventing the missing ones."""
+    for call in caller.tool_calls:
+        append(convert(results.get(call.id) or _interrupted_result(caller, call)))
 
 
 def _interrupted_result(assistant: Step, call: ToolCall) -> Step:
