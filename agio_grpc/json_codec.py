@@ -3,14 +3,15 @@ refuse what the stdlib accepts.
 
 Each model call encodes its request (the whole context: every message of the session) and
 decodes each chunk it streams, and every step and journal record a run writes is JSON in
-its row. orjson encodes and msgspec decodes 3-10x faster than the `json` module
-(docs/benchmarks/NOTES.md); msgspec decodes, rather than orjson, because orjson reads an
-integer past 64 bits as a float. Both refuse some input the stdlib takes: NaN and Infinity,
-escaped lone surrogates, text that is not valid UTF-8 (a lone surrogate in a `str`),
-integers past 64 bits when encoding, dict keys that are not strings. On those the stdlib
-does the work, so what is read and written stays what it was; only the encoded bytes differ
-(compact, non-ASCII text as UTF-8 rather than escaped), and a float NaN or Infinity is
-written as null (the stdlib writes `NaN`, which is not JSON; nothing here stores one).
+its row. orjson encodes a request 12-14x faster than the `json` module, msgspec decodes a
+chunk 4.5x faster (docs/benchmarks/NOTES.md, "Changes 43-45"); msgspec decodes, rather
+than orjson, because orjson reads an integer past 64 bits as a float. Both refuse some
+input the stdlib takes: NaN and Infinity, escaped lone surrogates, text that is not valid
+UTF-8 (a lone surrogate in a `str`), integers past 64 bits when encoding, dict keys that
+are not strings. On those the stdlib does the work, so what is read and written stays what
+it was; only the encoded bytes differ (compact, non-ASCII text as UTF-8 rather than
+escaped), and a float NaN or Infinity is written as null (the stdlib writes `NaN`, which
+is not JSON; nothing here stores one).
 """
 
 from __future__ import annotations

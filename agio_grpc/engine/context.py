@@ -26,8 +26,7 @@ INTERRUPTED_RESULT = "Error: this tool call was interrupted before it returned a
 
 T = TypeVar("T")
 
-# The roles the repair tells apart, as module names (cheaper than the enum's attributes in
-# a loop over every step).
+# The roles the repair tells apart, as module names (`domain._TOOL`'s comment says why).
 _TOOL: Final = Role.TOOL
 _ASSISTANT: Final = Role.ASSISTANT
 _USER: Final = Role.USER
