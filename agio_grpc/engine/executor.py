@@ -154,6 +154,8 @@ async def execute_tool_call(
             "Send the arguments as one JSON object.",
             True,
         )
+    except RecursionError:  # nested deeper than the parser goes: the model's to fix too
+        return _too_deep(call)
     if not isinstance(raw, dict):
         return ToolResult(
             call, f"Error: the arguments of {call.name!r} must be a JSON object.", True
@@ -166,6 +168,8 @@ async def execute_tool_call(
         )
     except ArgumentsError as error:
         return ToolResult(call, f"Error: invalid arguments for {call.name!r}: {error}.", True)
+    except RecursionError:  # a schema checked level by level (an MCP server's, say)
+        return _too_deep(call)
     if tool.timeout_s is not None:
         timeout_s = min(timeout_s, tool.timeout_s)
     started = time.perf_counter()
@@ -198,6 +202,15 @@ async def execute_tool_call(
 
 def _ms_since(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
+
+
+def _too_deep(call: ToolCall) -> ToolResult:
+    return ToolResult(
+        call,
+        f"Error: the arguments of {call.name!r} nest too deeply to read. "
+        "Send the arguments as one JSON object of fewer levels.",
+        True,
+    )
 
 
 def _describe(error: pydantic.ValidationError) -> str:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass
+
+from mcp import types as mcp_types
 
 from agio_grpc.domain import StopReason, ToolCall
 from agio_grpc.engine.executor import execute_tool_calls
+from agio_grpc.engine.mcp import McpServer, McpServerSpec, McpTool
 from agio_grpc.engine.tools import ToolContext, ToolRegistry, ToolResult, ToolStop
 from tests.engine.harness import Gate, make_registry
 
@@ -182,3 +186,52 @@ def test_tool_stop_carries_context() -> None:
     stop = ToolStop("bye", context={"k": 1})
     assert stop.message == "bye"
     assert stop.context == {"k": 1}
+
+
+def _nested(depth: int) -> str:
+    return '{"tree": ' + "[" * depth + "]" * depth + "}"
+
+
+async def test_arguments_nested_past_the_parsers_depth_are_an_error_result() -> None:
+    (result,) = await execute(make_registry(Gate()), ToolCall("c", "echo", _nested(100_000)))
+    assert result.is_error
+    assert result.content == (
+        "Error: the arguments of 'echo' nest too deeply to read. "
+        "Send the arguments as one JSON object of fewer levels."
+    )
+
+
+@dataclass
+class _Listed:
+    """A tool source listing one tool, as a connected MCP server lists its tools."""
+
+    tool: McpTool
+    source: str = "mcp:deep"
+
+    def tools(self) -> dict[str, McpTool]:
+        return {self.tool.name: self.tool}
+
+
+async def test_arguments_too_deep_for_a_recursive_schemas_check_are_an_error_result() -> None:
+    # An MCP server's input schema is checked level by level (jsonschema recurses per
+    # level); arguments the parser reads can still be too deep for that.
+    node = {"type": "array", "items": {"$ref": "#/$defs/node"}}
+    schema = {"type": "object", "properties": {"tree": node["items"]}, "$defs": {"node": node}}
+    server = McpServer(McpServerSpec(name="deep", transport="stdio", command="/bin/true"))
+    tool = McpTool(server, mcp_types.Tool(name="walk", inputSchema=schema), "walk")
+    registry = ToolRegistry()
+    registry.attach(_Listed(tool))
+    (shallow, deep) = await execute_tool_calls(
+        [ToolCall("c1", tool.name, _nested(3)), ToolCall("c2", tool.name, _nested(900))],
+        registry,
+        offered=[tool.name],
+        make_context=context,
+        timeout_s=1,
+        max_parallel=1,
+    )
+    assert "nest too deeply" not in shallow.content  # checked, then refused: not connected
+    assert deep.is_error
+    assert deep.content == (
+        f"Error: the arguments of {tool.name!r} nest too deeply to read. "
+        "Send the arguments as one JSON object of fewer levels."
+    )

@@ -173,3 +173,23 @@ def test_the_stop_tools_survive_a_continuation_and_older_runs_have_none() -> Non
 def test_an_agent_cannot_stop_on_errors_of_a_tool_it_does_not_offer() -> None:
     with pytest.raises(ValueError, match=r"stop_on_error_tools \['refund'\]"):
         AgentSpec("payments", "fake-model", tools=["lookup"], stop_on_error_tools=["refund"])
+
+
+async def test_arguments_nested_past_the_parsers_depth_are_an_error_the_model_sees(
+    harness: Harness,
+) -> None:
+    deep = '{"expression": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    harness.model.enqueue(
+        Turn.tool_calls([ToolCallSpec("calculate", deep, id="call_deep")]),
+        Turn.text("I will send flat arguments"),
+    )
+    outcome = await harness.run("nest it", agent="strict")
+    assert outcome.reason is StopReason.COMPLETED
+    (tool,) = outcome.steps_of(Role.TOOL)
+    assert tool.is_error
+    assert tool.content == (
+        "Error: the arguments of 'calculate' nest too deeply to read. "
+        "Send the arguments as one JSON object of fewer levels."
+    )
+    assert harness.model.requests[-1]["messages"][-1]["content"] == tool.content
+    await valid_log(harness, outcome)
