@@ -154,8 +154,10 @@ async def execute_tool_call(
             "Send the arguments as one JSON object.",
             True,
         )
+    except ValueError:  # an integer of more digits than Python reads (4,300)
+        return _unreadable(call, "hold a number too long to read", "with shorter numbers")
     except RecursionError:  # nested deeper than the parser goes: the model's to fix too
-        return _too_deep(call)
+        return _unreadable(call, "nest too deeply to read", "of fewer levels")
     if not isinstance(raw, dict):
         return ToolResult(
             call, f"Error: the arguments of {call.name!r} must be a JSON object.", True
@@ -169,7 +171,7 @@ async def execute_tool_call(
     except ArgumentsError as error:
         return ToolResult(call, f"Error: invalid arguments for {call.name!r}: {error}.", True)
     except RecursionError:  # a schema checked level by level (an MCP server's, say)
-        return _too_deep(call)
+        return _unreadable(call, "nest too deeply to read", "of fewer levels")
     if tool.timeout_s is not None:
         timeout_s = min(timeout_s, tool.timeout_s)
     started = time.perf_counter()
@@ -204,11 +206,12 @@ def _ms_since(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
 
 
-def _too_deep(call: ToolCall) -> ToolResult:
+def _unreadable(call: ToolCall, why: str, fix: str) -> ToolResult:
+    """The error result of JSON arguments that parse as JSON but cannot be read here."""
     return ToolResult(
         call,
-        f"Error: the arguments of {call.name!r} nest too deeply to read. "
-        "Send the arguments as one JSON object of fewer levels.",
+        f"Error: the arguments of {call.name!r} {why}. "
+        f"Send the arguments as one JSON object {fix}.",
         True,
     )
 

@@ -212,6 +212,16 @@ class _Listed:
         return {self.tool.name: self.tool}
 
 
+async def test_an_integer_too_long_to_read_in_the_arguments_is_an_error_result() -> None:
+    arguments = '{"text": ' + "7" * 5_000 + "}"  # past Python's 4,300 digits
+    (result,) = await execute(make_registry(Gate()), ToolCall("c", "echo", arguments))
+    assert result.is_error
+    assert result.content == (
+        "Error: the arguments of 'echo' hold a number too long to read. "
+        "Send the arguments as one JSON object with shorter numbers."
+    )
+
+
 async def test_arguments_too_deep_for_a_recursive_schemas_check_are_an_error_result() -> None:
     # An MCP server's input schema is checked level by level (jsonschema recurses per
     # level); arguments the parser reads can still be too deep for that.
