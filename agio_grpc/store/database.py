@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,13 @@ SQLITE_BUSY_TIMEOUT_MS: Final = 5_000
 
 # Connection option read by the SQLite `begin` hook: this transaction will write.
 WRITE_OPTION: Final = "agio_write"
+# Connection option of the reads run on the event loop's thread (`loop_read_limit`).
+ON_LOOP_OPTION: Final = "agio_on_loop"
+LOOP_READ_ROWS: Final = 2_000
+"""The steps a read on the event loop's thread reads at most (`loop_read_limit`): about 8 ms
+of the loop's time here. One that would read more stops, having changed nothing, and is
+run again on a reader thread, where it holds the loop only while its rows' decoding holds
+the GIL (a 10,000-step history: 60-70 ms on the loop's thread)."""
 # SQLSTATE classes and codes that mean "try again later": connection exceptions (08),
 # insufficient resources (53), operator intervention (57), serialization failure, deadlock.
 TRANSIENT_SQLSTATE_PREFIXES: Final = ("08", "53", "57")
@@ -130,9 +138,8 @@ class Database(Protocol):
         ...
 
     async def read_statement(self, work: Callable[[Connection], T]) -> T:
-        """`run` for a `work` that reads with one statement, consistent by itself: off the
-        event loop's thread on SQLite (a reader's), without BEGIN and COMMIT on
-        PostgreSQL."""
+        """`run` for a `work` that reads with one statement, consistent by itself: without
+        BEGIN and COMMIT on PostgreSQL."""
         ...
 
     async def dispose(self) -> None:
@@ -193,22 +200,87 @@ stall let grow gives its disk back. Above the log of CHECKPOINT_EVERY runs' comm
 10 MiB), so a log that starts over at each checkpoint is written in place, never cut."""
 
 
-class WriteLockTakenError(Exception):
-    """A brief write found the database's write lock held (by this process's writer thread
-    or another process): it waits its turn on the writer thread instead."""
+class WouldWaitError(Exception):
+    """A transaction on the event loop's thread found a lock it would have to wait for (a
+    brief write the write lock held by this process's writer thread or another process, a
+    read the log's read locks in the middle of a change: WAL recovery or restart), or more
+    steps to read than the loop may wait for (`loop_read_limit`). It runs on a thread
+    instead, where waiting stops nothing else."""
+
+
+class _LoopConnection:
+    """A connection kept open for transactions run on the event loop's thread (brief
+    writes, or reads), never waiting for a lock (busy_timeout 0: `WouldWaitError`) and
+    never checkpointing. Its checkout, options and close cost as much as a short statement,
+    so it stays open between transactions; after any error it is closed (its transaction
+    rolled back) and the next one opens it again, as `_transact` opens every one."""
+
+    def __init__(self, url: URL, synchronous: str, *, write: bool) -> None:
+        self._engine: Engine = create_engine(
+            url.set(drivername="sqlite+pysqlite"),
+            connect_args={"check_same_thread": False},
+            poolclass=StaticPool,  # one connection, only ever used by the event loop
+            hide_parameters=True,
+        )
+        _install_sqlite_hooks(self._engine, synchronous, busy_timeout_ms=0, autocheckpoint=False)
+        self._write = write
+        self._conn: Connection | None = None
+        self.opened = False
+
+    def open(self) -> None:
+        """Open the connection, on a thread: its pragmas may wait for a lock (a new file's
+        WAL switch)."""
+        if not self.opened:
+            _connected(self._engine, write=False).close()  # kept open by its StaticPool
+            self.opened = True
+
+    def transaction(self, work: Callable[[Connection], T]) -> T:
+        """`work` in one transaction on this thread; WouldWaitError when it cannot run
+        without waiting for a lock, having done nothing."""
+        conn = self._conn
+        try:
+            if conn is None:
+                conn = self._conn = _connected(self._engine, write=self._write)
+                if not self._write:  # a write's work may have changed what it was given
+                    conn.execution_options(**{ON_LOOP_OPTION: True})
+            with conn.begin():
+                return work(conn)
+        except BaseException as error:
+            self._conn = None
+            if conn is not None:
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    conn.close()
+            if not self._write and _sqlite_busy(getattr(error, "orig", error)):
+                raise WouldWaitError from error  # a read: nothing to undo
+            if isinstance(error, DRIVER_ERRORS) and not isinstance(error, StoreError):
+                raise as_store_error(error) from error
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._engine.dispose()
 
 
 class SqliteDatabase:
-    """A SQLite file through stdlib sqlite3, each transaction run whole in a thread, or a
-    brief write on the caller's.
+    """A SQLite file through stdlib sqlite3: reads and brief writes on the event loop's
+    thread, other writes on a thread of their own.
 
     One writer thread: this process's writers queue there rather than contend for the file
-    lock; BEGIN IMMEDIATE covers other processes. Readers use threads of their own. A brief
-    write (`run(brief=True)`: a run's transitions and steps, every run's path) runs at once
-    on the event loop's thread when the write lock is free, on a connection that never
-    waits for it (busy_timeout 0) and never checkpoints; a held lock sends it to the writer
-    thread. Per run this saves the thread hops and the GIL hand-offs around each statement,
-    which cost several times the statements themselves (docs/benchmarks/NOTES.md).
+    lock; BEGIN IMMEDIATE covers other processes. A brief write (`run(brief=True)`: a run's
+    transitions and steps, every run's path) runs at once on the event loop's thread when
+    the write lock is free, on a connection that never waits for it and never checkpoints;
+    a held lock sends it to the writer thread. Per run this saves the thread hops and the
+    GIL hand-offs around each statement, which cost several times the statements
+    themselves (docs/benchmarks/NOTES.md).
+
+    Reads run on the event loop's thread too, on a connection of their own (readers wait
+    for no writer in WAL mode; the rare read that would wait runs on a reader thread). On
+    a thread, a read hands the GIL back and forth around each row SQLite steps to, and
+    while the event loop is busy each hand-back waits for it: a 1,000-step history read
+    took 0.4-0.7 s there, 6.6 ms on the loop's thread (NOTES.md, change 46). A read holds
+    the loop while it runs, as its rows' decoding held the GIL on a thread.
     """
 
     def __init__(self, url: URL, synchronous: str) -> None:
@@ -226,18 +298,11 @@ class SqliteDatabase:
             hide_parameters=True,  # a statement's error never carries user content
         )
         _install_sqlite_hooks(self._engine, mode)
-        self._brief: Engine | None = None
-        if mode in BRIEF_SYNCHRONOUS_MODES:
-            self._brief = create_engine(
-                url.set(drivername="sqlite+pysqlite"),
-                connect_args={"check_same_thread": False},
-                poolclass=StaticPool,  # one connection, only ever used by the event loop
-                hide_parameters=True,
-            )
-            _install_sqlite_hooks(self._brief, mode, busy_timeout_ms=0, autocheckpoint=False)
-        self._brief_open = False
+        self._brief = (
+            _LoopConnection(url, mode, write=True) if mode in BRIEF_SYNCHRONOUS_MODES else None
+        )
+        self._reads = _LoopConnection(url, mode, write=False)
         self._closed = False  # `dispose` began: no transaction starts after it
-        self._brief_conn: Connection | None = None  # kept between brief writes
         self._brief_commits = 0
         self._checkpoint: asyncio.Future[None] | None = None
         self._held: asyncio.Future[None] | None = None  # brief writes wait for it
@@ -252,60 +317,34 @@ class SqliteDatabase:
 
     async def run(self, work: Callable[[Connection], T], *, write: bool, brief: bool = False) -> T:
         _refuse_if(self._closed)
-        if write and brief and self._brief is not None:
-            if (held := self._held) is not None:  # the end of a checkpoint (`_checkpoint_wal`)
+        loop = asyncio.get_running_loop()
+        executor = self._writer if write else self._readers
+        on_loop = self._brief if write and brief else None if write else self._reads
+        if on_loop is not None:
+            if write and (held := self._held) is not None:  # a checkpoint's end (`_checkpoint_wal`)
                 ended, _ = await asyncio.wait((held,), timeout=CHECKPOINT_HOLD_S)
                 if not ended and self._held is held:
                     # Stalled (a slow disk, or queued behind the writer thread's work): the
                     # writes that follow go on beside it, not CHECKPOINT_HOLD_S late each.
                     self._held = None
-            if not self._brief_open:  # opening may wait for the lock: not on this thread
-                await asyncio.get_running_loop().run_in_executor(self._writer, self._open_brief)
-            _refuse_if(self._closed)  # closed while this write waited
+            if not on_loop.opened:
+                await loop.run_in_executor(executor, on_loop.open)
+            _refuse_if(self._closed)  # closed while this one waited
             try:
-                done = self._brief_transaction(work)
-            except WriteLockTakenError:
-                pass  # another writer holds the lock: wait for it on the writer thread
+                done = on_loop.transaction(work)
+            except WouldWaitError:
+                pass  # it waits for the lock on a thread instead
             else:
-                self._brief_committed()
+                if write:
+                    self._brief_committed()
                 return done
-        executor = self._writer if write else self._readers
-        return await asyncio.get_running_loop().run_in_executor(
-            executor, _transact, self._engine, work, write
-        )
+        return await loop.run_in_executor(executor, _transact, self._engine, work, write)
 
     async def run_statement(self, work: Callable[[Connection], T]) -> T:
         return await self.run(work, write=True, brief=True)
 
     async def read_statement(self, work: Callable[[Connection], T]) -> T:
         return await self.run(work, write=False)
-
-    def _open_brief(self) -> None:
-        if self._brief is None or self._brief_open:
-            return
-        _connected(self._brief, write=False).close()  # kept open by its StaticPool
-        self._brief_open = True
-
-    def _brief_transaction(self, work: Callable[[Connection], T]) -> T:
-        """`work` in one transaction on the brief writes' connection, kept open between
-        them: its checkout, options and close cost as much as a short statement. After any
-        error it is closed (its transaction rolled back) and the next write opens it again,
-        as it opened every one before (`_transact`)."""
-        assert self._brief is not None
-        conn = self._brief_conn
-        try:
-            if conn is None:
-                conn = self._brief_conn = _connected(self._brief, write=True)
-            with conn.begin():
-                return work(conn)
-        except BaseException as error:
-            self._brief_conn = None
-            if conn is not None:
-                with contextlib.suppress(*DRIVER_ERRORS):
-                    conn.close()
-            if isinstance(error, DRIVER_ERRORS) and not isinstance(error, StoreError):
-                raise as_store_error(error) from error
-            raise
 
     def _brief_committed(self) -> None:
         """Checkpoint the WAL on the writer thread every CHECKPOINT_EVERY brief commits."""
@@ -357,11 +396,9 @@ class SqliteDatabase:
             self._checkpoint.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpoint
-        if self._brief_conn is not None:
-            self._brief_conn.close()
-            self._brief_conn = None
+        self._reads.close()
         if self._brief is not None:
-            self._brief.dispose()
+            self._brief.close()
         await loop.run_in_executor(self._writer, self._engine.dispose)
         self._writer.shutdown(wait=False)
         self._readers.shutdown(wait=False)
@@ -392,9 +429,15 @@ def _connected(engine: Engine, write: bool) -> Connection:
     return conn
 
 
+def loop_read_limit(conn: Connection) -> int:
+    """How many steps a transaction on `conn` may read: LOOP_READ_ROWS for a read on the
+    event loop's thread (past them, the reader raises WouldWaitError), else no limit."""
+    return LOOP_READ_ROWS if conn.get_execution_options().get(ON_LOOP_OPTION) else sys.maxsize
+
+
 def _transact(engine: Engine, work: Callable[[Connection], T], write: bool) -> T:
     """`work` in one transaction on a connection of `engine`, driver errors as StoreError
-    (WriteLockTakenError passes: nothing was done)."""
+    (WouldWaitError passes: nothing was done)."""
     try:
         with _connected(engine, write) as conn, conn.begin():
             return work(conn)
@@ -505,7 +548,7 @@ def _install_sqlite_hooks(
     """Per-connection pragmas, and BEGIN chosen by us (the SQLAlchemy docs' recipe).
 
     `busy_timeout_ms=0`: a BEGIN IMMEDIATE that finds the write lock held raises
-    WriteLockTakenError at once. `autocheckpoint=False`: commits never checkpoint the WAL."""
+    WouldWaitError at once. `autocheckpoint=False`: commits never checkpoint the WAL."""
 
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -540,7 +583,7 @@ def _install_sqlite_hooks(
             driver.execute("BEGIN IMMEDIATE" if writes else "BEGIN DEFERRED")
         except sqlite3.OperationalError as error:
             if busy_timeout_ms == 0 and _sqlite_busy(error):
-                raise WriteLockTakenError from error
+                raise WouldWaitError from error
             raise
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from bench import (
     ab,
+    busy_reads,
     concurrency,
     connect,
     long_start,
@@ -128,6 +129,14 @@ async def test_the_long_start_benchmark_times_the_appends_and_the_starts() -> No
     assert result.appends_per_s > 0
     assert 0 < result.append_p50_ms <= result.append_p99_ms <= result.append_max_ms
     assert result.start_p50_ms > 0
+
+
+async def test_the_busy_reads_benchmark_reads_both_ways_under_each_load() -> None:
+    results = await busy_reads.measure(steps=40, reads=2, slice_us=50, busy=[0, 1])
+    assert [result.busy_tasks for result in results] == [0, 1]
+    for result in results:
+        assert len(result.loop_ms) == len(result.thread_ms) == 2
+        assert min(result.loop_ms + result.thread_ms) > 0
 
 
 async def test_the_run_writes_benchmark_counts_cpu_frames_and_the_log() -> None:

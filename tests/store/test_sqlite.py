@@ -21,7 +21,8 @@ from agio_grpc.domain import Role, Step
 from agio_grpc.store import StoreError
 from agio_grpc.store import database as database_module
 from agio_grpc.store.database import SqliteDatabase, parse_url
-from tests.roles import open_roles
+from agio_grpc.store.sql import steps as steps_module
+from tests.roles import StoreRoles, open_roles
 
 
 async def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
@@ -145,7 +146,7 @@ async def test_brief_writes_keep_their_connection_until_one_fails(tmp_path: Path
     database = sqlite_database(tmp_path / "agio.db")
     checkouts: list[int] = []
     assert database._brief is not None
-    event.listen(database._brief, "checkout", lambda *_: checkouts.append(1))
+    event.listen(database._brief._engine, "checkout", lambda *_: checkouts.append(1))
 
     def clash(conn: Connection) -> None:
         conn.exec_driver_sql("INSERT INTO notes (id, body) VALUES (1, 'again')")
@@ -190,6 +191,102 @@ async def test_brief_writes_under_full_sync_stay_on_the_writer_thread(tmp_path: 
     finally:
         await database.dispose()
     assert threads[0] != threading.get_ident()
+
+
+# -- reads: on the event loop's thread, on a reader thread when they would wait ------------
+
+
+@contextlib.asynccontextmanager
+async def session_of(path: Path, count: int) -> AsyncIterator[tuple[StoreRoles, str, list[int]]]:
+    """A store on `path` with a session of `count` steps, and the threads its transactions
+    on the threaded connections ran on (the writer's and the readers', not the event
+    loop's own connections) from then on."""
+    store = await open_roles(f"sqlite:///{path}")
+    try:
+        session = await store.new_session()
+        await store.append_steps(
+            [Step(session.id, "r", Role.USER, content=f"step {n}") for n in range(count)]
+        )
+        threads: list[int] = []
+        engine = store.front._database._engine  # type: ignore[attr-defined]
+        event.listen(engine, "checkout", lambda *_: threads.append(threading.get_ident()))
+        yield store, session.id, threads
+    finally:
+        await store.close()
+
+
+async def test_reads_run_on_the_event_loops_thread(tmp_path: Path) -> None:
+    async with session_of(tmp_path / "agio.db", 5) as (store, session_id, threads):
+        history = await store.get_history(session_id)
+        steps = await store.get_steps(session_id)
+        session = await store.get_session(session_id)
+    assert [step.content for step in history] == [f"step {n}" for n in range(5)]
+    assert [step.sequence for step in steps] == [1, 2, 3, 4, 5]
+    assert session.step_count == 5
+    assert threads == []  # no transaction on a threaded connection
+
+
+async def test_a_read_of_more_steps_than_the_loop_may_wait_for_runs_on_a_reader_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(database_module, "LOOP_READ_ROWS", 3)
+    monkeypatch.setattr(steps_module, "READ_BATCH", 2)
+    async with session_of(tmp_path / "agio.db", 7) as (store, session_id, threads):
+        short = await store.get_history(session_id, 1, 3)
+        assert threads == []
+        whole = await store.get_history(session_id)  # stops after 4 steps, read again
+        assert len(threads) == 1
+        steps = await store.get_steps(session_id)
+    assert [step.sequence for step in short] == [1, 2, 3]
+    assert [step.content for step in whole] == [f"step {n}" for n in range(7)]
+    assert [step.sequence for step in steps] == list(range(1, 8))
+    assert len(threads) == 2
+    assert threading.get_ident() not in threads
+
+
+async def test_a_read_that_would_wait_for_a_lock_waits_on_a_reader_thread(
+    tmp_path: Path,
+) -> None:
+    # In WAL mode a reader waits only while the log's read locks change hands (recovery,
+    # a restart of the log): SQLite says SQLITE_BUSY to the loop's connection, which never
+    # waits. Made here by the read itself, the first time it runs.
+    database = sqlite_database(tmp_path / "agio.db")
+    threads: list[int] = []
+
+    def read(conn: Connection) -> int:
+        threads.append(threading.get_ident())
+        if len(threads) == 1:
+            busy = sqlite3.OperationalError("database is locked")
+            busy.sqlite_errorcode = sqlite3.SQLITE_BUSY
+            raise busy
+        return int(conn.exec_driver_sql("SELECT count(*) FROM notes").scalar_one())
+
+    try:
+        await database.run(writing("one", []), write=True, brief=True)
+        assert await database.run(read, write=False) == 1
+        assert await database.run(read, write=False) == 1  # its connection opened again
+    finally:
+        await database.dispose()
+    assert threads[0] == threading.get_ident()
+    assert threads[1] != threading.get_ident()  # a reader thread's
+    assert threads[2] == threading.get_ident()
+
+
+async def test_a_read_that_fails_says_why_and_the_next_one_runs(tmp_path: Path) -> None:
+    database = sqlite_database(tmp_path / "agio.db")
+
+    def broken(conn: Connection) -> None:
+        conn.exec_driver_sql("SELECT nothing FROM notes")
+
+    def count(conn: Connection) -> int:
+        return int(conn.exec_driver_sql("SELECT count(*) FROM notes").scalar_one())
+
+    try:
+        with pytest.raises(StoreError):
+            await database.run(broken, write=False)
+        assert await database.run(count, write=False) == 0
+    finally:
+        await database.dispose()
 
 
 def log_frames(path: Path) -> int:

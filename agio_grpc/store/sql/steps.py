@@ -32,6 +32,7 @@ from agio_grpc.domain import (
     Step,
     utc_now,
 )
+from agio_grpc.store.database import WouldWaitError, loop_read_limit
 from agio_grpc.store.errors import (
     HistoryChangedError,
     LeaseLostError,
@@ -133,12 +134,16 @@ def read_steps(
     processing (a regex per datetime, an object per row) was most of the cost of reading a
     long session. Fetched READ_BATCH rows at a time: the driver's loop in C, cheaper than a
     Python iteration per row, and never more than a batch of row tuples alive at once for
-    the garbage collector to walk.
+    the garbage collector to walk. On the event loop's thread, past `loop_read_limit` steps
+    it raises WouldWaitError: the transaction is run again on a thread.
     """
     steps: list[Step] = []
+    most = loop_read_limit(conn)
     with query.cursor(conn, params) as cursor:
         while rows := cursor.fetchmany(READ_BATCH):
             steps += decode(session_id, rows)
+            if len(steps) > most:
+                raise WouldWaitError
     return steps
 
 
