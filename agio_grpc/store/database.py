@@ -1,9 +1,9 @@
 """Databases and driver errors: the only module that knows SQLite and PostgreSQL apart.
 
 Parses the database URL, opens a `Database` that runs one transaction at a time as a plain
-function of a sync SQLAlchemy `Connection` (SQLite: stdlib sqlite3 in threads of its own,
-or a brief write on the event loop's, with pragmas and BEGIN hooks; PostgreSQL: asyncpg
-through `run_sync`, with its pool) and
+function of a sync SQLAlchemy `Connection` (SQLite: stdlib sqlite3, reads and brief writes
+on the event loop's thread and the rest in threads of its own, with pragmas and BEGIN
+hooks; PostgreSQL: asyncpg through `run_sync`, with its pool) and
 turns driver exceptions into `StoreError` subclasses. Never runs a query of the store's own;
 `sql.py` does that.
 """
