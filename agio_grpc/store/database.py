@@ -44,9 +44,10 @@ WRITE_OPTION: Final = "agio_write"
 ON_LOOP_OPTION: Final = "agio_on_loop"
 LOOP_READ_ROWS: Final = 2_000
 """The steps a read on the event loop's thread reads at most (`loop_read_limit`): about 8 ms
-of the loop's time here. One that would read more stops, having changed nothing, and is
-run again on a reader thread, where it holds the loop only while its rows' decoding holds
-the GIL (a 10,000-step history: 60-70 ms on the loop's thread)."""
+of the loop's time here. One that may select more (sql/steps.py `read_steps` bounds it by
+the session's last sequence, before reading a step) runs on a reader thread instead, where
+it holds the loop only while its rows' decoding holds the GIL (a 10,000-step history:
+60-70 ms on the loop's thread)."""
 # SQLSTATE classes and codes that mean "try again later": connection exceptions (08),
 # insufficient resources (53), operator intervention (57), serialization failure, deadlock.
 TRANSIENT_SQLSTATE_PREFIXES: Final = ("08", "53", "57")
@@ -431,7 +432,7 @@ def _connected(engine: Engine, write: bool) -> Connection:
 
 def loop_read_limit(conn: Connection) -> int:
     """How many steps a transaction on `conn` may read: LOOP_READ_ROWS for a read on the
-    event loop's thread (past them, the reader raises WouldWaitError), else no limit."""
+    event loop's thread (a read of more raises WouldWaitError), else no limit."""
     return LOOP_READ_ROWS if conn.get_execution_options().get(ON_LOOP_OPTION) else sys.maxsize
 
 

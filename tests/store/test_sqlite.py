@@ -21,7 +21,6 @@ from agio_grpc.domain import Role, Step
 from agio_grpc.store import StoreError
 from agio_grpc.store import database as database_module
 from agio_grpc.store.database import SqliteDatabase, parse_url
-from agio_grpc.store.sql import steps as steps_module
 from tests.roles import StoreRoles, open_roles
 
 
@@ -230,16 +229,21 @@ async def test_a_read_of_more_steps_than_the_loop_may_wait_for_runs_on_a_reader_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(database_module, "LOOP_READ_ROWS", 3)
-    monkeypatch.setattr(steps_module, "READ_BATCH", 2)
     async with session_of(tmp_path / "agio.db", 7) as (store, session_id, threads):
-        short = await store.get_history(session_id, 1, 3)
-        assert threads == []
-        whole = await store.get_history(session_id)  # stops after 4 steps, read again
+        first = await store.get_history(session_id, 1, 3)
+        last = await store.get_history(session_id, 5)
+        page = await store.get_steps(session_id, limit=3)
+        one = await store.get_step(session_id, 6)
+        assert threads == []  # three steps at most each: on the loop's thread
+        whole = await store.get_history(session_id)
         assert len(threads) == 1
-        steps = await store.get_steps(session_id)
-    assert [step.sequence for step in short] == [1, 2, 3]
+        steps = await store.get_steps(session_id, 2)
+    assert [step.sequence for step in first] == [1, 2, 3]
+    assert [step.sequence for step in last] == [5, 6, 7]
+    assert [step.sequence for step in page] == [1, 2, 3]
+    assert one.content == "step 5"
     assert [step.content for step in whole] == [f"step {n}" for n in range(7)]
-    assert [step.sequence for step in steps] == list(range(1, 8))
+    assert [step.sequence for step in steps] == list(range(2, 8))
     assert len(threads) == 2
     assert threading.get_ident() not in threads
 

@@ -12,6 +12,7 @@ replicas.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -134,17 +135,37 @@ def read_steps(
     processing (a regex per datetime, an object per row) was most of the cost of reading a
     long session. Fetched READ_BATCH rows at a time: the driver's loop in C, cheaper than a
     Python iteration per row, and never more than a batch of row tuples alive at once for
-    the garbage collector to walk. On the event loop's thread, past `loop_read_limit` steps
-    it raises WouldWaitError: the transaction is run again on a thread.
+    the garbage collector to walk. A read on the event loop's thread that may select more
+    than `loop_read_limit` steps raises WouldWaitError before it reads one: it is run again
+    on a thread.
     """
+    if _may_select_more(conn, session_id, params, loop_read_limit(conn)):
+        raise WouldWaitError
     steps: list[Step] = []
-    most = loop_read_limit(conn)
     with query.cursor(conn, params) as cursor:
         while rows := cursor.fetchmany(READ_BATCH):
             steps += decode(session_id, rows)
-            if len(steps) > most:
-                raise WouldWaitError
     return steps
+
+
+SESSION_LAST_SEQUENCE: Final = Prepared(
+    select(session_table.c.last_sequence).where(session_table.c.id == bindparam("session_id"))
+)
+
+
+def _may_select_more(
+    conn: Connection, session_id: str, params: Mapping[str, Any], most: int
+) -> bool:
+    """Whether the steps `params` select (from `:start` to `:end`, at most `:limit`, or the
+    one at `:sequence`) may be more than `most`. Bounded by the session's last sequence,
+    one row read by its key: its sequences are gapless and none is above it."""
+    if most == sys.maxsize or "sequence" in params or params.get("limit", most + 1) <= most:
+        return False
+    row = SESSION_LAST_SEQUENCE.first(conn, {"session_id": session_id})
+    last = int(row[0]) if row is not None else 0
+    end: int = min(last, params.get("end", last))
+    start: int = params.get("start", 1)
+    return end - start + 1 > most
 
 
 def read_history(
