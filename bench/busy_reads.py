@@ -1,6 +1,7 @@
 """A session's history read while the event loop is busy, on SQLite: where the read runs.
 
-The store reads on the event loop's thread (store/database.py, `SqliteDatabase`). The
+The store reads on the event loop's thread (store/database.py, `SqliteDatabase`; a read
+of more than `LOOP_READ_ROWS` steps on a reader thread: `--steps 10000` times that). The
 baseline, measured in the same process in turn with it, is the same transaction on a
 reader thread, as the store ran every read before (`_transact` in the database's reader
 pool). The loop is kept busy by tasks that each compute for `--slice-us` and yield, as a
@@ -31,7 +32,8 @@ from bench.stats import median, percentile
 class BusyReads:
     busy_tasks: int
     loop_ms: list[float]
-    """ms of each read as the store runs it (on the event loop's thread)."""
+    """ms of each read as the store runs it (on the event loop's thread, up to
+    LOOP_READ_ROWS steps)."""
     thread_ms: list[float]
     """ms of each read on a reader thread (the baseline)."""
 
@@ -99,7 +101,7 @@ def main() -> None:
     app.tune_collector()
     results = asyncio.run(measure(args.steps, args.reads, args.slice_us, args.busy))
     print(f"A {args.steps}-step history read, {args.reads} times each way, ms:\n")
-    print("| busy tasks | on the loop's thread, median / p90 | on a reader thread, median / p90 |")
+    print("| busy tasks | as the store reads, median / p90 | on a reader thread, median / p90 |")
     print("|---|---|---|")
     for result in results:
         loop_ms, thread_ms = result.loop_ms, result.thread_ms
