@@ -277,11 +277,12 @@ class SqliteDatabase:
     themselves (docs/benchmarks/NOTES.md).
 
     Reads run on the event loop's thread too, on a connection of their own (readers wait
-    for no writer in WAL mode; the rare read that would wait runs on a reader thread). On
-    a thread, a read hands the GIL back and forth around each row SQLite steps to, and
-    while the event loop is busy each hand-back waits for it: a 1,000-step history read
-    took 0.4-0.7 s there, 6.6 ms on the loop's thread (NOTES.md, change 46). A read holds
-    the loop while it runs, as its rows' decoding held the GIL on a thread.
+    for no writer in WAL mode). On a thread, a read hands the GIL back and takes it again
+    around each row SQLite steps to, and while the event loop is busy each take waits for
+    it: a 1,000-step history read took 0.2-0.9 s there, 6-7 ms on the loop's thread
+    (NOTES.md, change 46). A read holds the loop while it runs, as its rows' decoding held
+    the GIL on a thread; the rare read that would wait for a lock, and one of more than
+    LOOP_READ_ROWS steps, runs on a reader thread.
     """
 
     def __init__(self, url: URL, synchronous: str) -> None:
@@ -320,7 +321,9 @@ class SqliteDatabase:
         _refuse_if(self._closed)
         loop = asyncio.get_running_loop()
         executor = self._writer if write else self._readers
-        on_loop = self._brief if write and brief else None if write else self._reads
+        on_loop: _LoopConnection | None = self._reads
+        if write:
+            on_loop = self._brief if brief else None
         if on_loop is not None:
             if write and (held := self._held) is not None:  # a checkpoint's end (`_checkpoint_wal`)
                 ended, _ = await asyncio.wait((held,), timeout=CHECKPOINT_HOLD_S)
