@@ -330,9 +330,14 @@ def check_answer(spec: OutputSpec, text: str) -> CheckedAnswer:
         )
     try:
         value = json.loads(body)
-    except ValueError as error:
+    except json.JSONDecodeError as error:
         return CheckedAnswer(
             errors=(f"the answer is not JSON: {error}",), failed_checks=("not JSON",)
+        )
+    except ValueError:  # an integer of more digits than Python reads (4,300)
+        return CheckedAnswer(
+            errors=("the answer holds a number too long to be read",),
+            failed_checks=("number too long",),
         )
     validator = _validator_class(spec.schema)(spec.schema)
     found = sorted(validator.iter_errors(value), key=lambda error: list(map(str, error.path)))

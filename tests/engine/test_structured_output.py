@@ -195,6 +195,24 @@ async def test_tool_mode_repairs_invalid_arguments(backend_harness: Harness) -> 
     assert_valid_messages(harness.model.requests[1]["messages"])
 
 
+async def test_a_number_too_long_to_read_is_repaired_in_words_the_model_can_act_on(
+    harness: Harness,
+) -> None:
+    # Python refuses to read an integer of more than 4,300 digits; its message names an
+    # interpreter setting the model cannot change.
+    harness.model.enqueue(
+        Turn.text('{"city": "Paris", "population": ' + "9" * 5_000 + "}"),
+        Turn.json(PARIS),
+    )
+
+    outcome = await harness.run("Which city?", agent="structured_json_schema")
+
+    assert output_of(outcome) == PARIS
+    repair = harness.model.requests[1]["messages"][-1]["content"]
+    assert "the answer holds a number too long to be read" in repair
+    assert "sys." not in repair
+
+
 @pytest.mark.parametrize("agent", ["structured_json_schema", "structured_tool"])
 async def test_a_tool_call_before_the_final_structured_answer_runs_as_usual(
     backend_harness: Harness, agent: str
