@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import sqlite3
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -236,8 +235,8 @@ class _LoopConnection:
             self.opened = True
 
     def transaction(self, work: Callable[[Connection], T]) -> T:
-        """`work` in one transaction on this thread; WouldWaitError when it cannot run
-        without waiting for a lock, having done nothing."""
+        """`work` in one transaction on this thread; WouldWaitError, having changed nothing,
+        when it would wait for a lock or (a read) read more than `loop_read_limit` steps."""
         conn = self._conn
         try:
             if conn is None:
@@ -433,10 +432,10 @@ def _connected(engine: Engine, write: bool) -> Connection:
     return conn
 
 
-def loop_read_limit(conn: Connection) -> int:
+def loop_read_limit(conn: Connection) -> int | None:
     """How many steps a transaction on `conn` may read: LOOP_READ_ROWS for a read on the
-    event loop's thread (a read of more raises WouldWaitError), else no limit."""
-    return LOOP_READ_ROWS if conn.get_execution_options().get(ON_LOOP_OPTION) else sys.maxsize
+    event loop's thread (a read of more raises WouldWaitError), else None: no limit."""
+    return LOOP_READ_ROWS if conn.get_execution_options().get(ON_LOOP_OPTION) else None
 
 
 def _transact(engine: Engine, work: Callable[[Connection], T], write: bool) -> T:

@@ -12,7 +12,6 @@ replicas.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -154,12 +153,12 @@ SESSION_LAST_SEQUENCE: Final = Prepared(
 
 
 def _may_select_more(
-    conn: Connection, session_id: str, params: Mapping[str, Any], most: int
+    conn: Connection, session_id: str, params: Mapping[str, Any], most: int | None
 ) -> bool:
     """Whether the steps `params` select (from `:start` to `:end`, at most `:limit`, or the
-    one at `:sequence`) may be more than `most`. Bounded by the session's last sequence,
-    one row read by its key: its sequences are gapless and none is above it."""
-    if most == sys.maxsize or "sequence" in params or params.get("limit", most + 1) <= most:
+    one at `:sequence`) may be more than `most` (None: no limit). Bounded by the session's
+    last sequence, one row read by its key: its sequences are gapless and none is above it."""
+    if most is None or "sequence" in params or params.get("limit", most + 1) <= most:
         return False
     row = SESSION_LAST_SEQUENCE.first(conn, {"session_id": session_id})
     last = int(row[0]) if row is not None else 0
