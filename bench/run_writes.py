@@ -8,7 +8,11 @@ the checkpoints back), and the largest the WAL file grew while the runs went on 
 checkpoints as `serve` runs them. Compare two trees by running it in each in turn
 (`cd TREE && PYTHONPATH=TREE python -m bench.run_writes`).
 
-    python -m bench.run_writes [--runs 3000] [--warmup 200]
+With `--postgresql`, the same runs' CPU on a fresh PostgreSQL database over TLS (as B6's
+PostgreSQL rows: AGIO_TEST_POSTGRES_URL's server, else a throwaway cluster), a round trip
+a write, and no WAL figures.
+
+    python -m bench.run_writes [--runs 3000] [--warmup 200] [--postgresql]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from agio_grpc.domain import Role, Run, Session, Step, StopReason, StopSignal
 from agio_grpc.store.sql import SqlStore, open_store
+from bench import procs
 
 FRAME_BYTES = 4096 + 24
 """A WAL frame: one page (SQLite's default size) and its header."""
@@ -70,6 +75,21 @@ async def _cpu_and_largest_wal(path: Path, runs: int, warmup: int) -> tuple[floa
         await store.close()
 
 
+async def measure_postgresql(runs: int, warmup: int) -> float:
+    """The CPU of a short run's writes on PostgreSQL over TLS, ms a run."""
+    async with procs.postgres_databases(tls=True) as databases, databases() as url:
+        store = await open_store(url)
+        try:
+            for _ in range(warmup):
+                await _short_run(store)
+            began = time.process_time()
+            for _ in range(runs):
+                await _short_run(store)
+            return (time.process_time() - began) * 1000 / runs
+        finally:
+            await store.close()
+
+
 async def _frames_per_run(path: Path, runs: int, warmup: int) -> float:
     store = await open_store(f"sqlite:///{path}")
     reader = sqlite3.connect(path, isolation_level=None)
@@ -100,10 +120,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run_writes", description=__doc__)
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--postgresql", action="store_true")
     args = parser.parse_args()
     import agio_grpc.service.app as app  # the modules and the collector `serve` runs with
 
     app.tune_collector()
+    if args.postgresql:
+        cpu_ms = asyncio.run(measure_postgresql(args.runs, args.warmup))
+        print(f"{args.runs} short runs' writes on PostgreSQL (TLS): {cpu_ms:.3f} ms of CPU a run")
+        return
     result = asyncio.run(measure(args.runs, args.warmup))
     print(
         f"{args.runs} short runs' writes: "

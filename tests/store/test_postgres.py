@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Connection, make_url
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import QueuePool
 
 from agio_grpc.domain import Role, Run, RunStatus, Step, StopReason, StopSignal
 from agio_grpc.store import StoreUnavailableError
@@ -230,5 +231,71 @@ async def until_a_backend_waits_for_a_lock(admin_url: str, database: str) -> Non
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("the end never waited for the session's lock")
+    finally:
+        await connection.close()
+
+
+async def until_a_backend_sleeps(admin_url: str, database: str) -> None:
+    connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
+    try:
+        for _ in range(3000):  # up to 30 s: the statement reaches the server in milliseconds
+            sleeping = await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = $1 AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
+                database,
+            )
+            if sleeping:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the statement never reached the server")
+    finally:
+        await connection.close()
+
+
+def sleep_long(conn: Connection) -> None:
+    conn.exec_driver_sql("SELECT pg_sleep(60)")
+
+
+@ONLY_POSTGRES
+@pytest.mark.parametrize("how", ["transaction", "statement"])
+async def test_a_cancelled_statement_gives_its_connection_back_to_the_pool(
+    one_connection: PostgresDatabase, store_url: str, postgres_admin_url: str, how: str
+) -> None:
+    # A run cancelled (its caller gone, its deadline past) while its statement waits on the
+    # server: the task ends at once, and the pool's one connection serves the next one.
+    database = make_url(store_url).database or ""
+    before = await one_connection.run(backend_pid, write=True)
+    if how == "transaction":
+        waiting = asyncio.create_task(one_connection.run(sleep_long, write=True))
+    else:
+        waiting = asyncio.create_task(one_connection.run_statement(sleep_long))
+    await until_a_backend_sleeps(postgres_admin_url, database)
+
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+    async with asyncio.timeout(30):  # not the 60 s of the cancelled sleep
+        after = await one_connection.run(backend_pid, write=False)
+        assert await one_connection.read_statement(backend_pid) == after
+    pool = one_connection._engine.sync_engine.pool
+    assert isinstance(pool, QueuePool)
+    assert pool.checkedout() == 0
+    # SQLAlchemy takes a connection whose statement was cancelled as lost: a new one
+    # serves the next transaction, and the server's backend of the old one has ended.
+    assert after != before
+    await until_the_backend_is_gone(postgres_admin_url, before)
+
+
+async def until_the_backend_is_gone(admin_url: str, pid: int) -> None:
+    connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
+    try:
+        for _ in range(3000):  # up to 30 s: half the cancelled statement's sleep
+            if not await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
+            ):
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"backend {pid} still runs the cancelled statement")
     finally:
         await connection.close()

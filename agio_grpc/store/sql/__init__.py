@@ -15,13 +15,15 @@ a session under a lease, and taking one over), starts.py (what decides a run's s
 single.py (a run's usual writes as one statement each on PostgreSQL).
 
 Every operation is one transaction written as a plain function of a sync `Connection` and
-run in one go: on SQLite in a thread of the store's own (stdlib sqlite3: one thread hop per
-transaction instead of several per statement, which cost ~2 ms of CPU per transaction
-through aiosqlite), on PostgreSQL through asyncpg with `AsyncConnection.run_sync`. SQLite
-writes are funnelled through one writer thread per process and take the database lock up
-front (`BEGIN IMMEDIATE`) against other processes; a brief write (a run's transitions and
-steps: `SqlRole._write(brief=True)`) runs on the event loop's thread instead when the lock
-is free at once (store/database.py). The statements every run runs (taking a
+run in one go: on SQLite through stdlib sqlite3, on the event loop's thread or a thread of
+the store's own (one hop per transaction at most, instead of several per statement, which
+cost ~2 ms of CPU per transaction through aiosqlite), on PostgreSQL through asyncpg in one
+of SQLAlchemy's greenlets, checkout to checkin (as `AsyncConnection.run_sync` runs its
+function). SQLite reads run on the event loop's thread; writes are funnelled through one
+writer thread per process and take the database lock up front (`BEGIN IMMEDIATE`) against
+other processes; a brief write (a run's transitions and steps:
+`SqlRole._write(brief=True)`) runs on the event loop's thread instead when the lock is free
+at once (store/database.py). The statements every run runs (taking a
 session, storing steps and runs, ending a run, reading steps) are `Prepared`
 (store/prepared.py): compiled by SQLAlchemy once and, on SQLite, run on the DBAPI cursor
 without SQLAlchemy's per-execution layer. On PostgreSQL a run's usual writes (its start, a
