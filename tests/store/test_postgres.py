@@ -219,37 +219,32 @@ async def test_an_end_that_waited_for_a_queueing_start_reports_the_run_it_queued
 
 
 async def until_a_backend_waits_for_a_lock(admin_url: str, database: str) -> None:
+    query = (
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'"
+    )
+    await until_true(admin_url, query, database, failure="the end never waited for the lock")
+
+
+async def until_true(admin_url: str, query: str, *args: object, failure: str) -> None:
+    """Poll `query` on an admin connection until it answers true: up to 30 s, where what it
+    waits for takes milliseconds."""
     connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
     try:
-        for _ in range(3000):  # up to 30 s: the end reaches the lock in milliseconds
-            waiting = await connection.fetchval(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = $1 AND wait_event_type = 'Lock'",
-                database,
-            )
-            if waiting:
+        for _ in range(3000):
+            if await connection.fetchval(query, *args):
                 return
             await asyncio.sleep(0.01)
-        raise AssertionError("the end never waited for the session's lock")
+        raise AssertionError(failure)
     finally:
         await connection.close()
 
 
 async def until_a_backend_sleeps(admin_url: str, database: str) -> None:
-    connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
-    try:
-        for _ in range(3000):  # up to 30 s: the statement reaches the server in milliseconds
-            sleeping = await connection.fetchval(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = $1 AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
-                database,
-            )
-            if sleeping:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("the statement never reached the server")
-    finally:
-        await connection.close()
+    query = (
+        "SELECT count(*) > 0 FROM pg_stat_activity "
+        "WHERE datname = $1 AND state = 'active' AND query LIKE 'SELECT pg_sleep%'"
+    )
+    await until_true(admin_url, query, database, failure="the statement never reached the server")
 
 
 def sleep_long(conn: Connection) -> None:
@@ -288,14 +283,6 @@ async def test_a_cancelled_statement_gives_its_connection_back_to_the_pool(
 
 
 async def until_the_backend_is_gone(admin_url: str, pid: int) -> None:
-    connection = await asyncpg.connect(asyncpg_dsn(admin_url), timeout=10)
-    try:
-        for _ in range(3000):  # up to 30 s: half the cancelled statement's sleep
-            if not await connection.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
-            ):
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"backend {pid} still runs the cancelled statement")
-    finally:
-        await connection.close()
+    # Within 30 s: half the cancelled statement's sleep.
+    query = "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $1"
+    await until_true(admin_url, query, pid, failure=f"backend {pid} still runs its statement")
