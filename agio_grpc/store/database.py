@@ -457,11 +457,11 @@ class PostgresDatabase:
 
     Not through `AsyncConnection` itself: its checkout, isolation level, `run_sync` and
     close are a greenlet each, and its close on leaving `async with` is a task of its own
-    that a cancellation cannot interrupt. Those cost 0.12 ms of CPU a statement, a fifth
-    of one over TLS (NOTES.md, change 47). Here a cancellation reaches the statement the
-    greenlet waits on, as before, and the checkin that follows runs in the same task: a
-    second cancellation during it costs the pool that connection (SQLAlchemy invalidates
-    a connection whose reset failed), never a connection left checked out.
+    that a cancellation cannot interrupt. Those cost 0.12-0.15 ms of CPU a statement, a
+    fifth of one over TLS (NOTES.md, change 47). Here a cancellation reaches the statement
+    the greenlet waits on, as before, and the checkin that follows runs in the same task:
+    a second cancellation during it costs the pool that connection (SQLAlchemy invalidates
+    and checks in a connection whose reset was cancelled), never leaves one checked out.
     """
 
     def __init__(self, url: URL, pool_size: int = DEFAULT_POOL_SIZE) -> None:
